@@ -1,0 +1,186 @@
+"""Reading a user's CSV (types inferred where not given) and reading site files against a schema."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import DataError, where
+from .schema import Feature, Schema
+from .table import Table
+
+MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "None")
+# A column this numeric (share of parseable cells) with a few bad cells is a typo, not a category.
+_MOSTLY_NUMERIC = 0.9
+
+
+def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipinitialspace=False, opener=None):
+    """Read every cell as a string. Raises DataError for a missing or empty file."""
+    path = Path(path)
+    if opener is None and not path.is_file():
+        raise DataError(f"{path}: file not found")
+    if opener is None and path.stat().st_size == 0:
+        raise DataError(f"{path}: file is empty")
+    try:
+        source = opener() if opener else path
+        frame = pd.read_csv(
+            source, sep=sep, header=0 if header else None, names=names, dtype=str, keep_default_na=False,
+            skiprows=skiprows, skipinitialspace=skipinitialspace, skip_blank_lines=True,
+        )
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: file is empty") from None
+    except pd.errors.ParserError as exc:
+        raise DataError(f"{path}: cannot parse as CSV ({exc})") from None
+    if frame.shape[0] == 0:
+        raise DataError(f"{path}: no data rows")
+    frame.columns = [str(c).strip() for c in frame.columns]
+    return frame
+
+
+def _is_missing(col: pd.Series) -> np.ndarray:
+    return col.str.strip().isin(MISSING).to_numpy()
+
+
+def _to_float(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col.str.strip().where(~_is_missing(col), None), errors="coerce").to_numpy(np.float64)
+
+
+def parse_numeric(col: pd.Series, *, file, column, site=None, allow_missing=False) -> np.ndarray:
+    values = _to_float(col)
+    bad = np.isnan(values) & ~_is_missing(col)
+    if not allow_missing:
+        bad |= _is_missing(col)
+    bad |= np.isinf(values)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(
+            f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is not a number "
+            f"(column {column!r} is numeric)"
+        )
+    return values
+
+
+def normalise_labels(raw: pd.Series, *, file, column) -> np.ndarray:
+    """Labels as class-name strings; '1.0' and '1' are the same class."""
+    miss = _is_missing(raw)
+    if miss.any():
+        i = int(np.argmax(miss))
+        raise DataError(f"{where(file, column, i + 2)}: missing label")
+    stripped = raw.str.strip()
+    values = pd.to_numeric(stripped, errors="coerce").to_numpy(np.float64)
+    if not np.isnan(values).any() and np.all(values == np.round(values)):
+        return np.array([str(int(v)) for v in values], dtype=object)
+    return stripped.to_numpy(dtype=object)
+
+
+def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column=None, file="data") -> Schema:
+    """Decide feature kinds: numeric if every present cell parses as a number, else categorical."""
+    columns = list(frame.columns)
+    if label not in columns:
+        raise DataError(f"{file}: label column {label!r} not found; columns are {columns}")
+    if id_column is not None and id_column not in columns:
+        raise DataError(f"{file}: id column {id_column!r} not found; columns are {columns}")
+    forced = list(categorical or [])
+    for c in forced:
+        if c not in columns or c in (label, id_column):
+            raise DataError(f"{file}: --categorical column {c!r} is not a feature column; features are "
+                            f"{[x for x in columns if x not in (label, id_column)]}")
+    features = []
+    for c in columns:
+        if c in (label, id_column):
+            continue
+        col = frame[c]
+        present = ~_is_missing(col)
+        if c not in forced:
+            values = _to_float(col)
+            ok = ~np.isnan(values) & present
+            share = ok.sum() / max(1, present.sum())
+            if present.any() and share == 1.0:
+                features.append(Feature(c, "numeric"))
+                continue
+            if share >= _MOSTLY_NUMERIC:
+                i = int(np.argmax(present & ~ok))
+                raise DataError(
+                    f"{where(file, c, i + 2)}: {col.iloc[i]!r} is not a number, but {share:.0%} of the column "
+                    f"is numeric; fix the value or pass --categorical {c}"
+                )
+        cats = sorted(set(col[present].str.strip()))
+        features.append(Feature(c, "categorical", tuple(cats)))
+    if not features:
+        raise DataError(f"{file}: no feature columns besides the label")
+    labels = normalise_labels(frame[label], file=file, column=label)
+    classes = tuple(sorted(set(labels), key=_class_sort_key))
+    if len(classes) < 2:
+        raise DataError(f"{file}: label column {label!r} has a single class {classes[0]!r}; need at least 2")
+    return Schema(tuple(features), label, classes, id_column)
+
+
+def _class_sort_key(c: str):
+    try:
+        return (0, float(c), c)
+    except ValueError:
+        return (1, 0.0, c)
+
+
+def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=None, name="",
+                   require_label=True, strict_columns=True) -> Table:
+    """Check a raw string frame against the schema and build a Table."""
+    expected = schema.feature_names
+    present = set(frame.columns)
+    missing = [c for c in expected if c not in present]
+    if missing:
+        raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema")
+    allowed = set(expected) | {schema.label} | ({schema.id_column} if schema.id_column else set())
+    extra = [c for c in frame.columns if c not in allowed]
+    if extra and strict_columns:
+        raise DataError(f"{where(file, site=site)}: unexpected column(s) {extra}; this site's columns disagree "
+                        f"with the schema {expected}")
+    out = pd.DataFrame(index=range(len(frame)))
+    for f in schema.features:
+        col = frame[f.name].reset_index(drop=True)
+        if f.kind == "numeric":
+            out[f.name] = parse_numeric(col, file=file, column=f.name, site=site)
+        else:
+            s = col.str.strip()
+            out[f.name] = s.where(~_is_missing(col), np.nan)
+    y = None
+    if schema.label in frame.columns:
+        y = normalise_labels(frame[schema.label].reset_index(drop=True), file=file, column=schema.label)
+        if schema.classes:
+            known = set(schema.classes)
+            unknown = np.array([v not in known for v in y])
+            if unknown.any():
+                i = int(np.argmax(unknown))
+                raise DataError(f"{where(file, schema.label, i + 2, site)}: unknown class {y[i]!r}; "
+                                f"known classes are {list(schema.classes)}")
+    elif require_label:
+        raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found")
+    ids = None
+    if schema.id_column:
+        if schema.id_column not in frame.columns:
+            raise DataError(f"{where(file, site=site)}: id column {schema.id_column!r} not found")
+        ids = frame[schema.id_column].str.strip().to_numpy(dtype=object)
+        dup = pd.Series(ids).duplicated().to_numpy()
+        if dup.any():
+            i = int(np.argmax(dup))
+            raise DataError(f"{where(file, schema.id_column, i + 2, site)}: duplicate id {ids[i]!r}")
+    return Table(out, y, schema, ids, name)
+
+
+def load_csv(path, label: str, categorical=None, id_column=None, schema: Schema | None = None,
+             sep=",", name: str | None = None) -> Table:
+    """Load your own CSV (with a header row). Kinds are inferred unless a schema is given."""
+    raw = read_raw(path, sep=sep)
+    if schema is None:
+        schema = infer_schema(raw, label=label, categorical=categorical, id_column=id_column, file=str(path))
+    return frame_to_table(raw, schema, file=str(path), name=name or Path(path).stem)
+
+
+def read_site_csv(path, schema: Schema, *, site=None, require_label=None) -> Table:
+    """Read one of a site's files (train.csv/test.csv) written by prepare_data, checked against the schema."""
+    raw = read_raw(path)
+    needs_label = bool(schema.classes) if require_label is None else require_label
+    return frame_to_table(raw, schema, file=os.fspath(path), site=site, name=site or "", require_label=needs_label)

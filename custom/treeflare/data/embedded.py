@@ -1,0 +1,86 @@
+"""Loaders for the datasets embedded in the repository (``data/<name>/``, gzip, each with SOURCE.md).
+
+Row and class counts are those of each SOURCE.md; tests check them exactly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+from .csv_io import frame_to_table, infer_schema, read_raw
+from .errors import DataError
+from .schema import Schema
+from .table import Table
+
+DATASETS = ("nursery", "car", "adult", "default_credit_card", "higgs_subset")
+
+_NURSERY = ["parents", "has_nurs", "form", "children", "housing", "finance", "social", "health"]
+_CAR = ["buying", "maint", "doors", "persons", "lug_boot", "safety"]
+_ADULT = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
+          "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country"]
+_ADULT_CATEGORICAL = ["workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
+                      "native-country"]
+# UCI's meanings of X1..X23, so that rules read "PAY_0 > 1.5" rather than "X6 > 1.5".
+_CREDIT = (["LIMIT_BAL", "SEX", "EDUCATION", "MARRIAGE", "AGE", "PAY_0"] + [f"PAY_{i}" for i in range(2, 7)]
+           + [f"BILL_AMT{i}" for i in range(1, 7)] + [f"PAY_AMT{i}" for i in range(1, 7)])
+_HIGGS = (["lepton_pt", "lepton_eta", "lepton_phi", "missing_energy_magnitude", "missing_energy_phi"]
+          + [f"jet{j}_{v}" for j in range(1, 5) for v in ("pt", "eta", "phi", "btag")]
+          + ["m_jj", "m_jjj", "m_lv", "m_jlv", "m_bb", "m_wbb", "m_wwbb"])
+
+
+def data_root() -> Path:
+    """``$TREEFLARE_DATA_DIR`` or the repository's ``data/`` folder."""
+    env = os.environ.get("TREEFLARE_DATA_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "data"
+
+
+def _file(name: str, filename: str) -> Path:
+    path = data_root() / name / f"{filename}.gz"
+    if not path.is_file():
+        raise DataError(f"{path}: embedded dataset file not found (set TREEFLARE_DATA_DIR to the repo's data/)")
+    return path
+
+
+def _raw(name, filename, **kw):
+    path = _file(name, filename)
+    return read_raw(path, opener=lambda: gzip.open(path, "rt", newline=""), **kw), str(path)
+
+
+def load_dataset(name: str, part: str = "train") -> Table:
+    """Load an embedded dataset. ``part="test"`` exists for adult and higgs_subset (their own test files)."""
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; embedded datasets are {list(DATASETS)} (or use --csv)")
+    if part not in ("train", "test"):
+        raise DataError(f"part must be 'train' or 'test', got {part!r}")
+    if part == "test" and name not in ("adult", "higgs_subset"):
+        raise DataError(f"dataset {name!r} has no separate test file")
+
+    if name in ("nursery", "car"):
+        cols = (_NURSERY if name == "nursery" else _CAR) + ["class"]
+        raw, src = _raw(name, f"{name}.data", header=False, names=cols)
+        schema = infer_schema(raw, label="class", categorical=cols[:-1], file=src)
+    elif name == "adult":
+        schema = _adult_schema()
+        filename = "adult.data" if part == "train" else "adult.test"
+        raw, src = _raw(name, filename, header=False, names=_ADULT + ["income"], skipinitialspace=True,
+                        skiprows=1 if part == "test" else None)
+        raw["income"] = raw["income"].str.rstrip(".")
+    elif name == "default_credit_card":
+        raw, src = _raw(name, "default_of_credit_card_clients.csv")
+        raw.columns = ["ID"] + _CREDIT + ["default"]
+        schema = infer_schema(raw, label="default", id_column="ID", file=src)
+    else:  # higgs_subset
+        filename = "binary.train" if part == "train" else "binary.test"
+        raw, src = _raw(name, filename, sep="\t", header=False, names=["signal"] + _HIGGS)
+        schema = Schema(infer_schema(raw, label="signal", file=src).features, "signal", ("0", "1"))
+    return frame_to_table(raw, schema, file=src, name=name)
+
+
+def _adult_schema() -> Schema:
+    # Category lists from the training file, so that train and test share one encoding.
+    raw, src = _raw("adult", "adult.data", header=False, names=_ADULT + ["income"], skipinitialspace=True)
+    return infer_schema(raw, label="income", categorical=_ADULT_CATEGORICAL, file=src)

@@ -1,0 +1,174 @@
+"""A federation on disk: per-site train/test CSV files, the server's global test set and partition.json.
+
+Layout written by :func:`write_federation` (and by ``scripts/prepare_data.py``)::
+
+    DIR/partition.json          seed, parameters, schema, sizes and class counts per site
+    DIR/server/test.csv         stratified global test set, held out before partitioning
+    DIR/site-N/train.csv        the site's local 80% ...
+    DIR/site-N/test.csv         ... and 20% (vertical: the site's columns of the global test rows)
+
+The folder is written to a temporary sibling and renamed into place, so a failure never leaves a
+half-written federation and an existing one is only replaced when asked.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .csv_io import read_site_csv
+from .errors import DataError
+from .partition import partition_rows, stratified_split, vertical_columns
+from .schema import Schema
+from .table import Table
+
+GLOBAL_TEST_SIZE = 0.2
+LOCAL_TEST_SIZE = 0.2
+
+
+@dataclass
+class SiteData:
+    train: Table
+    test: Table
+
+
+@dataclass
+class Federation:
+    schema: Schema
+    sites: dict[str, SiteData]
+    server_test: Table
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def site_names(self) -> list[str]:
+        return list(self.sites)
+
+
+def site_name(i: int) -> str:
+    return f"site-{i + 1}"
+
+
+def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: float | None = None, seed: int = 0,
+                       *, vertical: bool = False, n_passive: int = 1, test_size: float = GLOBAL_TEST_SIZE,
+                       local_test_size: float = LOCAL_TEST_SIZE) -> Federation:
+    """Hold out a global test set, then partition the rest among sites (rows, or columns if vertical)."""
+    y = table.y_codes()
+    if len(table.schema.classes) < 2 or len(np.unique(y)) < 2:
+        raise DataError(f"{table.name or 'data'}: the label has a single class; need at least 2")
+    rest_rows, test_rows = stratified_split(y, test_size, seed)
+    rest, server_test = table.subset(rest_rows), table.subset(test_rows, name="server")
+    params = {"kind": "vertical" if vertical else kind, "alpha": alpha, "seed": seed, "test_size": test_size,
+              "local_test_size": local_test_size}
+    sites: dict[str, SiteData] = {}
+    if vertical:
+        sites = _vertical_sites(rest, server_test, n_passive)
+        params["n_passive"] = n_passive
+        params.pop("alpha")
+    else:
+        for i, rows in enumerate(partition_rows(rest, n_sites, kind, alpha, seed)):
+            shard = rest.subset(rows)
+            tr, te = stratified_split(shard.y_codes(), local_test_size, seed + 1 + i)
+            name = site_name(i)
+            sites[name] = SiteData(shard.subset(tr, name=name), shard.subset(te, name=name))
+    summary = {
+        "dataset": table.name,
+        "partition": params,
+        "n_sites": len(sites),
+        "schema": table.schema.to_dict(),
+        "server": {"n_test": len(server_test), "class_counts": server_test.class_counts()},
+        "sites": {
+            name: {
+                "n_train": len(s.train), "n_test": len(s.test),
+                "columns": s.train.schema.feature_names,
+                "class_counts": s.train.class_counts(), "test_class_counts": s.test.class_counts(),
+            }
+            for name, s in sites.items()
+        },
+    }
+    return Federation(table.schema, sites, server_test, summary)
+
+
+def _vertical_sites(rest: Table, server_test: Table, n_passive: int) -> dict[str, SiteData]:
+    schema = rest.schema
+    if not schema.id_column:
+        raise DataError("vertical split needs an id column shared by all parties (--id COL)")
+    for t in (rest, server_test):
+        dup = np.unique(t.ids, return_counts=True)[1] > 1
+        if dup.any():
+            raise DataError(f"id column {schema.id_column!r} has duplicate ids; vertical parties join on it")
+    groups = vertical_columns(schema.feature_names, n_passive)
+    sites = {}
+    for i, cols in enumerate(groups):
+        name, active = site_name(i), i == 0
+        sites[name] = SiteData(rest.columns(cols, keep_label=active, name=name),
+                               server_test.columns(cols, keep_label=active, name=name))
+    return sites
+
+
+def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Path:
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise DataError(f"{out}: already exists and is not empty; choose another --out or pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "server").mkdir()
+        server = fed.server_test
+        if fed.summary["partition"]["kind"] == "vertical":  # the server scores with labels only
+            server = server.columns([], keep_label=True, name="server")
+        server.to_frame().to_csv(tmp / "server" / "test.csv", index=False)
+        for name, site in fed.sites.items():
+            (tmp / name).mkdir()
+            site.train.to_frame().to_csv(tmp / name / "train.csv", index=False)
+            site.test.to_frame().to_csv(tmp / name / "test.csv", index=False)
+        (tmp / "partition.json").write_text(json.dumps(fed.summary, indent=2))
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def read_partition(root) -> dict:
+    path = Path(root) / "partition.json"
+    if not path.is_file():
+        raise DataError(f"{path}: not found (write it with scripts/prepare_data.py)")
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    return summary
+
+
+def read_site(root, site: str, schema: Schema | None = None) -> SiteData:
+    """Read one site's train/test files, checked against the federation's schema."""
+    root = Path(root)
+    summary = read_partition(root) if schema is None else None
+    if schema is None:
+        schema = Schema.from_dict(summary["schema"])
+        info = summary["sites"].get(site)
+        if info is None:
+            raise DataError(f"{root}: no site {site!r} in partition.json (sites: {list(summary['sites'])})")
+        keep_label = schema.label in (read_site_header(root / site / "train.csv"))
+        schema = schema.select(info["columns"], keep_label)
+    return SiteData(read_site_csv(root / site / "train.csv", schema, site=site),
+                    read_site_csv(root / site / "test.csv", schema, site=site))
+
+
+def read_site_header(path) -> list[str]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with path.open() as fh:
+        return [c.strip() for c in fh.readline().rstrip("\r\n").split(",")]

@@ -1,0 +1,94 @@
+"""Metrics and output files shared by every job: report.json, tables printed to the terminal."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score
+
+
+def classification_metrics(y_true, y_pred, proba=None, n_classes: int | None = None) -> dict:
+    """accuracy and macro-F1; for probabilities also AUC (binary) and log loss."""
+    y_true = np.asarray(y_true)
+    out = {"accuracy": float(accuracy_score(y_true, y_pred)),
+           "macro_f1": float(f1_score(y_true, y_pred, average="macro", zero_division=0))}
+    if proba is not None:
+        proba = np.asarray(proba, dtype=np.float64)
+        k = n_classes or proba.shape[1]
+        labels = list(range(k))
+        if k == 2:
+            pos = proba[:, 1] if proba.ndim == 2 else proba
+            out["auc"] = float(roc_auc_score(y_true, pos)) if len(np.unique(y_true)) == 2 else float("nan")
+            out["logloss"] = float(log_loss(y_true, np.clip(pos, 1e-15, 1 - 1e-15), labels=labels))
+        else:
+            p = np.clip(proba, 1e-15, 1.0)
+            out["mlogloss"] = float(log_loss(y_true, p / p.sum(axis=1, keepdims=True), labels=labels))
+    return out
+
+
+def json_safe(obj):
+    """Plain JSON types only: numpy scalars and arrays converted, NaN/inf as None."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json_atomic(path, obj, indent: int = 2) -> Path:
+    """Write JSON next to its destination, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(json_safe(obj), fh, indent=indent, allow_nan=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_text_atomic(path, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def format_table(headers: list[str], rows: list[list]) -> str:
+    """A small fixed-width table; floats with 4 decimals."""
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4f}"
+        return "" if v is None else str(v)
+    body = [[cell(v) for v in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line, sep] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body])
