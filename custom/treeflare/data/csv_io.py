@@ -142,7 +142,8 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     for f in schema.features:
         col = frame[f.name].reset_index(drop=True)
         if f.kind == "numeric":
-            out[f.name] = parse_numeric(col, file=file, column=f.name, site=site)
+            # A missing cell of a numeric column is NaN, as inference allows (trees route NaN).
+            out[f.name] = parse_numeric(col, file=file, column=f.name, site=site, allow_missing=True)
         else:
             s = col.str.strip()
             out[f.name] = s.where(~_is_missing(col), np.nan)

@@ -12,13 +12,13 @@ class DataError(ValueError):
 def where(file=None, column=None, line=None, site=None) -> str:
     """Render a location such as "site-2: train.csv, column 'age', line 17"."""
     parts = []
-    if site is not None:
-        parts.append(f"{site}:")
     if file is not None:
         parts.append(f"{file}")
     if column is not None:
         parts.append(f"column {column!r}")
     if line is not None:
         parts.append(f"line {line}")
-    text = " ".join(parts[:1]) + (" " if parts[:1] and parts[1:] else "") + ", ".join(parts[1:])
-    return text.strip()
+    text = ", ".join(parts)
+    if site is not None:
+        text = f"{site}: {text}" if text else f"{site}"
+    return text

@@ -14,8 +14,9 @@ half-written federation and an existing one is only replaced when asked.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,10 +113,12 @@ def _vertical_sites(rest: Table, server_test: Table, n_passive: int) -> dict[str
 
 def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Path:
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a folder; choose another --out")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise DataError(f"{out}: already exists and is not empty; choose another --out or pass --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = _fresh_sibling(out)
     try:
         (tmp / "server").mkdir()
         server = fed.server_test
@@ -138,6 +141,18 @@ def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Pa
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _fresh_sibling(out: Path) -> Path:
+    """An empty hidden folder beside ``out``, made with the umask's permissions (mkdtemp's are 0700)."""
+    for _ in range(100):
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+    raise DataError(f"{out.parent}: cannot create a temporary folder beside {out.name}")
 
 
 def read_partition(root) -> dict:

@@ -120,7 +120,8 @@ class Table:
 
 
 def _category_codes(col: pd.Series, categories) -> np.ndarray:
-    cat = pd.Categorical(col, categories=list(categories))
-    codes = cat.codes.astype(np.float64)
+    # Index lookup, not pd.Categorical: pandas deprecates (and will reject) values outside the categories.
+    index = pd.Index(list(categories), dtype=object)
+    codes = index.get_indexer(col.to_numpy(dtype=object)).astype(np.float64)
     codes[codes < 0] = np.nan
     return codes
