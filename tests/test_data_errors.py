@@ -131,9 +131,17 @@ def test_duplicate_ids_in_vertical_mode():
         prepare_federation(t, 2, vertical=True, n_passive=1, seed=0)
 
 
-def test_vertical_without_id_column():
-    with pytest.raises(DataError, match=r"id column .*--id"):
-        prepare_federation(load_dataset("car"), 2, vertical=True, n_passive=1)
+def test_vertical_without_id_column_gets_row_ids():
+    fed = prepare_federation(load_dataset("car"), 2, vertical=True, n_passive=1)
+    active, passive = fed.sites["site-1"].train, fed.sites["site-2"].train
+    assert fed.schema.id_column == "row_id"
+    assert list(active.ids) == list(passive.ids) and len(set(active.ids)) == len(active)
+
+
+def test_vertical_generated_id_name_clash():
+    table = load_dataset("car")
+    with pytest.raises(DataError, match="cannot add id column 'buying'"):
+        table.with_row_ids("buying")
 
 
 @pytest.mark.parametrize("n_passive,match", [(0, "--passive must be a positive integer"),

@@ -157,7 +157,6 @@ def fail(script, capsys, argv):
     (["--partition", "quantity", "--alpha", 0], "error: --alpha must be a positive number"),
     (["--partition", "label", "--alpha", -1], "error: --alpha must be a positive number"),
     (["--sites", 2000], "error: --sites 2000 is more than the 1382 rows"),
-    (["--vertical"], "error: vertical split needs an id column"),
     (["--label", "class"], "error: --label applies only to --csv"),
 ])
 def test_bad_arguments(script, capsys, tmp_path, extra, message):

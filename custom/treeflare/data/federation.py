@@ -58,6 +58,8 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
                        *, vertical: bool = False, n_passive: int = 1, test_size: float = GLOBAL_TEST_SIZE,
                        local_test_size: float = LOCAL_TEST_SIZE) -> Federation:
     """Hold out a global test set, then partition the rest among sites (rows, or columns if vertical)."""
+    if vertical:
+        table = table.with_row_ids()
     y = table.y_codes()
     if len(table.schema.classes) < 2 or len(np.unique(y)) < 2:
         raise DataError(f"{table.name or 'data'}: the label has a single class; need at least 2")

@@ -59,6 +59,17 @@ class Table:
             self.name if name is None else name,
         )
 
+    def with_row_ids(self, column: str = "row_id") -> "Table":
+        """The same table with generated ids 0..n-1 when it has none (vertical parties join on ids)."""
+        if self.schema.id_column and self.ids is not None:
+            return self
+        if column in self.schema.feature_names or column == self.schema.label:
+            raise DataError(f"{self.name or 'table'}: cannot add id column {column!r}: the name is taken")
+        from dataclasses import replace
+
+        return Table(self.frame, self.y, replace(self.schema, id_column=column, _index={}),
+                     np.array([str(i) for i in range(len(self.frame))], dtype=object), self.name)
+
     # -- encodings -----------------------------------------------------------------------
     def y_codes(self) -> np.ndarray:
         """Class indices into ``schema.classes`` (int64)."""
