@@ -1,0 +1,231 @@
+"""The global ICDTA4FL tree as a scikit-learn-like classifier, with JSON save/load and export.
+
+``GlobalTree`` wraps a ``Tree`` with the shared schema (class names, feature names and kinds,
+category names). No pickle: ``save_json``/``load_json`` write and read a versioned JSON document
+that is validated on load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
+from ..trees.validate import PayloadError, check_list
+
+__all__ = ["GlobalTree", "MODEL_SCHEMA", "MODEL_SCHEMA_VERSION", "ModelPayloadError", "format_tree_text"]
+
+MODEL_SCHEMA = "treeflare.icdta4fl.global_tree"
+MODEL_SCHEMA_VERSION = 1
+_MAX_NAME = 1000
+
+
+class ModelPayloadError(PayloadError):
+    """A global-model document is malformed."""
+
+
+def _json_safe(value):
+    """Plain JSON values only: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_json_safe(v) for v in value.tolist()]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+class GlobalTree:
+    """Decision tree classifier over the shared schema.
+
+    Attributes follow scikit-learn: ``classes_`` (class names), ``n_features_in_``,
+    ``feature_names_in_``; ``tree_`` is the underlying ``Tree``.
+    """
+
+    def __init__(self, tree: Tree, classes, feature_names=None, category_names=None, info=None):
+        self.tree_ = tree
+        self.classes_ = np.asarray([str(c) for c in classes], dtype=object)
+        if len(self.classes_) != tree.n_classes:
+            raise ValueError(f"{len(self.classes_)} class names for {tree.n_classes} classes")
+        if feature_names is None:
+            feature_names = [f"x{j}" for j in range(tree.n_features)]
+        if len(feature_names) != tree.n_features:
+            raise ValueError(f"{len(feature_names)} feature names for {tree.n_features} features")
+        self.feature_names_in_ = np.asarray([str(n) for n in feature_names], dtype=object)
+        self.n_features_in_ = tree.n_features
+        self.category_names = (None if category_names is None else
+                               [None if c is None else [str(v) for v in c] for c in category_names])
+        self.info = dict(info or {})
+
+    # ------------------------------------------------------------------ estimator API
+    def predict_proba(self, X) -> np.ndarray:
+        return self.tree_.predict_proba(X)
+
+    def predict_codes(self, X) -> np.ndarray:
+        """Class indices into ``classes_``."""
+        return self.tree_.predict(X)
+
+    def predict(self, X) -> np.ndarray:
+        return self.classes_[self.predict_codes(X)]
+
+    def score(self, X, y) -> float:
+        """Accuracy; ``y`` may hold class indices (integers) or class names."""
+        y = np.asarray(y)
+        if y.dtype.kind in "iu":
+            return float(np.mean(self.predict_codes(X) == y))
+        return float(np.mean(self.predict(X) == y.astype(str)))
+
+    def apply(self, X) -> np.ndarray:
+        return self.tree_.apply(X)
+
+    def decision_path(self, x) -> list[int]:
+        return self.tree_.decision_path(x)
+
+    def get_depth(self) -> int:
+        return self.tree_.depth
+
+    def get_n_leaves(self) -> int:
+        return self.tree_.n_leaves
+
+    # ------------------------------------------------------------------ text
+    def export_text(self, max_depth=None, decimals=3) -> str:
+        return format_tree_text(self.tree_, self.classes_, self.feature_names_in_,
+                                self.category_names, max_depth=max_depth, decimals=decimals)
+
+    def explain(self, x) -> list[str]:
+        """Conditions along the decision path of one row, in words."""
+        path = self.tree_.decision_path(x)
+        out = []
+        for parent, child in zip(path, path[1:]):
+            pos = int(np.flatnonzero(self.tree_.children[parent] == child)[0])
+            out.append(_condition(self.tree_, parent, pos, self.feature_names_in_,
+                                  self.category_names, 3))
+        return out
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        return _json_safe({
+            "schema": MODEL_SCHEMA,
+            "version": MODEL_SCHEMA_VERSION,
+            "classes": list(self.classes_),
+            "feature_names": list(self.feature_names_in_),
+            "category_names": self.category_names,
+            "tree": self.tree_.to_dict(),
+            "info": self.info,
+        })
+
+    @classmethod
+    def from_dict(cls, payload, **limits) -> "GlobalTree":
+        err = ModelPayloadError
+        if not isinstance(payload, dict):
+            raise err("model", f"expected a dict, got {type(payload).__name__}")
+        if payload.get("schema") != MODEL_SCHEMA:
+            raise err("schema", f"expected {MODEL_SCHEMA!r}, got {payload.get('schema')!r}")
+        if payload.get("version") != MODEL_SCHEMA_VERSION or isinstance(payload.get("version"), bool):
+            raise err("version", f"unsupported version {payload.get('version')!r}")
+        tree = Tree.from_dict(payload.get("tree"), **limits)
+        classes = check_list(payload.get("classes"), "classes", length=tree.n_classes, error=err)
+        names = check_list(payload.get("feature_names"), "feature_names", length=tree.n_features, error=err)
+        for field, values in (("classes", classes), ("feature_names", names)):
+            for i, v in enumerate(values):
+                if not isinstance(v, str) or len(v) > _MAX_NAME:
+                    raise err(f"{field}[{i}]", "expected a string of at most 1000 characters")
+        cats = payload.get("category_names")
+        if cats is not None:
+            check_list(cats, "category_names", length=tree.n_features, error=err)
+            for j, c in enumerate(cats):
+                if c is None:
+                    continue
+                check_list(c, f"category_names[{j}]", max_len=10_000, error=err)
+                if not all(isinstance(v, str) for v in c):
+                    raise err(f"category_names[{j}]", "expected strings")
+        info = payload.get("info", {})
+        if not isinstance(info, dict):
+            raise err("info", "expected a dict")
+        return cls(tree, classes, names, cats, info)
+
+    def save_json(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False))
+
+    @classmethod
+    def load_json(cls, path, **limits) -> "GlobalTree":
+        try:
+            payload = json.loads(Path(path).read_text())
+        except RecursionError as exc:  # deeply nested JSON
+            raise ModelPayloadError("model", "JSON nested too deeply") from exc
+        except json.JSONDecodeError as exc:
+            raise ModelPayloadError("model", f"not JSON: {exc}") from exc
+        return cls.from_dict(payload, **limits)
+
+    def plot(self, path, **kwargs) -> None:
+        from .plot import plot_tree
+        plot_tree(self, path, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"GlobalTree(n_leaves={self.get_n_leaves()}, depth={self.get_depth()}, "
+                f"classes={list(self.classes_)})")
+
+
+def _fmt(value, decimals):
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+
+
+def _condition(tree, node, pos, names, category_names, decimals) -> str:
+    """Words for 'child ``pos`` of ``node``'."""
+    j = int(tree.feature[node])
+    name = str(names[j])
+    points = tree.split_points[node]
+    if tree.kind[node] == CATEGORICAL:
+        code = int(points[pos])
+        cats = category_names[j] if category_names and category_names[j] else None
+        label = cats[code] if cats and code < len(cats) else str(code)
+        return f"{name} = {label}"
+    if "=" in name and len(points) == 1 and 0.0 <= points[0] < 1.0:
+        attr, value = name.split("=", 1)  # one-hot column
+        return f"{attr} {'!=' if pos == 0 else '='} {value}"
+    if len(points) == 1:
+        return f"{name} {'<=' if pos == 0 else '>'} {_fmt(points[0], decimals)}"
+    if pos == 0:
+        return f"{name} <= {_fmt(points[0], decimals)}"
+    if pos == len(points):
+        return f"{name} > {_fmt(points[-1], decimals)}"
+    return f"{_fmt(points[pos - 1], decimals)} < {name} <= {_fmt(points[pos], decimals)}"
+
+
+def format_tree_text(tree: Tree, classes, feature_names, category_names=None, max_depth=None,
+                     decimals=3) -> str:
+    """Indented text of the tree: conditions, then per leaf the class, its share and support."""
+    proba = tree.node_proba()
+    support = tree.counts.sum(axis=1)
+    depths = tree.node_depths()
+    lines = []
+    stack = [(0, None)]
+    while stack:
+        node, label = stack.pop()
+        indent = "|   " * (depths[node] - 1) + "|--- " if depths[node] else ""
+        if label is not None:
+            lines.append(f"{indent}{label}")
+        pad = "|   " * depths[node] + "|--- "
+        if tree.kind[node] == LEAF or (max_depth is not None and depths[node] >= max_depth):
+            c = int(np.argmax(proba[node]))
+            more = "" if tree.kind[node] == LEAF else " [subtree truncated]"
+            lines.append(f"{pad}class: {classes[c]} (p={proba[node, c]:.2f}, support={support[node]:.1f}){more}")
+            continue
+        if tree.kind[node] in (NUMERIC, CATEGORICAL):
+            c = int(np.argmax(proba[node]))
+            if tree.kind[node] == CATEGORICAL:
+                lines.append(f"{pad}otherwise (other or missing value): class: {classes[c]} "
+                             f"(p={proba[node, c]:.2f}, support={support[node]:.1f})")
+            for pos in range(len(tree.children[node]) - 1, -1, -1):
+                child = int(tree.children[node][pos])
+                stack.append((child, _condition(tree, node, pos, feature_names, category_names, decimals)))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,237 @@
+"""ICDTA4FL step by step, on numpy arrays; the FLARE glue and the benchmark call these steps.
+
+1. site:   ``train_local_tree(X, y, ...)`` -> tree dict (JSON-able, ``Tree.to_dict``)
+2. server: sends every tree dict to every site
+3. site:   ``score_trees(tree_dicts, X_test, y_test)`` -> {"accuracy": [..], "macro_f1": [..]}
+4. server: ``select_trees(acc_matrix, f1_matrix)`` -> (selected indices, thresholds report)
+5. server: ``aggregate(tree_dicts, selected, ...)`` -> (GlobalTree, stats)
+
+``run_in_process`` chains them over per-site arrays.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from sklearn.metrics import f1_score
+
+from ..trees.cart import fit_cart
+from ..trees.id3 import fit_id3
+from ..trees.tree import Tree
+from . import selection
+from .merge import DEFAULT_MAX_RULES, merge_rule_sets
+from .model import GlobalTree
+from .rebuild import grow_tree
+from .rules import RuleSet, extract_rules
+from .simplify import collapse_same_class, onehot_groups_from_names, simplify_rules
+
+__all__ = [
+    "train_local_tree", "score_trees", "select_trees", "aggregate", "run_in_process",
+    "macro_f1", "DEFAULT_LOCAL_PARAMS", "DEFAULT_AGGREGATE_PARAMS",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOCAL_PARAMS = {
+    "max_depth": 5,
+    "min_samples_split": None,  # CART: max(2, int(0.02 n)); ID3: 2
+    "criterion": "gini",        # CART only
+    "random_state": 42,         # CART only
+    "n_bins": 4,                # ID3 only: quantile bins per numeric column
+    "min_gain": 1e-7,           # ID3 only
+}
+
+DEFAULT_AGGREGATE_PARAMS = {
+    "max_rules": DEFAULT_MAX_RULES,  # cap of the conjunction set
+    "cap_by": "support",             # the cap keeps the highest-support rules ("entropy": the reference)
+    "fallback_support": 1.0,         # pseudo-support of rules for categories unseen at a node
+    "tree_weighting": "samples",     # "equal": every selected tree's class mass rescaled to one total
+    "max_leaves": "auto",            # 2 x the largest selected tree's leaves; None = unlimited
+    "max_depth": "auto",             # the selected trees' max depth + 2; None = unlimited
+    "criterion": "entropy",
+    "weighting": "support",          # "uniform" = the reference's unweighted means
+    "simplify": True,
+    "onehot": "auto",                # one-hot groups from "attribute=value" names
+    "eps": None,                     # interval overlap; None = 0 (0.001 with reference_compat)
+    "reference_compat": False,
+}
+
+
+def train_local_tree(X, y, *, algorithm, n_classes, feature_kinds=None, n_categories=None,
+                     params=None) -> dict:
+    """Fit a local ID3 or CART tree; returns ``Tree.to_dict()``.
+
+    ``y`` holds indices into the global class list. ID3 takes the codes matrix (mixed kinds),
+    CART a numeric (one-hot) matrix.
+    """
+    p = {**DEFAULT_LOCAL_PARAMS, **(params or {})}
+    X = np.asarray(X, dtype=np.float64)
+    kinds = list(feature_kinds) if feature_kinds is not None else ["numeric"] * X.shape[1]
+    if algorithm == "id3":
+        tree = fit_id3(X, y, n_classes=n_classes, feature_kinds=kinds, n_categories=n_categories,
+                       max_depth=p["max_depth"], min_samples_split=p["min_samples_split"] or 2,
+                       min_gain=p["min_gain"], n_bins=p["n_bins"])
+    elif algorithm == "cart":
+        tree = fit_cart(X, y, n_classes=n_classes, criterion=p["criterion"], max_depth=p["max_depth"],
+                        min_samples_split=p["min_samples_split"], random_state=p["random_state"],
+                        feature_kinds=kinds)
+    else:
+        raise ValueError(f"algorithm must be 'id3' or 'cart', got {algorithm!r}")
+    return tree.to_dict()
+
+
+def macro_f1(y_true, y_pred) -> float:
+    """scikit-learn's macro F1 over the classes present in y_true or y_pred."""
+    return float(f1_score(y_true, y_pred, average="macro", zero_division=0))
+
+
+def _as_tree(tree) -> Tree:
+    return tree if isinstance(tree, Tree) else Tree.from_dict(tree)
+
+
+def score_trees(trees, X_test, y_test) -> dict:
+    """Accuracy and macro-F1 of each tree (dict or Tree) on a site's test set.
+
+    An empty test set gives None scores (the server's filter ignores them).
+    """
+    X_test = np.asarray(X_test, dtype=np.float64)
+    y_test = np.asarray(y_test, dtype=np.int64)
+    acc, f1 = [], []
+    for tree in trees:
+        tree = _as_tree(tree)
+        if len(y_test) == 0:
+            acc.append(None), f1.append(None)
+            continue
+        pred = tree.predict(X_test)
+        acc.append(float(np.mean(pred == y_test)))
+        f1.append(macro_f1(y_test, pred))
+    return {"accuracy": acc, "macro_f1": f1}
+
+
+def select_trees(accuracy, macro_f1, *, statistic="percentile", q=75.0):
+    """(n_sites, n_trees) score matrices -> (selected tree indices, thresholds report).
+
+    None entries (sites that did not score) are ignored.
+    """
+    acc = np.array(accuracy, dtype=np.float64)  # None -> nan
+    f1 = np.array(macro_f1, dtype=np.float64)
+    return selection.select_trees(acc, f1, statistic=statistic, q=q)
+
+
+def aggregate(trees, selected, *, classes, feature_names=None, category_names=None,
+              params=None) -> tuple[GlobalTree, dict]:
+    """Merge the selected trees' rules and rebuild the global tree.
+
+    ``trees`` are tree dicts (validated here) or ``Tree`` objects, all on the shared schema;
+    ``selected`` indexes into them. Returns the ``GlobalTree`` and a stats dict (rule counts
+    before and after simplification, budgets, leaves, depth, timings).
+    """
+    p = {**DEFAULT_AGGREGATE_PARAMS, **(params or {})}
+    t0 = time.perf_counter()
+    selected = sorted(set(int(i) for i in selected))
+    if not selected:
+        raise ValueError("no tree selected")
+    chosen = [_as_tree(trees[i]) for i in selected]
+    first = chosen[0]
+    for t in chosen[1:]:
+        if t.feature_kinds != first.feature_kinds or t.n_classes != first.n_classes:
+            raise ValueError("selected trees do not share one schema")
+    if len(classes) != first.n_classes:
+        raise ValueError(f"{len(classes)} class names for {first.n_classes} classes")
+    reference = bool(p["reference_compat"])
+    rule_sets = [extract_rules(t, fallback_support=p["fallback_support"]) for t in chosen]
+    if p["tree_weighting"] == "equal":
+        # sample-weighted within a tree, but each tree brings the same total class mass
+        totals = [max(float(r.mass.sum()), 1e-12) for r in rule_sets]
+        mean_total = float(np.mean(totals))
+        rule_sets = [RuleSet(r.lower, r.upper, r.equals, r.mass * (mean_total / t), r.support,
+                             r.n_sources, r.feature_kinds) for r, t in zip(rule_sets, totals)]
+    elif p["tree_weighting"] != "samples":
+        raise ValueError(f"tree_weighting must be 'samples' or 'equal', got {p['tree_weighting']!r}")
+    t_extract = time.perf_counter()
+    merged, merge_stats = merge_rule_sets(rule_sets, max_rules=p["max_rules"], eps=p["eps"],
+                                          reference_compat=reference, cap_by=p["cap_by"])
+    t_merge = time.perf_counter()
+
+    groups = []
+    if p["onehot"] == "auto" and feature_names is not None:
+        groups = onehot_groups_from_names(feature_names, first.feature_kinds)
+    elif isinstance(p["onehot"], (list, tuple)):
+        groups = [list(g) for g in p["onehot"]]
+    rules = simplify_rules(merged, onehot_groups=groups) if p["simplify"] else merged
+    if rules.n_rules == 0:  # everything was unsatisfiable: fall back to the merged rules
+        rules = merged
+
+    local_leaves = max(t.n_leaves for t in chosen)
+    local_depth = max(t.depth for t in chosen)
+    max_leaves = 2 * local_leaves if p["max_leaves"] == "auto" else p["max_leaves"]
+    max_depth = local_depth + 2 if p["max_depth"] == "auto" else p["max_depth"]
+    weighting = "uniform" if reference and p["weighting"] == "support" else p["weighting"]
+    tree, grow_stats = grow_tree(rules, n_categories=first.n_categories, max_leaves=max_leaves,
+                                 max_depth=max_depth, criterion=p["criterion"], weighting=weighting)
+    leaves_grown = tree.n_leaves
+    if p["simplify"]:
+        tree = collapse_same_class(tree)
+    t_end = time.perf_counter()
+    stats = {
+        "selected": selected,
+        "merge_order": [selected[i] for i in merge_stats["order"]],
+        "skipped": [selected[i] for i in merge_stats["skipped"]],
+        "capped_steps": len(merge_stats["capped"]),
+        "n_rules_local": [int(r.n_rules) for r in rule_sets],
+        "n_rules_merged": int(merged.n_rules),
+        "n_rules": int(rules.n_rules),
+        "local_max_leaves": int(local_leaves),
+        "local_max_depth": int(local_depth),
+        "max_leaves": None if max_leaves is None else int(max_leaves),
+        "max_depth": None if max_depth is None else int(max_depth),
+        "n_leaves_grown": int(leaves_grown),
+        "n_leaves": int(tree.n_leaves),
+        "depth": int(tree.depth),
+        "truncated": bool(grow_stats["truncated"]),
+        "time_s": {"extract": t_extract - t0, "merge": t_merge - t_extract,
+                   "rebuild": t_end - t_merge, "total": t_end - t0},
+    }
+    model = GlobalTree(tree, classes, feature_names, category_names,
+                       info={k: v for k, v in stats.items() if k != "time_s"})
+    return model, stats
+
+
+def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None,
+                   n_categories=None, category_names=None, local_params=None, statistic="percentile",
+                   q=75.0, aggregate_params=None, X_global_test=None, y_global_test=None) -> dict:
+    """All steps in one process.
+
+    ``sites`` is a list of dicts with ``X_train, y_train, X_test, y_test`` (global codes).
+    Returns a dict with the tree dicts, score matrices, selection, global model and stats, and
+    (if a global test set is given) the global/local scores on it.
+    """
+    C = len(classes)
+    t0 = time.perf_counter()
+    trees = [train_local_tree(s["X_train"], s["y_train"], algorithm=algorithm, n_classes=C,
+                              feature_kinds=feature_kinds, n_categories=n_categories,
+                              params=local_params) for s in sites]
+    t_train = time.perf_counter()
+    objects = [Tree.from_dict(t) for t in trees]
+    reports = [score_trees(objects, s["X_test"], s["y_test"]) for s in sites]
+    acc = [r["accuracy"] for r in reports]
+    f1 = [r["macro_f1"] for r in reports]
+    selected, thresholds = select_trees(acc, f1, statistic=statistic, q=q)
+    t_score = time.perf_counter()
+    model, stats = aggregate(objects, selected, classes=classes, feature_names=feature_names,
+                             category_names=category_names, params=aggregate_params)
+    out = {
+        "trees": trees, "accuracy": acc, "macro_f1": f1, "selected": selected,
+        "thresholds": thresholds, "model": model, "stats": stats,
+        "timings_s": {"train": t_train - t0, "score": t_score - t_train,
+                      "aggregate": stats["time_s"]["total"]},
+    }
+    if X_global_test is not None:
+        y = np.asarray(y_global_test, dtype=np.int64)
+        local = score_trees(objects, X_global_test, y)
+        pred = model.predict_codes(X_global_test)
+        out["global"] = {"accuracy": float(np.mean(pred == y)), "macro_f1": macro_f1(y, pred)}
+        out["local_on_global_test"] = local
+    return out

@@ -1,0 +1,256 @@
+"""Rules: one per root-to-leaf path, held column-wise in a ``RuleSet``.
+
+A rule is a box over the features: per numeric feature an interval (lower, upper] (±inf when
+untested), per categorical feature a code it must equal (-1 when untested). It carries
+
+- ``mass``: class weights over the global class list; its normalisation is the rule's class
+  distribution. For a leaf, mass = the leaf's sample-weighted class counts. Merging rules adds
+  masses, so the merged distribution is the sample-weighted mean (n_a p_a + n_b p_b)/(n_a + n_b)
+  and does not depend on the order of the merges;
+- ``support``: the estimated number of training samples in the box. For a leaf it is the leaf's
+  sample count; for a conjunction of k leaves it is the geometric mean of their counts (the
+  reference's round(sqrt(n_a n_b)) for two trees, but symmetric in k trees, unrounded);
+- ``n_sources``: how many leaves the rule conjoins (needed to keep the geometric mean associative).
+
+Both tree kinds give the same rule model: CART and binned-numeric ID3 splits give intervals,
+categorical ID3 splits give equalities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
+from ..trees.validate import PayloadError, check_int, check_list, check_number
+
+__all__ = ["RuleSet", "RulePayloadError", "extract_rules", "RULESET_SCHEMA", "RULESET_SCHEMA_VERSION",
+           "DEFAULT_MAX_RULES_PAYLOAD"]
+
+RULESET_SCHEMA = "treeflare.ruleset"
+RULESET_SCHEMA_VERSION = 1
+DEFAULT_MAX_RULES_PAYLOAD = 100_000
+
+
+class RulePayloadError(PayloadError):
+    """A rule-set payload is malformed."""
+
+
+@dataclass
+class RuleSet:
+    lower: np.ndarray      # (R, d) float, -inf when untested; categorical columns stay -inf
+    upper: np.ndarray      # (R, d) float, +inf when untested; categorical columns stay +inf
+    equals: np.ndarray     # (R, d) int, -1 when untested; numeric columns stay -1
+    mass: np.ndarray       # (R, C) float >= 0, class weights
+    support: np.ndarray    # (R,) float >= 0
+    n_sources: np.ndarray  # (R,) int >= 1
+    feature_kinds: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.lower = np.asarray(self.lower, dtype=np.float64)
+        self.upper = np.asarray(self.upper, dtype=np.float64)
+        self.equals = np.asarray(self.equals, dtype=np.int64)
+        self.mass = np.asarray(self.mass, dtype=np.float64)
+        self.support = np.asarray(self.support, dtype=np.float64)
+        self.n_sources = np.asarray(self.n_sources, dtype=np.int64)
+        self.feature_kinds = list(self.feature_kinds)
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def n_rules(self) -> int:
+        return len(self.support)
+
+    @property
+    def n_features(self) -> int:
+        return self.lower.shape[1]
+
+    @property
+    def n_classes(self) -> int:
+        return self.mass.shape[1]
+
+    def __len__(self) -> int:
+        return self.n_rules
+
+    @property
+    def dist(self) -> np.ndarray:
+        """Class distribution of each rule (uniform where the mass is zero)."""
+        totals = self.mass.sum(axis=1, keepdims=True)
+        uniform = np.full_like(self.mass, 1.0 / max(self.n_classes, 1))
+        return np.where(totals > 0, self.mass / np.where(totals > 0, totals, 1.0), uniform)
+
+    def entropy(self) -> np.ndarray:
+        p = self.dist
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=1)
+
+    def take(self, index) -> "RuleSet":
+        index = np.asarray(index)
+        return RuleSet(self.lower[index], self.upper[index], self.equals[index], self.mass[index],
+                       self.support[index], self.n_sources[index], self.feature_kinds)
+
+    @classmethod
+    def empty(cls, n_features, n_classes, feature_kinds) -> "RuleSet":
+        return cls(np.empty((0, n_features)), np.empty((0, n_features)),
+                   np.empty((0, n_features), dtype=np.int64), np.empty((0, n_classes)),
+                   np.empty(0), np.empty(0, dtype=np.int64), feature_kinds)
+
+    @classmethod
+    def concatenate(cls, sets) -> "RuleSet":
+        sets = list(sets)
+        return cls(np.concatenate([s.lower for s in sets]), np.concatenate([s.upper for s in sets]),
+                   np.concatenate([s.equals for s in sets]), np.concatenate([s.mass for s in sets]),
+                   np.concatenate([s.support for s in sets]),
+                   np.concatenate([s.n_sources for s in sets]), sets[0].feature_kinds)
+
+    def covers(self, X) -> np.ndarray:
+        """Boolean (n, R): which rules each row satisfies (NaN satisfies no tested condition)."""
+        X = np.asarray(X, dtype=np.float64)
+        out = np.ones((len(X), self.n_rules), dtype=bool)
+        for j in range(self.n_features):
+            x = X[:, j:j + 1]
+            if self.feature_kinds[j] == "categorical":
+                tested = self.equals[:, j] >= 0
+                if tested.any():
+                    out &= ~tested | (x == self.equals[:, j])
+            else:
+                lo, up = self.lower[:, j], self.upper[:, j]
+                tested = np.isfinite(lo) | np.isfinite(up)
+                if tested.any():
+                    with np.errstate(invalid="ignore"):
+                        out &= ~tested | ((x > lo) & (x <= up))
+        return out
+
+    def canonical_order(self) -> np.ndarray:
+        """A permutation that sorts rules by their content only (bounds, codes, mass, support)."""
+        keys = [self.support, *self.mass.T[::-1], *self.equals.T[::-1], *self.upper.T[::-1],
+                *self.lower.T[::-1]]
+        return np.lexsort(keys) if self.n_rules else np.empty(0, dtype=np.int64)
+
+    def sorted(self) -> "RuleSet":
+        return self.take(self.canonical_order())
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        def bounds(a):
+            return [[None if not np.isfinite(v) else float(v) for v in row] for row in a]
+        return {
+            "schema": RULESET_SCHEMA,
+            "version": RULESET_SCHEMA_VERSION,
+            "n_features": self.n_features,
+            "n_classes": self.n_classes,
+            "feature_kinds": list(self.feature_kinds),
+            "lower": bounds(self.lower),   # null = -inf
+            "upper": bounds(self.upper),   # null = +inf
+            "equals": self.equals.astype(int).tolist(),
+            "mass": self.mass.astype(float).tolist(),
+            "support": self.support.astype(float).tolist(),
+            "n_sources": self.n_sources.astype(int).tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, payload, *, max_rules=DEFAULT_MAX_RULES_PAYLOAD, n_features=None,
+                  n_classes=None) -> "RuleSet":
+        """Validate a payload made by ``to_dict`` and build the rule set."""
+        err = RulePayloadError
+        if not isinstance(payload, dict):
+            raise err("ruleset", f"expected a dict, got {type(payload).__name__}")
+        if payload.get("schema") != RULESET_SCHEMA:
+            raise err("schema", f"expected {RULESET_SCHEMA!r}, got {payload.get('schema')!r}")
+        if check_int(payload.get("version"), "version", error=err) != RULESET_SCHEMA_VERSION:
+            raise err("version", f"unsupported version {payload.get('version')}")
+        d = check_int(payload.get("n_features"), "n_features", lo=1, hi=100_000, error=err)
+        C = check_int(payload.get("n_classes"), "n_classes", lo=1, hi=10_000, error=err)
+        if n_features is not None and d != n_features:
+            raise err("n_features", f"expected {n_features}, got {d}")
+        if n_classes is not None and C != n_classes:
+            raise err("n_classes", f"expected {n_classes}, got {C}")
+        kinds = check_list(payload.get("feature_kinds"), "feature_kinds", length=d, error=err)
+        for j, kind in enumerate(kinds):
+            if kind not in ("numeric", "categorical"):
+                raise err(f"feature_kinds[{j}]", f"unknown kind {kind!r}")
+        support = check_list(payload.get("support"), "support", max_len=max_rules, error=err)
+        R = len(support)
+        rows = {}
+        for name, width in (("lower", d), ("upper", d), ("equals", d), ("mass", C)):
+            table = check_list(payload.get(name), name, length=R, error=err)
+            for r, row in enumerate(table):
+                check_list(row, f"{name}[{r}]", length=width, error=err)
+            rows[name] = table
+        n_sources = check_list(payload.get("n_sources"), "n_sources", length=R, error=err)
+        lower = np.full((R, d), -np.inf)
+        upper = np.full((R, d), np.inf)
+        equals = np.full((R, d), -1, dtype=np.int64)
+        mass = np.zeros((R, C))
+        for r in range(R):
+            for j in range(d):
+                lo, up, eq = rows["lower"][r][j], rows["upper"][r][j], rows["equals"][r][j]
+                eq = check_int(eq, f"equals[{r}][{j}]", lo=-1, hi=10_000, error=err)
+                if lo is not None:
+                    lower[r, j] = check_number(lo, f"lower[{r}][{j}]", error=err)
+                if up is not None:
+                    upper[r, j] = check_number(up, f"upper[{r}][{j}]", error=err)
+                if kinds[j] == "categorical" and (lo is not None or up is not None):
+                    raise err(f"lower[{r}][{j}]", "interval on a categorical feature")
+                if kinds[j] == "numeric" and eq != -1:
+                    raise err(f"equals[{r}][{j}]", "equality on a numeric feature")
+                if lower[r, j] >= upper[r, j]:
+                    raise err(f"upper[{r}][{j}]", "empty interval (lower >= upper)")
+                equals[r, j] = eq
+            for c in range(C):
+                mass[r, c] = check_number(rows["mass"][r][c], f"mass[{r}][{c}]", nonnegative=True, error=err)
+        sup = np.array([check_number(s, f"support[{r}]", nonnegative=True, error=err)
+                        for r, s in enumerate(support)], dtype=np.float64)
+        src = np.array([check_int(s, f"n_sources[{r}]", lo=1, error=err)
+                        for r, s in enumerate(n_sources)], dtype=np.int64)
+        return cls(lower, upper, equals, mass, sup, src, kinds)
+
+
+def extract_rules(tree: Tree, *, fallback_support: float = 1.0) -> RuleSet:
+    """One rule per leaf of ``tree``: its box, class counts (as mass) and sample count.
+
+    A categorical node has no child for the codes it did not see in training; the tree predicts
+    those from the node's own counts. When the feature's number of categories is known, each such
+    code also gets a rule (the node's distribution, support ``fallback_support``: a pseudo-count,
+    as no training sample fell there), so the rules cover what the tree covers. 0 disables them.
+    """
+    d, C = tree.n_features, tree.n_classes
+    lowers, uppers, equals, leaves = [], [], [], []
+    fallback_boxes, fallback_nodes = [], []
+    stack = [(0, np.full(d, -np.inf), np.full(d, np.inf), np.full(d, -1, dtype=np.int64))]
+    while stack:
+        node, lo, up, eq = stack.pop()
+        if tree.kind[node] == LEAF:
+            lowers.append(lo), uppers.append(up), equals.append(eq), leaves.append(node)
+            continue
+        f = tree.feature[node]
+        points = tree.split_points[node]
+        for i, child in enumerate(tree.children[node]):
+            clo, cup, ceq = lo.copy(), up.copy(), eq.copy()
+            if tree.kind[node] == NUMERIC:
+                if i > 0:
+                    clo[f] = max(clo[f], points[i - 1])
+                if i < len(points):
+                    cup[f] = min(cup[f], points[i])
+            elif tree.kind[node] == CATEGORICAL:
+                ceq[f] = int(points[i])
+            stack.append((int(child), clo, cup, ceq))
+        k = tree.n_categories[f] if tree.kind[node] == CATEGORICAL else None
+        if k is not None and fallback_support > 0:
+            for code in sorted(set(range(k)) - {int(v) for v in points}):
+                ceq = eq.copy()
+                ceq[f] = code
+                fallback_boxes.append((lo, up, ceq))
+                fallback_nodes.append(node)
+    if not leaves:
+        return RuleSet.empty(d, C, tree.feature_kinds)
+    mass = tree.counts[np.asarray(leaves)]
+    support = mass.sum(axis=1)
+    if fallback_nodes:
+        lowers += [b[0] for b in fallback_boxes]
+        uppers += [b[1] for b in fallback_boxes]
+        equals += [b[2] for b in fallback_boxes]
+        mass = np.vstack([mass, tree.node_proba()[np.asarray(fallback_nodes)] * fallback_support])
+        support = np.concatenate([support, np.full(len(fallback_nodes), float(fallback_support))])
+    return RuleSet(np.vstack(lowers), np.vstack(uppers), np.vstack(equals), mass, support,
+                   np.ones(len(support), dtype=np.int64), tree.feature_kinds)
