@@ -1,0 +1,191 @@
+"""ICDTA4FL on NVFlare: local ID3/CART trees, peer evaluation, filtering, rule aggregation into one
+interpretable global tree, in a single round.
+
+    python jobs/icdta4fl/job.py --algorithm cart --dataset nursery --sites 5 --workspace /tmp/icdta4fl
+
+Writes report.json, global_tree.json, rules.txt and global_tree.png into --workspace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from treeflare.cli import add_data_args, add_partition_args, load_table, main_guard, prepare_from_args
+from treeflare.data import Schema, read_site, read_site_csv, write_federation
+from treeflare.icdta4fl import pipeline
+from treeflare.icdta4fl.encoding import encode, feature_space
+from treeflare.reporting import format_table, write_json_atomic
+from treeflare.trees.tree import Tree
+
+JOB_NAME = "icdta4fl"
+ARTIFACTS = ("global_tree.json", "rules.txt", "global_tree.png")
+
+
+def parse_args(argv=None):
+    from treeflare.flare.runner import add_run_args
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_args(p)
+    add_partition_args(p)
+    g = p.add_argument_group("ICDTA4FL")
+    g.add_argument("--algorithm", choices=["cart", "id3"], default="cart")
+    g.add_argument("--max-depth", type=int, default=5, help="local tree depth (default 5)")
+    g.add_argument("--criterion", default=None, help="gini|entropy (default: gini for CART, entropy for ID3)")
+    g.add_argument("--statistic", choices=["percentile", "mean", "median"], default="percentile",
+                   help="how the peer-score thresholds are set (default percentile)")
+    g.add_argument("--percentile", type=float, default=75.0, help="q for --statistic percentile (default 75)")
+    g.add_argument("--max-leaves", type=int, default=None,
+                   help="global tree leaf budget (default: 2 x the largest selected local tree)")
+    g.add_argument("--global-max-depth", type=int, default=None,
+                   help="global tree depth budget (default: --max-depth + 2)")
+    g.add_argument("--min-clients", type=int, default=2, help="fewest valid sites the job goes on with")
+    g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has per task")
+    g.add_argument("--data-root", default=None,
+                   help="the sites' data folder as the sites see it (default: the folder this script prepares)")
+    add_run_args(p)
+    args = p.parse_args(argv)
+    if not 0 <= args.percentile <= 100:
+        p.error("--percentile must be in [0, 100]")
+    if args.max_depth < 1:
+        p.error("--max-depth must be at least 1")
+    return args
+
+
+def build_job(args, fed_summary: dict, data_root: Path, sites: list[str]):
+    from nvflare.job_config.api import FedJob
+
+    from treeflare.flare.icdta4fl_controller import ICDTA4FLController
+    from treeflare.flare.icdta4fl_executor import SCORE_GLOBAL, SCORE_TREES, TRAIN, ICDTA4FLExecutor
+    from treeflare.flare.runner import ship_package
+
+    local = {"max_depth": args.max_depth}
+    if args.criterion:
+        local["criterion"] = args.criterion
+    aggregation = {}
+    if args.max_leaves is not None:
+        aggregation["max_leaves"] = args.max_leaves
+    if args.global_max_depth is not None:
+        aggregation["max_depth"] = args.global_max_depth
+    job = FedJob(name=JOB_NAME, min_clients=args.min_clients)
+    server_test = data_root / "server" / "test.csv"
+    job.to_server(ICDTA4FLController(
+        schema=fed_summary["schema"], algorithm=args.algorithm, local_params=local,
+        selection={"statistic": args.statistic, "q": args.percentile}, aggregation=aggregation,
+        min_clients=args.min_clients, task_timeout=args.task_timeout,
+        server_test=str(server_test) if server_test.is_file() else "",
+        job_info={"dataset": fed_summary["dataset"], "partition": fed_summary["partition"]},
+    ), id="icdta4fl_controller")
+    job.to_clients(ICDTA4FLExecutor(data_root=str(data_root)), tasks=[TRAIN, SCORE_TREES, SCORE_GLOBAL])
+    ship_package(job)
+    return job
+
+
+def centralized_baseline(args, data_root: Path, schema: Schema, sites: list[str]) -> dict:
+    """The same learner and depth trained on the union of the sites' training data."""
+    tables = [read_site(data_root, s, schema).train for s in sites]
+    names, kinds, n_categories = feature_space(schema, args.algorithm)
+    X = np.vstack([encode(t, args.algorithm) for t in tables])
+    y = np.concatenate([t.y_codes() for t in tables])
+    params = {"max_depth": args.max_depth, **({"criterion": args.criterion} if args.criterion else {})}
+    tree = pipeline.train_local_tree(X, y, algorithm=args.algorithm, n_classes=len(schema.classes),
+                                     feature_kinds=kinds, n_categories=n_categories, params=params)
+    test = read_site_csv(data_root / "server" / "test.csv", schema, site="server")
+    s = pipeline.score_trees([tree], encode(test, args.algorithm), test.y_codes())
+    tree = Tree.from_dict(tree)
+    return {"accuracy": s["accuracy"][0], "macro_f1": s["macro_f1"][0], "n_leaves": tree.n_leaves,
+            "depth": tree.depth}
+
+
+def build_report(args, server: dict, fed_summary: dict, centralized: dict | None, timings: dict) -> dict:
+    part = fed_summary["partition"]
+    report = {
+        "job": JOB_NAME,
+        "algorithm": args.algorithm,
+        "dataset": fed_summary["dataset"],
+        "partition": {"kind": part["kind"], "alpha": part.get("alpha"), "seed": part["seed"]},
+        "n_sites": server["n_sites"],
+        "selected_sites": server["selected_sites"],
+        "thresholds": server["thresholds"],
+        "global": server["global"],
+        "sites": {s: {k: v for k, v in info.items() if k in ("n_train", "n_test", "local", "global", "tree")}
+                  for s, info in server["sites"].items()},
+        "baselines": {"centralized": centralized, **{k: v for k, v in server.get("baselines", {}).items()
+                                                      if k in ("mean_local", "best_local")}},
+        "dropped_sites": server["dropped_sites"],
+        "aggregation": server["aggregation"],
+        "params": {"max_depth": args.max_depth, "criterion": args.criterion, "statistic": args.statistic,
+                   "percentile": args.percentile, "max_leaves": args.max_leaves,
+                   "global_max_depth": args.global_max_depth, "env": args.env},
+        "timings_s": {**server["timings_s"], **timings},
+    }
+    return report
+
+
+def print_summary(report: dict, workspace: Path) -> None:
+    rows = [["global (ICDTA4FL)", report["global"].get("accuracy"), report["global"].get("macro_f1"),
+             report["global"]["n_leaves"], report["global"]["depth"]]]
+    for key in ("centralized", "mean_local", "best_local"):
+        b = report["baselines"].get(key)
+        if b:
+            rows.append([key.replace("_", " "), b["accuracy"], b["macro_f1"], b.get("n_leaves", ""), b.get("depth", "")])
+    print(f"\nICDTA4FL-{report['algorithm'].upper()} on {report['dataset']}, {report['n_sites']} sites "
+          f"({report['partition']['kind']}), selected {len(report['selected_sites'])}: "
+          f"{', '.join(report['selected_sites'])}")
+    print(format_table(["model (global test set)", "accuracy", "macro_f1", "leaves", "depth"], rows))
+    if report["dropped_sites"]:
+        print(f"dropped sites: {report['dropped_sites']}")
+    print(f"\nreport: {workspace / 'report.json'}\nrules:  {workspace / 'rules.txt'}\ntree:   {workspace / 'global_tree.png'}")
+
+
+@main_guard
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from treeflare.flare.runner import run_job
+
+    workspace = Path(args.workspace).resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    timings = {}
+    t = time.perf_counter()
+    table = load_table(args)
+    fed = prepare_from_args(table, args)
+    data_dir = write_federation(fed, workspace / "data", overwrite=True)
+    timings["prepare_data"] = time.perf_counter() - t
+    sites = fed.site_names
+    data_root = Path(args.data_root) if args.data_root else data_dir
+
+    job = build_job(args, fed.summary, data_root, sites)
+    t = time.perf_counter()
+    run_dir = run_job(job, args, sites)
+    timings["flare_run"] = time.perf_counter() - t
+
+    result_file = run_dir / "icdta4fl_result.json"
+    if not result_file.is_file():
+        print(f"error: the server wrote no result ({result_file} missing); see the logs under {workspace / 'flare'}",
+              file=sys.stderr)
+        return 1
+    server = json.loads(result_file.read_text())
+    if server.get("status") != "completed":
+        print(f"error: ICDTA4FL failed: {server.get('error')}", file=sys.stderr)
+        write_json_atomic(workspace / "report.json", server)
+        return 1
+    for name in ARTIFACTS:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, workspace / name)
+    t = time.perf_counter()
+    centralized = centralized_baseline(args, data_dir, fed.schema, sites)
+    timings["centralized_baseline"] = time.perf_counter() - t
+    report = build_report(args, server, fed.summary, centralized, timings)
+    write_json_atomic(workspace / "report.json", report)
+    print_summary(report, workspace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

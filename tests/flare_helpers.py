@@ -1,0 +1,176 @@
+"""Running a job script the way a user does, in isolation, and leaving no process behind.
+
+NVFlare's simulator starts itself with ``setsid`` (its own process group), so killing our child's
+group is not enough. Every process we start carries a unique token in its environment; at the end
+we kill whatever still carries it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN_VAR = "TREEFLARE_TEST_TOKEN"
+
+
+def isolated_env(tmp_path: Path, token: str) -> dict:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVFLARE_")}
+    env.update({"HOME": str(home), TOKEN_VAR: token, "PYTHONUNBUFFERED": "1",
+                "NVFLARE_POC_WORKSPACE": str(tmp_path / "poc"), "MPLBACKEND": "Agg"})
+    return env
+
+
+def processes_with_token(token: str) -> list[psutil.Process]:
+    found = []
+    needle = f"{TOKEN_VAR}={token}".encode()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+                if needle in fh.read():
+                    found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def kill_token(token: str) -> int:
+    procs = processes_with_token(token)
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    return len(procs)
+
+
+def run_script(script: str, args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``python <script> <args>`` from the repo root; kill everything it started afterwards."""
+    token = uuid.uuid4().hex
+    env = isolated_env(tmp_path, token)
+    cmd = [sys.executable, str(REPO / script), *args]
+    try:
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                              start_new_session=True)
+    finally:
+        kill_token(token)
+        assert not processes_with_token(token), "processes left behind"
+
+
+# ------------------------------------------------------------------------------------------------------
+# Real FLARE systems (POC, provisioned projects) for the deployment and fault tests.
+import fcntl  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+LOCK_FILE = "/tmp/treeflare-flare.lock"
+
+
+@contextmanager
+def flare_lock(timeout: float = 1800):
+    """The machine-wide FLARE lock (also taken by ``flock /tmp/treeflare-flare.lock``); held while a POC or a
+    provisioned system of ours runs, so no two of them start at once."""
+    with open(LOCK_FILE, "a+") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{LOCK_FILE} still held after {timeout} s")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cmd(cmd: list[str], env: dict, timeout: float = 300, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+class LocalProject:
+    """A project provisioned with scripts/provision.sh and started from its startup kits on this machine,
+    as an operator would on separate hosts. Every process it starts carries ``token`` in its environment."""
+
+    def __init__(self, root: Path, n_sites: int = 3, port: int | None = None):
+        from treeflare.flare import deploy
+
+        self.deploy = deploy
+        self.root = Path(root)
+        self.token = uuid.uuid4().hex
+        self.env = isolated_env(self.root, self.token)
+        self.env.update({"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+                         "TREEFLARE_FLARE_LOCK_HELD": "1"})
+        self.sites = [f"site-{i + 1}" for i in range(n_sites)]
+        self.port = port or free_port()
+        self.data_dir = self.root / "data"
+        self.prod: Path | None = None
+        self.timings: dict = {}
+
+    def provision(self) -> subprocess.CompletedProcess:
+        t = time.perf_counter()
+        proc = run_cmd(["bash", str(REPO / "scripts" / "provision.sh"), "-w", str(self.root / "provision"),
+                        "--port", str(self.port), "--sites", str(len(self.sites)), "--data-dir", str(self.data_dir)],
+                       self.env, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+        self.prod = sorted((self.root / "provision" / "treeflare").glob("prod_*"))[-1]
+        self.timings["provision"] = time.perf_counter() - t
+        return proc
+
+    def kit(self, name: str) -> Path:
+        return self.prod / name
+
+    @property
+    def server_kit(self) -> Path:
+        return self.kit("localhost")
+
+    @property
+    def admin_kit(self) -> Path:
+        return self.kit("admin@treeflare.org")
+
+    def start(self, timeout: float = 180) -> None:
+        t = time.perf_counter()
+        self.deploy.start_kit(self.server_kit, self.env)
+        for site in self.sites:
+            self.deploy.start_kit(self.kit(site), self.env)
+        self.wait_connected(timeout=timeout)
+        self.timings["start"] = time.perf_counter() - t
+
+    def wait_connected(self, sites=None, timeout: float = 120) -> list[str]:
+        return self.deploy.wait_for_sites(self.admin_kit, sites or self.sites, timeout=timeout)
+
+    def restart_site(self, site: str, timeout: float = 120) -> None:
+        self.deploy.stop_kit(self.kit(site), timeout=1)
+        self.deploy.start_kit(self.kit(site), self.env)
+        self.wait_connected([site], timeout=timeout)
+
+    def stop(self) -> None:
+        t = time.perf_counter()
+        try:
+            self.deploy.stop_kits([*(self.kit(s) for s in self.sites), self.server_kit], timeout=8)
+        except Exception:
+            pass
+        kill_token(self.token)
+        self.timings["stop"] = time.perf_counter() - t
+
+    def leftover(self) -> list:
+        return processes_with_token(self.token)

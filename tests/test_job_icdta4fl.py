@@ -1,0 +1,83 @@
+"""End to end: the ICDTA4FL job in the FLARE simulator, and its exported job folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+from flare_helpers import REPO, run_script
+
+pytestmark = pytest.mark.flare
+
+
+@pytest.fixture(scope="module")
+def car_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("icdta4fl")
+    ws = tmp / "ws"
+    proc = run_script("jobs/icdta4fl/job.py",
+                      ["--algorithm", "cart", "--dataset", "car", "--sites", "3", "--partition", "iid",
+                       "--seed", "1", "--max-depth", "4", "--workspace", str(ws)], tmp, timeout=240)
+    return proc, ws
+
+
+def test_report_content(car_run):
+    proc, ws = car_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((ws / "report.json").read_text())
+    assert report["job"] == "icdta4fl" and report["algorithm"] == "cart" and report["dataset"] == "car"
+    assert report["partition"] == {"kind": "iid", "alpha": None, "seed": 1}
+    assert report["n_sites"] == 3 and not report["dropped_sites"]
+    assert 1 <= len(report["selected_sites"]) <= 3
+    assert set(report["selected_sites"]) <= set(report["sites"])
+    assert set(report["thresholds"]) >= {"accuracy", "macro_f1"}
+    g = report["global"]
+    # Car is easy: a depth-4 tree on ~1,000 rows gets well past the 70% majority class.
+    assert 0.75 < g["accuracy"] <= 1.0 and 0.0 < g["macro_f1"] <= 1.0
+    assert g["n_leaves"] >= 2 and g["depth"] >= 1
+    for site, info in report["sites"].items():
+        assert info["n_train"] > 0 and info["n_test"] > 0
+        assert 0 <= info["local"]["accuracy"] <= 1 and 0 <= info["global"]["accuracy"] <= 1
+    b = report["baselines"]
+    assert set(b) == {"centralized", "mean_local", "best_local"}
+    assert b["best_local"]["macro_f1"] >= b["mean_local"]["macro_f1"]
+    assert abs(b["centralized"]["accuracy"] - g["accuracy"]) < 0.15
+    assert "global (ICDTA4FL)" in proc.stdout and str(ws / "report.json") in proc.stdout
+
+
+def test_artifacts(car_run):
+    proc, ws = car_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from treeflare.icdta4fl.model import GlobalTree
+
+    model = GlobalTree.load_json(ws / "global_tree.json")
+    report = json.loads((ws / "report.json").read_text())
+    assert model.get_n_leaves() == report["global"]["n_leaves"]
+    rules = (ws / "rules.txt").read_text()
+    assert rules.strip() and any(c in rules for c in ("unacc", "acc"))
+    assert (ws / "global_tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_runs_without_installed_package(tmp_path):
+    """The exported job carries the whole package: it imports with only the job's custom/ on the path."""
+    out = tmp_path / "export"
+    proc = run_script("jobs/icdta4fl/job.py", ["--dataset", "car", "--sites", "2", "--workspace",
+                                               str(tmp_path / "ws"), "--export", str(out)], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = out / "icdta4fl"
+    meta = json.loads((job / "meta.json").read_text())
+    assert meta["name"] == "icdta4fl"
+    server_cfg = next(job.glob("app*/config/config_fed_server.json"))
+    assert "ICDTA4FLController" in server_cfg.read_text()
+    custom = next(job.glob("app*/custom"))
+    assert (custom / "treeflare" / "icdta4fl" / "payloads.py").is_file()
+    # -S: no site-packages .pth processing, so the editable install of treeflare is invisible.
+    site_packages = sysconfig.get_paths()["purelib"]
+    code = (f"import sys; sys.path.append({site_packages!r}); sys.path.insert(0, {str(custom)!r}); "
+            "import treeflare.flare.icdta4fl_controller as c, treeflare.flare.icdta4fl_executor as e; "
+            f"assert c.__file__.startswith({str(custom)!r}), c.__file__; print('ok')")
+    res = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
