@@ -35,7 +35,7 @@ def processes_with_token(token: str) -> list[psutil.Process]:
     for proc in psutil.process_iter(["pid"]):
         try:
             with open(f"/proc/{proc.pid}/environ", "rb") as fh:
-                if needle in fh.read():
+                if needle in fh.read() and proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                     found.append(proc)
         except (OSError, psutil.Error):
             continue
@@ -79,7 +79,11 @@ LOCK_FILE = "/tmp/treeflare-flare.lock"
 @contextmanager
 def flare_lock(timeout: float = 1800):
     """The machine-wide FLARE lock (also taken by ``flock /tmp/treeflare-flare.lock``); held while a POC or a
-    provisioned system of ours runs, so no two of them start at once."""
+    provisioned system of ours runs, so no two of them start at once. A caller that already holds it (e.g. the
+    test run was started under ``flock /tmp/treeflare-flare.lock``) sets TREEFLARE_FLARE_LOCK_HELD=1."""
+    if os.environ.get("TREEFLARE_FLARE_LOCK_HELD"):
+        yield
+        return
     with open(LOCK_FILE, "a+") as fh:
         deadline = time.monotonic() + timeout
         while True:
@@ -119,7 +123,9 @@ class LocalProject:
         self.token = uuid.uuid4().hex
         self.env = isolated_env(self.root, self.token)
         self.env.update({"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-                         "TREEFLARE_FLARE_LOCK_HELD": "1"})
+                         "TREEFLARE_FLARE_LOCK_HELD": "1",
+                         # a finished job waits this long (default 900 s) for the outcome of a site that died
+                         "NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT": "5"})
         self.sites = [f"site-{i + 1}" for i in range(n_sites)]
         self.port = port or free_port()
         self.data_dir = self.root / "data"
@@ -158,19 +164,37 @@ class LocalProject:
     def wait_connected(self, sites=None, timeout: float = 120) -> list[str]:
         return self.deploy.wait_for_sites(self.admin_kit, sites or self.sites, timeout=timeout)
 
+    def registrations(self, site: str) -> int:
+        log = self.kit(site) / "log.txt"
+        return log.read_text(errors="replace").count(f"Successfully registered client:{site}") if log.is_file() else 0
+
     def restart_site(self, site: str, timeout: float = 120) -> None:
+        """Stop whatever is left of ``site`` and start it again from its kit; return once it has registered
+        anew (the server may still list the dead one)."""
+        before = self.registrations(site)
         self.deploy.stop_kit(self.kit(site), timeout=1)
         self.deploy.start_kit(self.kit(site), self.env)
+        deadline = time.monotonic() + timeout
+        while self.registrations(site) <= before:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{site} did not register again within {timeout} s")
+            time.sleep(0.5)
         self.wait_connected([site], timeout=timeout)
 
-    def stop(self) -> None:
+    def stop(self) -> list:
+        """Stop every kit the way an operator would; return what was still running afterwards (then killed)."""
         t = time.perf_counter()
         try:
             self.deploy.stop_kits([*(self.kit(s) for s in self.sites), self.server_kit], timeout=8)
         except Exception:
             pass
+        deadline = time.monotonic() + 5
+        while self.leftover() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = self.leftover()
         kill_token(self.token)
         self.timings["stop"] = time.perf_counter() - t
+        return left
 
     def leftover(self) -> list:
         return processes_with_token(self.token)

@@ -30,6 +30,10 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                    help="write the job folder for `nvflare job submit -j DIR/<job>` and stop")
     g.add_argument("--log-level", default="WARNING", help="FLARE log level (default WARNING)")
     g.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for a POC/prod job")
+    g.add_argument("--poc-root", type=Path, default=None,
+                   help="POC folder (its HOME and workspace); a POC already running there is reused, otherwise "
+                        "one is started for this job and stopped afterwards (default: $TREEFLARE_POC_ROOT, "
+                        "else <workspace>/flare/poc)")
 
 
 def ship_package(job, client_targets=(ALL_SITES,)) -> None:
@@ -39,6 +43,15 @@ def ship_package(job, client_targets=(ALL_SITES,)) -> None:
     for target in client_targets:
         job.to(str(CUSTOM_DIR), target)
     job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
+
+
+def recipe_job(recipe):
+    """The FedJob behind an NVFlare Recipe (e.g. the XGB recipes), completed as ``recipe.run()`` would do it,
+    so that :func:`ship_package` and :func:`run_job` can treat it like any other job."""
+    recipe._validate_before_use()
+    recipe._ensure_client_apps_prepared()
+    recipe.finalize()
+    return recipe._job
 
 
 def export_job(job, export_dir: Path) -> Path:
@@ -66,22 +79,73 @@ def run_job(job, args, sites: list[str]) -> Path:
         env.deploy(job)
         return root / job.name / "server" / "simulate_job"
     if args.env == "poc":
-        from nvflare.recipe.poc_env import PocEnv
+        return _run_poc(job, args, sites, workspace)
+    if not args.startup_kit:
+        raise SystemExit("error: --env prod needs --startup-kit (the admin's startup kit folder)")
+    return _run_prod(job, args, workspace)
 
-        env = PocEnv(clients=sites)
-    else:
-        from nvflare.recipe.prod_env import ProdEnv
 
-        if not args.startup_kit:
-            raise SystemExit("error: --env prod needs --startup-kit (the admin's startup kit folder)")
-        env = ProdEnv(startup_kit_location=str(args.startup_kit))
-    from nvflare.recipe.run import Run
+def _submit(job, args, workspace: Path, admin_kit: Path, site_dirs: dict) -> Path:
+    """Export, submit, wait, download the server's result and gather the sites' run folders found on this
+    machine: ``<workspace>/flare/<env>_result/{<job_id>/workspace, <site>/<job_id>/}``."""
+    from .deploy import submit_and_collect
 
-    job_id = env.deploy(job)
-    result = Run(env, job_id).get_result(timeout=args.timeout)
-    if not result:
-        raise SystemExit(f"error: job {job_id} did not finish within {args.timeout:.0f} s or has no result")
-    return _find_run_dir(Path(result))
+    out = workspace / "flare" / f"{args.env}_result"
+    job_dir = export_job(job, workspace / "flare" / "job")
+    outcome = submit_and_collect(admin_kit, job_dir, out, timeout=args.timeout, site_dirs=site_dirs)
+    print(f"job {outcome.job_id}: {outcome.status}; server result in {outcome.server_dir}", flush=True)
+    if not outcome.ok:
+        print(f"warning: job {outcome.job_id} ended {outcome.status}: {STATUS_HELP.get(outcome.status, '')} "
+              f"Server log: <server kit>/log.txt; site logs: {out}/<site>/{outcome.job_id}/log.txt "
+              "(for sites on this machine).", file=sys.stderr, flush=True)
+    if outcome.server_dir is None:
+        raise SystemExit(f"error: job {outcome.job_id} ended {outcome.status} and has no result to download")
+    return outcome.server_dir
+
+
+STATUS_HELP = {
+    "FINISHED:ABORTED": "it was aborted (from the admin side, or it did not finish within --timeout).",
+    "FINISHED:ABNORMAL": "NVFlare stopped it because a site's job process died or failed to start (NVFlare then "
+                         "fails the whole job, whatever --min-clients says).",
+    "FINISHED:EXECUTION_EXCEPTION": "the workflow failed; its result file says why.",
+}
+
+
+def _run_poc(job, args, sites: list[str], workspace: Path) -> Path:
+    from .deploy import DeployError, LocalPoc, flare_lock
+
+    root = args.poc_root or os.environ.get("TREEFLARE_POC_ROOT") or workspace / "flare" / "poc"
+    poc = LocalPoc(Path(root))
+    try:
+        if poc.running():  # e.g. started by `scripts/poc.sh up K`: use it, leave it running
+            if poc.sites != sorted(sites):
+                raise DeployError(f"the POC in {poc.root} has sites {poc.sites}, this job needs {sorted(sites)}: "
+                                  f"run `scripts/poc.sh up {len(sites)}` (or pass matching --sites)")
+            return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs())
+        import signal
+
+        # SIGTERM (e.g. from a CI timeout) unwinds like Ctrl-C, so the POC below is always stopped
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        with flare_lock():
+            try:
+                print(f"starting a POC with {len(sites)} sites in {poc.root}", flush=True)
+                poc.prepare(sites)
+                poc.start()
+                return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs())
+            finally:
+                poc.stop()  # always, even on failure or Ctrl-C
+    except DeployError as exc:
+        raise SystemExit(f"error: {exc}")
+
+
+def _run_prod(job, args, workspace: Path) -> Path:
+    from .deploy import DeployError, local_site_dirs
+
+    kit = Path(args.startup_kit).resolve()
+    try:
+        return _submit(job, args, workspace, kit, local_site_dirs(kit))
+    except DeployError as exc:
+        raise SystemExit(f"error: {exc}")
 
 
 def _find_run_dir(result: Path) -> Path:

@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Operator tooling for provisioned treeflare sites (standard library + PyYAML, which NVFlare installs).
+
+    python app/site_setup.py provision --project configs/project.yml --workspace WS [--server H] [--port P]
+                                       [--sites N] [--data-dir DIR] [--install-package]
+    python app/site_setup.py bind KIT --data-dir DIR [--label-column C] [--id-column C] [--train F] [--test F]
+    python app/site_setup.py allow-package KIT [--prefix treeflare.]
+
+``bind`` writes ``KIT/local/treeflare_site.json``: where this site's CSV files are and what its label/id
+columns are called (read by the site's executors; the job cannot override it).
+``allow-package`` writes ``KIT/local/resources.json`` = the kit's ``resources.json.default`` with ``treeflare.``
+added to ``class_allow_list``: needed only when sites pip-install treeflare and jobs are submitted without their
+``app/custom/`` folder (non-BYOC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SITE_FILE = "treeflare_site.json"
+PACKAGE_PREFIX = "treeflare."
+
+
+def _write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None, test=None) -> Path:
+    local = Path(kit) / "local"
+    if not local.is_dir():
+        raise SystemExit(f"error: {kit} is not a startup kit (no local/ folder)")
+    binding = {"data_dir": str(data_dir)}
+    for key, value in (("train", train), ("test", test), ("label_column", label_column), ("id_column", id_column)):
+        if value:
+            binding[key] = value
+    out = local / SITE_FILE
+    _write_json_atomic(out, binding)
+    return out
+
+
+def allow_package(kit: Path, prefix: str = PACKAGE_PREFIX) -> Path:
+    if not prefix.endswith("."):
+        raise SystemExit("error: a package prefix must end with '.' (e.g. treeflare.)")
+    local = Path(kit) / "local"
+    current = local / "resources.json"
+    source = current if current.is_file() else local / "resources.json.default"
+    if not source.is_file():
+        raise SystemExit(f"error: {local} has neither resources.json nor resources.json.default")
+    resources = json.loads(source.read_text())
+    allow = resources.setdefault("class_allow_list", [])
+    if prefix not in allow:
+        allow.append(prefix)
+    _write_json_atomic(current, resources)
+    return current
+
+
+def provision(project: Path, workspace: Path, server=None, port=None, sites=None, data_dir=None,
+              install_package=False) -> Path:
+    import yaml
+
+    cfg = yaml.safe_load(Path(project).read_text())
+    parts = cfg["participants"]
+    srv = next(p for p in parts if p.get("type") == "server")
+    if server:
+        srv["name"] = server
+    if port:
+        srv["fed_learn_port"] = int(port)
+    if sites:
+        orgs = [p for p in parts if p.get("type") != "client"]
+        clients = [{"name": f"site-{i + 1}", "type": "client", "org": f"org{i + 1}"} for i in range(int(sites))]
+        cfg["participants"] = [orgs[0], *clients, *orgs[1:]]
+    workspace = Path(workspace).resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    project_file = workspace / "project.yml"
+    project_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    nvflare = [sys.executable, "-m", "nvflare.cli"]
+    proc = subprocess.run([*nvflare, "provision", "-p", str(project_file), "-w", str(workspace), "--force"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: nvflare provision failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    prod = sorted((workspace / cfg["name"]).glob("prod_*"))[-1]
+    for p in cfg["participants"]:
+        kit = prod / p["name"]
+        if p.get("type") == "client":
+            if data_dir:
+                bind(kit, str(Path(data_dir).resolve() / p["name"]))
+            else:
+                shutil.copyfile(HERE / "treeflare_site.example.json", kit / "local" / (SITE_FILE + ".example"))
+        if install_package and p.get("type") in ("client", "server"):
+            allow_package(kit)
+    srv = next(p for p in cfg["participants"] if p.get("type") == "server")
+    admin = next(p["name"] for p in cfg["participants"] if p.get("type") == "admin")
+    print(f"startup kits in {prod}")
+    print(f"  server {srv['name']}:{srv.get('fed_learn_port', 8002)} -> {prod / srv['name']}")
+    for p in cfg["participants"]:
+        if p.get("type") == "client":
+            print(f"  site {p['name']} -> {prod / p['name']}")
+    print(f"  admin {admin} -> {prod / admin}")
+    print("  start the server with NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT=60 in its environment, or a job that lost "
+          "a site shows RUNNING for 15 minutes after it ended (NVFlare's default wait)")
+    print("next: copy each kit to its host; run <kit>/startup/start.sh there (server first); then submit jobs "
+          f"with: nvflare job submit -j <job folder> --startup-kit {prod / admin}   (see docs/DEPLOY.md)")
+    return prod
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("provision", help="provision a project (used by scripts/provision.sh)")
+    pr.add_argument("--project", type=Path, required=True)
+    pr.add_argument("--workspace", type=Path, required=True)
+    pr.add_argument("--server")
+    pr.add_argument("--port", type=int)
+    pr.add_argument("--sites", type=int)
+    pr.add_argument("--data-dir")
+    pr.add_argument("--install-package", action="store_true")
+    b = sub.add_parser("bind", help="write a site's local/treeflare_site.json")
+    b.add_argument("kit", type=Path)
+    b.add_argument("--data-dir", required=True, help="folder with this site's train.csv/test.csv")
+    b.add_argument("--label-column")
+    b.add_argument("--id-column")
+    b.add_argument("--train")
+    b.add_argument("--test")
+    a = sub.add_parser("allow-package", help="allow the installed treeflare package in a kit's class allow list")
+    a.add_argument("kit", type=Path)
+    a.add_argument("--prefix", default=PACKAGE_PREFIX)
+    args = p.parse_args(argv)
+    if args.cmd == "provision":
+        provision(args.project, args.workspace, args.server, args.port, args.sites, args.data_dir,
+                  args.install_package)
+    elif args.cmd == "bind":
+        print(bind(args.kit, args.data_dir, args.label_column, args.id_column, args.train, args.test))
+    else:
+        print(allow_package(args.kit, args.prefix))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Site-local data binding: where a site's CSV files are and what its label/id columns are called.
+
+The job says *what* to learn (schema, parameters); each site says *where its data is*, in a file the site's
+operator owns and the job cannot override::
+
+    <site startup kit>/local/treeflare_site.json
+    {
+      "data_dir": "/data/treeflare",     # folder holding this site's files (absolute, or relative to this file)
+      "train": "train.csv",              # optional, default train.csv
+      "test": "test.csv",                # optional, default test.csv
+      "label_column": "outcome",         # optional: this site's name for the job's label column
+      "id_column": "patient_id"          # optional: this site's name for the job's id column (vertical jobs)
+    }
+
+Where the executor looks, first match wins:
+1. ``$TREEFLARE_SITE_CONFIG`` (a path to such a file);
+2. ``<site workspace>/local/treeflare_site.json``;
+3. ``$TREEFLARE_DATA_ROOT``: files in ``$TREEFLARE_DATA_ROOT/<site>/``;
+4. the job's ``data_root`` argument: files in ``<data_root>/<site>/`` (simulator and POC runs on one machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data import DataError, Schema
+from ..data.csv_io import frame_to_table, read_raw
+
+SITE_CONFIG_FILE = "treeflare_site.json"
+SITE_CONFIG_ENV = "TREEFLARE_SITE_CONFIG"
+DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
+_KEYS = {"data_dir", "train", "test", "label_column", "id_column", "comment"}
+MAX_CONFIG_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SiteBinding:
+    data_dir: Path
+    train: str = "train.csv"
+    test: str = "test.csv"
+    label_column: str | None = None
+    id_column: str | None = None
+    source: str = ""  # where the binding came from (for logs and errors)
+
+    def path(self, which: str) -> Path:
+        return self.data_dir / (self.train if which == "train" else self.test)
+
+    def read(self, which: str, schema: Schema, site: str):
+        """Read this site's ``which`` file ("train"/"test"), renaming the site's own column names to the job's."""
+        path = self.path(which)
+        raw = read_raw(path)
+        renames = {}
+        if self.label_column and self.label_column != schema.label:
+            renames[self.label_column] = schema.label
+        if self.id_column and schema.id_column and self.id_column != schema.id_column:
+            renames[self.id_column] = schema.id_column
+        for theirs in renames:
+            if theirs not in raw.columns:
+                raise DataError(f"{site}: {path}: column {theirs!r} (set in {self.source}) not found; "
+                                f"columns are {list(raw.columns)}")
+        raw = raw.rename(columns=renames)
+        return frame_to_table(raw, schema, file=os.fspath(path), site=site, name=site,
+                              require_label=bool(schema.classes))
+
+
+def _site_config_path(fl_ctx) -> Path | None:
+    env = os.environ.get(SITE_CONFIG_ENV)
+    if env:
+        return Path(env)
+    if fl_ctx is None:
+        return None
+    try:
+        local = Path(fl_ctx.get_engine().get_workspace().get_site_config_dir())
+    except Exception:
+        return None
+    path = local / SITE_CONFIG_FILE
+    return path if path.is_file() else None
+
+
+def parse_binding(data: object, source: str) -> SiteBinding:
+    if not isinstance(data, dict):
+        raise DataError(f"{source}: expected a JSON object")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise DataError(f"{source}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS - {'comment'})})")
+    for key in _KEYS - {"comment"}:
+        value = data.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise DataError(f"{source}: {key!r} must be a non-empty string")
+    if not data.get("data_dir"):
+        raise DataError(f"{source}: 'data_dir' is required")
+    for key in ("train", "test"):
+        name = data.get(key)
+        if name and (Path(name).name != name):
+            raise DataError(f"{source}: {key!r} must be a file name inside data_dir, got {name!r}")
+    base = Path(source).parent if Path(source).is_file() else Path.cwd()
+    data_dir = Path(data["data_dir"]).expanduser()
+    if not data_dir.is_absolute():
+        data_dir = base / data_dir
+    return SiteBinding(data_dir=data_dir, train=data.get("train") or "train.csv", test=data.get("test") or "test.csv",
+                       label_column=data.get("label_column"), id_column=data.get("id_column"), source=source)
+
+
+def load_binding(site: str, fl_ctx=None, job_data_root: str = "") -> SiteBinding:
+    """This site's data binding (see the module doc for the order)."""
+    path = _site_config_path(fl_ctx)
+    if path is not None:
+        try:
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                raise DataError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DataError(f"{site}: site config {path} (from ${SITE_CONFIG_ENV}) not found") from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{site}: {path} is not valid JSON: {exc}") from None
+        return parse_binding(data, str(path))
+    root = os.environ.get(DATA_ROOT_ENV)
+    if root:
+        return SiteBinding(Path(root) / site, source=f"${DATA_ROOT_ENV}")
+    if job_data_root:
+        return SiteBinding(Path(job_data_root) / site, source="the job's data_root")
+    raise DataError(f"{site}: no data configured: write <site kit>/local/{SITE_CONFIG_FILE}, "
+                    f"or set ${DATA_ROOT_ENV} on the site")

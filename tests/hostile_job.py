@@ -1,0 +1,58 @@
+"""jobs/icdta4fl/job.py with site-3 replaced by a hostile site (tests/hostile_site), everything else unchanged.
+
+    python tests/hostile_job.py [--hostile-mode nan_threshold|wrong_type] <job.py arguments>
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HOSTILE_DIR = HERE / "hostile_site"
+HOSTILE_SITE = "site-3"
+sys.path.insert(0, str(HOSTILE_DIR))
+
+
+def main(argv: list[str]) -> int:
+    mode = "nan_threshold"
+    if "--hostile-mode" in argv:
+        i = argv.index("--hostile-mode")
+        mode = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    spec = importlib.util.spec_from_file_location("icdta4fl_job", HERE.parent / "jobs" / "icdta4fl" / "job.py")
+    job_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job_mod)
+
+    from nvflare.job_config.api import FedJob
+    from treeflare.flare import runner
+    from treeflare.flare.icdta4fl_executor import ICDTA4FLExecutor
+    from treeflare_hostile.executor import HostileExecutor
+
+    original_build = job_mod.build_job
+
+    def build_job(args, fed_summary, data_root, sites):
+        def to_clients(self, executor, tasks=None, **kw):  # one app per site instead of one for @ALL
+            for site in sites:
+                ex = (HostileExecutor(data_root=executor.data_root, mode=mode) if site == HOSTILE_SITE
+                      else ICDTA4FLExecutor(data_root=executor.data_root))
+                self.to(ex, site, tasks=tasks)
+
+        def ship_package(job, client_targets=None):
+            original_ship(job, client_targets=sites)
+            job.to(str(HOSTILE_DIR), HOSTILE_SITE)
+
+        original_to_clients, original_ship = FedJob.to_clients, runner.ship_package
+        FedJob.to_clients, runner.ship_package = to_clients, ship_package
+        try:
+            return original_build(args, fed_summary, data_root, sites)
+        finally:
+            FedJob.to_clients, runner.ship_package = original_to_clients, original_ship
+
+    job_mod.build_job = build_job
+    return job_mod.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,27 @@
+"""A site that trains normally, then sends the server a corrupted tree (test only)."""
+
+from __future__ import annotations
+
+import math
+
+from treeflare.flare.icdta4fl_executor import ICDTA4FLExecutor
+
+
+class HostileExecutor(ICDTA4FLExecutor):
+    def __init__(self, data_root: str = "", mode: str = "nan_threshold"):
+        super().__init__(data_root=data_root)
+        self.mode = mode
+
+    def _train(self, site, task, fl_ctx=None):
+        reply = super()._train(site, task, fl_ctx)
+        tree = reply["tree"]
+        if self.mode == "nan_threshold":
+            for node in tree["nodes"]:
+                if node["kind"] == "numeric":
+                    node["thresholds"] = [math.nan] + node["thresholds"][1:]
+                    break
+            else:
+                tree["nodes"][0]["counts"] = [math.nan] * len(tree["nodes"][0]["counts"])
+        elif self.mode == "wrong_type":
+            reply["tree"] = "DROP TABLE trees;"
+        return reply
