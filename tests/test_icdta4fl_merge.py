@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from icdta4fl_helpers import rules
+from test_icdta4fl_helpers import rules
 from treeflare.icdta4fl import RulePayloadError, RuleSet, extract_rules, merge_rule_sets
 from treeflare.icdta4fl.merge import compatible_pairs
 from treeflare.trees import CATEGORICAL, LEAF, NUMERIC, Tree
@@ -78,8 +78,15 @@ def test_cap_really_applies_and_empty_merge_skips_the_tree(caplog):
         return rules(NUM2, [({j: (edges[i], edges[i + 1])}, [i % 2, 1 - i % 2], 10 + i)
                             for i in range(n_cuts + 1)])
     a, b = partition(0, 59), partition(1, 59)  # 60 x 60 = 3600 compatible pairs
-    merged, stats = merge_rule_sets([a, b], max_rules=1000)
+    # reference cap: the 1000 lowest-entropy pairs
+    merged, stats = merge_rule_sets([a, b], max_rules=1000, cap_by="entropy")
     assert merged.n_rules == 1000 and stats["capped"]
+    # default cap: refine only some rules of the first tree, keep the rest whole
+    merged, stats = merge_rule_sets([a, b], max_rules=1000)
+    assert 900 < merged.n_rules <= 1000 and stats["capped"]
+    grid = np.array([[x, y] for x in np.arange(-0.5, 61) for y in np.arange(-0.5, 61)])
+    cover = merged.covers(grid).sum(axis=1)
+    assert np.all(cover == 1)  # still a partition: no region lost, no overlap
     merged, _ = merge_rule_sets([a, b], max_rules=5000)
     assert merged.n_rules == 3600
     # an incompatible tree: kept set unchanged, tree reported as skipped

@@ -145,3 +145,13 @@ def test_export_text_renders_onehot_columns():
     assert "buying != vhigh" in text and "buying = vhigh" in text
     big = GlobalTree(Tree.from_dict(tree.to_dict()), ["no", "yes"])
     assert "x0 <= 0.5" in big.export_text()
+
+
+def test_unknown_parameters_are_rejected():
+    sites = make_sites(1)
+    with pytest.raises(ValueError, match="rule_cap"):
+        train_local_tree(sites[0]["X_train"], sites[0]["y_train"], algorithm="cart", n_classes=5,
+                         params={"rule_cap": 10})
+    tree = train_local_tree(sites[0]["X_train"], sites[0]["y_train"], algorithm="cart", n_classes=5)
+    with pytest.raises(ValueError, match="rule_cap"):
+        aggregate([tree], [0], classes=CLASSES, params={"rule_cap": 10})

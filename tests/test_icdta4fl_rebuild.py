@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from icdta4fl_helpers import random_inputs, random_rules, rules
+from test_icdta4fl_helpers import random_inputs, random_rules, rules
 from treeflare.icdta4fl import collapse_same_class, grow_tree, merge_rule_sets, simplify_rules
 from treeflare.icdta4fl.simplify import onehot_groups_from_names
 from treeflare.trees import CATEGORICAL, NUMERIC

@@ -37,7 +37,7 @@ class ICDTA4FLController(Controller):
             algorithm: "cart" or "id3" for the local trees.
             local_params: learner parameters (max_depth, criterion, min_samples_split, ...).
             selection: peer-score filter (statistic "percentile"|"mean"|"median", q).
-            aggregation: merge/rebuild options (max_leaves, max_depth, rule_cap, ...).
+            aggregation: merge/rebuild options (max_leaves, max_depth, max_rules, ...; see pipeline.aggregate).
             min_clients: fewest valid sites the job goes on with.
             task_timeout: seconds each site has per task.
             server_test: the server's own global test CSV (optional), for global metrics.

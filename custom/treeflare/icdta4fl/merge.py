@@ -9,8 +9,16 @@ mean distribution) and the geometric mean of the supports (see rules.py).
 
 Fixes to the reference behaviour (spec §7): merged categorical rules keep the conditions of both
 rules; distributions are sample-weighted for every tree kind; overlap is real-valued (no integer
-test); the cap ``max_rules`` always applies (lowest-entropy rules kept); a tree whose merge leaves
-nothing is skipped (and reported), never the trees before it.
+test); the cap ``max_rules`` always applies; a tree whose merge leaves nothing is skipped (and
+reported), never the trees before it.
+
+The cap. The reference keeps the 3000 lowest-entropy merged rules (``cap_by="entropy"``), which
+leaves regions of the input space with no rule once many trees are merged (measured on adult,
+20 IID sites: 30% of the test rows uncovered after 10 trees, and a one-leaf global tree).
+By default (``cap_by="refine"``) the next tree refines only as many of the running rules as
+the cap allows, most impure first, and the other rules stay unrefined: the rule set keeps its
+coverage and the cost per merged tree stays bounded by the cap, so the merge is linear in the
+number of selected trees.
 
 Order: the result depends only on the multiset of selected trees, not on the order of the sites.
 Trees are merged in a canonical order (fewest rules first, then by a digest of their sorted
@@ -99,6 +107,27 @@ def _cap_pairs(a, b, ia, ib, max_rules, reference_compat, cap_by):
     return ia[keep], ib[keep]
 
 
+def _refine_within_cap(running: RuleSet, ia: np.ndarray, max_rules: int) -> np.ndarray:
+    """Which running rules the next tree refines, so that the result keeps at most max_rules.
+
+    A refined rule is replaced by its compatible intersections with the next tree's rules; the
+    others stay as they are (conjunctions of fewer trees), so the rules keep covering the whole
+    space that they covered. Rules carrying the most impurity (support x entropy) are refined
+    first; ties by canonical order. A rule with no compatible partner is never refined away.
+    """
+    expansions = np.bincount(ia, minlength=running.n_rules)
+    refined = np.zeros(running.n_rules, dtype=bool)
+    if ia.size <= max_rules:
+        refined[expansions > 0] = True
+        return refined
+    priority = np.round(running.support * running.entropy(), 12)
+    order = np.lexsort((np.arange(running.n_rules), -priority))
+    order = order[expansions[order] > 0]
+    growth = np.cumsum(expansions[order] - 1)
+    refined[order[running.n_rules + growth <= max_rules]] = True
+    return refined
+
+
 def deduplicate(rules: RuleSet) -> RuleSet:
     """Merge rules with identical conditions: supports summed, distributions support-weighted."""
     if rules.n_rules < 2:
@@ -121,7 +150,7 @@ def deduplicate(rules: RuleSet) -> RuleSet:
 
 
 def merge_rule_sets(rule_sets, *, max_rules=DEFAULT_MAX_RULES, eps=None, reference_compat=False,
-                    cap_by="entropy"):
+                    cap_by="refine"):
     """Conjunction set of the given rule sets (one per selected tree).
 
     Returns ``(rules, stats)``: the merged, de-duplicated, canonically sorted rules and a dict
@@ -143,10 +172,10 @@ def merge_rule_sets(rule_sets, *, max_rules=DEFAULT_MAX_RULES, eps=None, referen
         order = sorted(range(len(sets)), key=lambda i: (sets[i].n_rules, _digest(sets[i])))
         sets = [sets[i] for i in order]
     running = sets[0]
-    if cap_by not in ("entropy", "support"):
-        raise ValueError(f"cap_by must be 'entropy' or 'support', got {cap_by!r}")
+    if cap_by not in ("refine", "entropy", "support"):
+        raise ValueError(f"cap_by must be 'refine', 'entropy' or 'support', got {cap_by!r}")
     if running.n_rules > max_rules:
-        key = -np.log(running.support) if cap_by == "support" else running.entropy()
+        key = running.entropy() if cap_by == "entropy" else -np.log(running.support)
         keep = np.sort(np.argsort(np.round(key, 12), kind="stable")[:max_rules])
         running = running.take(keep)
     skipped, capped = [], []
@@ -159,6 +188,15 @@ def merge_rule_sets(rule_sets, *, max_rules=DEFAULT_MAX_RULES, eps=None, referen
         if ia.size == 0:
             log.warning("merging tree %d left no compatible rule pair; tree skipped", order[step])
             skipped.append(order[step])
+            continue
+        if cap_by == "refine":
+            refined = _refine_within_cap(running, ia, max_rules)
+            if not refined.all():
+                capped.append(order[step])
+            pair = refined[ia]
+            running = RuleSet.concatenate([
+                _merge_pairs(running, other, ia[pair], ib[pair], reference_compat),
+                running.take(np.flatnonzero(~refined))])
             continue
         if ia.size > max_rules:
             ia, ib = _cap_pairs(running, other, ia, ib, max_rules, reference_compat, cap_by)

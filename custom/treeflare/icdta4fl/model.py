@@ -176,7 +176,11 @@ class GlobalTree:
 
 
 def _fmt(value, decimals):
-    return f"{value:.{decimals}f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+    if value == int(value):
+        return str(int(value))
+    if abs(value) < 1:  # keep significant digits of small thresholds
+        return f"{value:.{max(decimals, 3)}g}"
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
 
 
 def _condition(tree, node, pos, names, category_names, decimals) -> str:

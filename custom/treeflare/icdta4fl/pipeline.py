@@ -45,7 +45,7 @@ DEFAULT_LOCAL_PARAMS = {
 
 DEFAULT_AGGREGATE_PARAMS = {
     "max_rules": DEFAULT_MAX_RULES,  # cap of the conjunction set
-    "cap_by": "support",             # the cap keeps the highest-support rules ("entropy": the reference)
+    "cap_by": "refine",              # cap by refining the most impure rules only ("entropy": the reference)
     "fallback_support": 1.0,         # pseudo-support of rules for categories unseen at a node
     "tree_weighting": "samples",     # "equal": every selected tree's class mass rescaled to one total
     "max_leaves": "auto",            # 2 x the largest selected tree's leaves; None = unlimited
@@ -55,8 +55,15 @@ DEFAULT_AGGREGATE_PARAMS = {
     "simplify": True,
     "onehot": "auto",                # one-hot groups from "attribute=value" names
     "eps": None,                     # interval overlap; None = 0 (0.001 with reference_compat)
-    "reference_compat": False,
+    "reference_compat": False,       # the reference's merge arithmetic, cap and unweighted rebuild
 }
+
+
+def _with_defaults(defaults: dict, params) -> dict:
+    unknown = set(params or {}) - set(defaults)
+    if unknown:  # a misspelt option must not be silently ignored
+        raise ValueError(f"unknown parameters {sorted(unknown)}; known: {sorted(defaults)}")
+    return {**defaults, **(params or {})}
 
 
 def train_local_tree(X, y, *, algorithm, n_classes, feature_kinds=None, n_categories=None,
@@ -66,7 +73,7 @@ def train_local_tree(X, y, *, algorithm, n_classes, feature_kinds=None, n_catego
     ``y`` holds indices into the global class list. ID3 takes the codes matrix (mixed kinds),
     CART a numeric (one-hot) matrix.
     """
-    p = {**DEFAULT_LOCAL_PARAMS, **(params or {})}
+    p = _with_defaults(DEFAULT_LOCAL_PARAMS, params)
     X = np.asarray(X, dtype=np.float64)
     kinds = list(feature_kinds) if feature_kinds is not None else ["numeric"] * X.shape[1]
     if algorithm == "id3":
@@ -128,7 +135,7 @@ def aggregate(trees, selected, *, classes, feature_names=None, category_names=No
     ``selected`` indexes into them. Returns the ``GlobalTree`` and a stats dict (rule counts
     before and after simplification, budgets, leaves, depth, timings).
     """
-    p = {**DEFAULT_AGGREGATE_PARAMS, **(params or {})}
+    p = _with_defaults(DEFAULT_AGGREGATE_PARAMS, params)
     t0 = time.perf_counter()
     selected = sorted(set(int(i) for i in selected))
     if not selected:
@@ -151,8 +158,9 @@ def aggregate(trees, selected, *, classes, feature_names=None, category_names=No
     elif p["tree_weighting"] != "samples":
         raise ValueError(f"tree_weighting must be 'samples' or 'equal', got {p['tree_weighting']!r}")
     t_extract = time.perf_counter()
+    cap_by = "entropy" if reference and p["cap_by"] == "refine" else p["cap_by"]
     merged, merge_stats = merge_rule_sets(rule_sets, max_rules=p["max_rules"], eps=p["eps"],
-                                          reference_compat=reference, cap_by=p["cap_by"])
+                                          reference_compat=reference, cap_by=cap_by)
     t_merge = time.perf_counter()
 
     groups = []

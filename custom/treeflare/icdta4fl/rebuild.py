@@ -4,11 +4,14 @@ The rules play the part of training samples: rule r weighs w_r (its support) and
 weights w_r p_r. A node holds the rules whose box meets the node's region.
 
 - Numeric split at v (binary, x <= v left): a rule goes left if its interval reaches below v
-  (lower < v), right if it reaches above (upper > v), to both sides if it spans v. Candidates are
-  the rule bounds strictly inside the node's region.
+  (lower < v), right if it reaches above (upper > v), to both sides if it spans v, each side
+  then receiving the share of the rule's weight that its estimated cell masses put there (see
+  ``_Grower``; the reference sent the full weight to both sides, which double counts). Candidates
+  are the rule bounds strictly inside the node's region.
 - Categorical split on a feature not yet used on the path: one child per code tested by the
-  node's rules; rules that do not test the feature go to every child. A code with no child (and a
-  missing value) stops at the node, which predicts from its own distribution.
+  node's rules; rules that do not test the feature go to every child with a share of their
+  weight. A code with no child (and a missing value) stops at the node, which predicts from its
+  own distribution.
 - Split quality: support-weighted impurity (entropy or Gini) of the children's class weights,
   weighted by the children's total weights. Ties go to the lowest feature, then the lowest value.
 - Growth is best-first: the node whose best split reduces weighted impurity the most is split

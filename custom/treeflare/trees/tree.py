@@ -197,8 +197,8 @@ class Tree:
             else:
                 feature.append(entry["feature"])
                 key = "thresholds" if code == NUMERIC else "values"
-                dtype = np.float64 if code == NUMERIC else np.float64
-                points.append(np.asarray(entry[key], dtype=dtype))
+                # codes as floats too: inputs are float arrays, compared without casting
+                points.append(np.asarray(entry[key], dtype=np.float64))
                 children.append(np.asarray(entry["children"], dtype=np.int64))
         counts = np.asarray([entry["counts"] for entry in nodes], dtype=np.float64)
         return cls(payload["feature_kinds"], payload["n_classes"], kind, feature, points, children,
