@@ -1,0 +1,107 @@
+"""jobs/xgb_histogram end to end in the NVFlare simulator (small data, a few rounds, 3 sites).
+
+Each run is a subprocess with its own HOME, FLARE log level WARNING, and everything it started is killed
+afterwards (tests/flare_helpers.py). Results are checked from the files the run wrote, not from return codes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from flare_helpers import run_script
+
+pytest.importorskip("tensorboard")  # a hard import of nvflare.app_opt.xgboost
+xgb = pytest.importorskip("xgboost")
+
+JOB = "jobs/xgb_histogram/job.py"
+
+
+def small_csv(path, n=900, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 5))
+    colour = rng.choice(["red", "green", "blue"], n)
+    logit = x[:, 0] - x[:, 1] + (colour == "red") * 1.2 + 0.5 * rng.normal(size=n)
+    y = (logit > 0.3).astype(int)
+    with open(path, "w") as fh:
+        fh.write("x0,x1,x2,x3,x4,colour,label\n")
+        for row, c, t in zip(x, colour, y):
+            fh.write(",".join(f"{v:.4f}" for v in row) + f",{c},{t}\n")
+    return path
+
+
+def run_job(tmp_path, *args, timeout=240):
+    ws = tmp_path / "ws"
+    proc = run_script(JOB, [*args, "--sites", "3", "--workspace", str(ws), "--log-level", "WARNING"], tmp_path,
+                      timeout=timeout)
+    report_path = ws / "report.json"
+    assert report_path.is_file(), f"no report.json\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    return json.loads(report_path.read_text()), ws, proc
+
+
+def centralized_reference(ws, report):
+    """An independent centralized xgboost.train on the same federation files and parameters."""
+    from treeflare.xgb import global_test, score_booster, union_train
+    from treeflare.xgb.encoding import dmatrix
+
+    train, test = union_train(ws / "federation"), global_test(ws / "federation")
+    booster = xgb.train(report["params"]["xgb_params"], dmatrix(train), report["params"]["rounds"])
+    return score_booster(booster, test, report["params"]["n_classes"])
+
+
+@pytest.mark.flare
+def test_horizontal_binary_report_matches_centralized(tmp_path):
+    csv = small_csv(tmp_path / "small.csv")
+    report, ws, proc = run_job(tmp_path, "--csv", str(csv), "--label", "label", "--rounds", "5", "--max-depth", "3",
+                            "--eta", "0.3", "--baselines", "centralized")
+    assert report["job"] == "xgb_histogram" and report["mode"] == "horizontal" and report["n_sites"] == 3
+    assert set(report["global"]) == {"auc", "accuracy", "logloss"}
+    assert set(report["baselines"]) == {"centralized", "native_distributed"}
+    assert report["params"]["xgb_params"]["nthread"] == 1 and report["params"]["early_stopping_rounds"] == 0
+    ref_metrics, ref_proba = centralized_reference(ws, report)
+    for k, v in ref_metrics.items():  # the report's centralized baseline is what xgboost.train gives
+        assert report["baselines"]["centralized"][k] == pytest.approx(v, abs=1e-9)
+    # federated histograms on 3 shards: quantile cuts are merged sketches, so close, not identical
+    assert abs(report["global"]["auc"] - ref_metrics["auc"]) < 0.02
+    assert report["global"]["auc"] > 0.75
+    # the global model is on disk and scores as reported
+    booster = xgb.Booster(model_file=str(ws / "model.json"))
+    assert booster.num_boosted_rounds() == 5
+    # per-round metrics went to TensorBoard through FLARE's experiment tracking
+    assert list((ws / "tb_events").rglob("events.out.tfevents.*"))
+    assert "NVFlare horizontal" in proc.stdout  # the short table
+
+
+@pytest.mark.flare
+def test_multiclass_car(tmp_path):
+    report, ws, _ = run_job(tmp_path, "--dataset", "car", "--rounds", "3", "--max-depth", "4", "--eta", "0.5",
+                            "--baselines", "centralized")
+    assert report["params"]["n_classes"] == 4 and report["params"]["xgb_params"]["num_class"] == 4
+    assert report["params"]["xgb_params"]["objective"] == "multi:softprob"
+    assert set(report["global"]) == {"accuracy", "macro_f1", "mlogloss"}
+    ref_metrics, ref_proba = centralized_reference(ws, report)
+    assert ref_proba.shape[1] == 4
+    # car is all-categorical with few levels: federated hist cuts equal the centralized ones
+    for k in ("accuracy", "mlogloss"):
+        assert report["global"][k] == pytest.approx(ref_metrics[k], abs=1e-3)
+    assert report["global"]["accuracy"] > 0.75
+
+
+@pytest.mark.flare
+def test_vertical_predictions_identical_to_centralized(tmp_path):
+    report, ws, _ = run_job(tmp_path, "--dataset", "car", "--mode", "vertical", "--rounds", "3", "--max-depth",
+                            "3", "--baselines", "centralized")
+    assert report["mode"] == "vertical"
+    part = json.loads((ws / "federation" / "partition.json").read_text())
+    assert "class" not in part["sites"]["site-2"]["columns"]
+    assert report["comparison"]["centralized"]["max_abs_pred_diff"] < 1e-6
+
+
+def test_encrypt_fails_clearly_and_never_trains(tmp_path):
+    ws = tmp_path / "ws"
+    proc = run_script(JOB, ["--dataset", "car", "--encrypt", "--workspace", str(ws)], tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert "jobs/vertical_tree" in proc.stderr and "--encrypt" in proc.stderr
+    assert not (ws / "report.json").exists() and not (ws / "flare").exists()
