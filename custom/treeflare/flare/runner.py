@@ -7,9 +7,11 @@ code (NVFlare's automatic copy is shallow: it would take only the component's ow
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from nvflare.apis.job_def import ALL_SITES
@@ -36,12 +38,26 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                         "else <workspace>/flare/poc)")
 
 
+def staged_package() -> Path:
+    """A clean copy of the package (no caches, no build metadata) in a folder of its own.
+
+    ``job.to(folder)`` copies the folder's *contents* into the app's custom/, so the folder holds
+    ``treeflare/`` and lands as ``custom/treeflare/``.
+    """
+    stage = Path(tempfile.mkdtemp(prefix="treeflare-custom-"))
+    shutil.copytree(CUSTOM_DIR / "treeflare", stage / "treeflare",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    atexit.register(shutil.rmtree, stage, True)
+    return stage
+
+
 def ship_package(job, client_targets=(ALL_SITES,)) -> None:
     """Put the whole package into the server and client apps' custom/ folders."""
     job.set_app_packages(["treeflare"])  # no shallow auto-copy of single modules
-    job.to(str(CUSTOM_DIR), "server")
+    stage = str(staged_package())
+    job.to(stage, "server")
     for target in client_targets:
-        job.to(str(CUSTOM_DIR), target)
+        job.to(stage, target)
     job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
 
 
