@@ -1,0 +1,165 @@
+"""Server side of the vertical packed-Paillier tree job: a message router, nothing more.
+
+The active site drives the protocol (``vertical_step``); the server forwards each message of
+its outbox to the addressed passive site (``vertical_msg``, one task per site, all in flight
+together), and hands the replies back to the active site.  The server holds no key and sees
+only what crosses it: public key, ciphertexts (fixed-width bytes), node-membership arrays,
+opaque split ids, partitions of node rows, prediction bits, and at the end the active site's
+metrics and operation counts -- which it writes to ``vertical_result.json`` in its run folder.
+
+Every reply is checked for shape (a dict with a ``type``, from a site that was addressed);
+a site that fails, times out or sends a malformed payload ends the job with a logged reason
+(``status: failed`` in the result file); the server itself keeps running.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nvflare.apis.controller_spec import Task
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.impl.controller import Controller
+from nvflare.apis.shareable import Shareable
+
+from ..reporting import write_json_atomic
+from .vertical_executor import MSG, STEP
+
+RESULT_FILE = "vertical_result.json"
+_MSG_TYPES = {"setup", "layer", "split", "predict", "finish"}
+_REPLY_TYPES = {"setup_ok", "hist", "partition", "predictions", "done"}
+
+
+class VerticalController(Controller):
+    def __init__(self, active_site: str = "site-1", passive_sites: list | None = None, params: dict | None = None,
+                 task_timeout: int = 3600, max_rounds: int = 100_000, job_info: dict | None = None,
+                 task_check_period: float = 0.02):
+        """
+        Args:
+            active_site: the site with the labels and the private key.
+            passive_sites: the sites with feature columns only.
+            params: :class:`treeflare.vertical.VerticalParams` as a dict (sent to the active site).
+            task_timeout: seconds one site has for one message (encryption of a tree's worth of
+              rows happens in one step, so keep it generous).
+            max_rounds: a bound on the number of protocol steps (a runaway active site is stopped).
+            job_info: facts copied into the result (dataset, ...).
+            task_check_period: how often the server looks for finished tasks (the protocol is a
+              long chain of short message exchanges, so poll often).
+        """
+        super().__init__(task_check_period=task_check_period)
+        self.active_site = active_site
+        self.passive_sites = list(passive_sites or [])
+        self.params = dict(params or {})
+        self.task_timeout = int(task_timeout)
+        self.max_rounds = int(max_rounds)
+        self.job_info = dict(job_info or {})
+
+    def start_controller(self, fl_ctx):
+        pass
+
+    def stop_controller(self, fl_ctx):
+        pass
+
+    def process_result_of_unknown_task(self, client, task_name, client_task_id, result, fl_ctx):
+        self.log_warning(fl_ctx, f"ignored result of unknown task {task_name!r} from {client.name}")
+
+    def control_flow(self, abort_signal, fl_ctx):
+        run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+        result = {"job": "vertical_tree", **self.job_info, "status": "running", "active_site": self.active_site,
+                  "passive_sites": self.passive_sites, "timings_s": {}}
+        try:
+            self._run(result, abort_signal, fl_ctx)
+            result["status"] = "completed"
+        except _JobFailed as exc:
+            result["status"], result["error"] = "failed", str(exc)
+            self.log_error(fl_ctx, f"vertical job failed: {exc}")
+        finally:
+            write_json_atomic(run_dir / RESULT_FILE, result)
+        if result["status"] != "completed":
+            self.system_panic(result.get("error", "vertical job did not complete"), fl_ctx)
+
+    # ------------------------------------------------------------------------------
+    def _run(self, result, abort_signal, fl_ctx):
+        sites = {c.name for c in fl_ctx.get_engine().get_clients()}
+        missing = [s for s in [self.active_site, *self.passive_sites] if s not in sites]
+        if missing:
+            raise _JobFailed(f"sites not connected: {missing}")
+        t0 = time.perf_counter()
+        inbox = {}
+        self._trace = []
+        result["trace"] = self._trace
+        first = True
+        routed = 0
+        for _round in range(self.max_rounds):
+            data = {"inbox": inbox}
+            if first:
+                data.update(params=self.params, passives=self.passive_sites)
+            ts = time.perf_counter()
+            reply = self._ask_one(STEP, self.active_site, data, abort_signal, fl_ctx)
+            self._trace.append(("step", round(time.perf_counter() - ts, 3)))
+            first = False
+            if reply.get("done") is True:
+                res = reply.get("result")
+                if not isinstance(res, dict):
+                    raise _JobFailed(f"{self.active_site}: final step without a result")
+                result.update({k: v for k, v in res.items() if k in (
+                    "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
+                    "n_classes", "n_trees", "n_splits")})
+                result["server_protocol_s"] = time.perf_counter() - t0
+                result["messages_routed"] = routed
+                return
+            outbox = reply.get("outbox")
+            if not isinstance(outbox, dict) or not outbox:
+                raise _JobFailed(f"{self.active_site}: step returned no messages and is not done")
+            for site, msg in outbox.items():
+                if site not in self.passive_sites:
+                    raise _JobFailed(f"{self.active_site}: message addressed to unknown site {site!r}")
+                if not isinstance(msg, dict) or msg.get("type") not in _MSG_TYPES:
+                    raise _JobFailed(f"{self.active_site}: malformed message for {site}")
+            ts = time.perf_counter()
+            inbox = self._route(outbox, abort_signal, fl_ctx)
+            self._trace.append(("route", round(time.perf_counter() - ts, 3)))
+            routed += len(outbox) * 2
+        raise _JobFailed(f"protocol did not finish within {self.max_rounds} rounds")
+
+    def _check(self, task_name, site, reply):
+        if reply is None:
+            raise _JobFailed(f"{site}: no reply to {task_name} (timed out, or its result could not be serialized)")
+        rc = reply.get_return_code()
+        if rc != ReturnCode.OK:
+            raise _JobFailed(f"{site}: {task_name} failed with return code {rc}: {reply.get('error', '')}")
+        return reply
+
+    def _ask_one(self, name, site, data, abort_signal, fl_ctx):
+        task = Task(name=name, data=Shareable(data), timeout=self.task_timeout)
+        self.broadcast_and_wait(task, fl_ctx, targets=[site], min_responses=1, abort_signal=abort_signal)
+        self._aborted(abort_signal, name)
+        reply = next((ct.result for ct in task.client_tasks if ct.client.name == site), None)
+        return self._check(name, site, reply)
+
+    def _route(self, outbox, abort_signal, fl_ctx) -> dict:
+        """One task per addressed site, all in flight at once; wait for every one of them."""
+        tasks = {}
+        for site, msg in outbox.items():
+            task = Task(name=MSG, data=Shareable({"msg": msg}), timeout=self.task_timeout)
+            self.broadcast(task, fl_ctx, targets=[site], min_responses=1)
+            tasks[site] = task
+        while any(t.completion_status is None for t in tasks.values()):
+            self._aborted(abort_signal, MSG)
+            time.sleep(0.005)
+        replies = {}
+        for site, task in tasks.items():
+            reply = next((ct.result for ct in task.client_tasks if ct.client.name == site), None)
+            reply = self._check(f"{MSG}:{outbox[site]['type']}", site, reply)
+            msg = reply.get("msg")
+            if not isinstance(msg, dict) or msg.get("type") not in _REPLY_TYPES:
+                raise _JobFailed(f"{site}: malformed reply to {outbox[site]['type']!r}")
+            replies[site] = msg
+        return replies
+
+    def _aborted(self, abort_signal, name):
+        if abort_signal is not None and abort_signal.triggered:
+            raise _JobFailed(f"aborted during {name}")
+
+
+class _JobFailed(RuntimeError):
+    pass

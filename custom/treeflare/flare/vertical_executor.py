@@ -1,0 +1,203 @@
+"""Site side of the vertical packed-Paillier tree job: a thin shell over the party objects.
+
+* the **active** site (labels + private key) answers ``vertical_step``: it feeds the replies
+  the server routed to it into :meth:`ActiveParty.step` and returns the next messages;
+* a **passive** site answers ``vertical_msg``: one message in, one reply out
+  (:meth:`PassiveParty.handle`).
+
+Data are read from ``<data_root>/<site>/{train,test}.csv`` (``$TREEFLARE_DATA_ROOT``
+overrides the folder: site-local binding).  Each site writes its own model file into its run
+folder; only ciphertexts, opaque split ids, partitions of node rows and prediction bits leave a
+site -- and, from the active site at the end, the test metrics and operation counts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+
+from nvflare.apis.executor import Executor
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.shareable import Shareable, make_reply
+
+import numpy as np
+
+from ..data import DataError, read_site
+from ..reporting import write_json_atomic
+from ..vertical import ActiveParty, PassiveParty, ProtocolError, VerticalParams, crypto_report, metrics
+from ..vertical.packing import SlotOverflowError
+
+STEP, MSG = "vertical_step", "vertical_msg"
+DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
+MIN_KEY_BITS_ENV = "TREEFLARE_VERTICAL_MIN_KEY_BITS"
+ACTIVE_MODEL, PASSIVE_MODEL, ACTIVE_PRED = ("vertical_active_model.json", "vertical_passive_model.json",
+                                            "vertical_active_predictions.json")
+
+
+_WIRE_DTYPES = {"uint8", "int32", "int64", "float64"}
+_ND = "__ndarray__"
+
+
+def to_wire(obj):
+    """numpy arrays -> {"__ndarray__": dtype, "shape": [...], "data": bytes}: plain msgpack types that
+    travel inline with the task (FOBS would fetch each array in its own download transaction)."""
+    if isinstance(obj, dict):
+        return {k: to_wire(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_wire(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.name not in _WIRE_DTYPES:
+            raise ProtocolError(f"array dtype {obj.dtype} may not cross the wire")
+        a = np.ascontiguousarray(obj)
+        return {_ND: a.dtype.name, "shape": [int(v) for v in a.shape], "data": a.astype(a.dtype.newbyteorder("<"),
+                                                                                          copy=False).tobytes()}
+    if isinstance(obj, np.generic):
+        raise ProtocolError(f"numpy scalar {type(obj).__name__} may not cross the wire")
+    return obj
+
+
+def from_wire(obj, _depth=0):
+    """Inverse of :func:`to_wire`, with checks: known dtypes only, size consistent with the shape,
+    bounded nesting."""
+    if _depth > 32:
+        raise ProtocolError("message nested too deeply")
+    if isinstance(obj, dict):
+        if _ND in obj:
+            dt, shape, data = obj.get(_ND), obj.get("shape"), obj.get("data")
+            if dt not in _WIRE_DTYPES or not isinstance(shape, list) or not isinstance(data, (bytes, bytearray)):
+                raise ProtocolError("malformed array on the wire")
+            if len(shape) > 4 or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in shape):
+                raise ProtocolError("malformed array shape on the wire")
+            dtype = np.dtype(dt).newbyteorder("<")
+            if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(data):
+                raise ProtocolError("array size does not match its shape")
+            return np.frombuffer(data, dtype=dtype).astype(np.dtype(dt)).reshape(shape)
+        return {k: from_wire(v, _depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [from_wire(v, _depth + 1) for v in obj]
+    return obj
+
+
+def _site_tables(data_root: str, site: str):
+    root = os.environ.get(DATA_ROOT_ENV) or data_root
+    if not root:
+        raise DataError(f"{site}: no data root configured (executor data_root or ${DATA_ROOT_ENV})")
+    sd = read_site(root, site)
+    return sd.train, sd.test
+
+
+class VerticalExecutor(Executor):
+    def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
+                 allow_mock: bool = False):
+        """
+        Args:
+            data_root: folder with ``<site>/train.csv`` and ``test.csv``.
+            workers: processes for the crypto at this site (0 = all cores).
+            min_key_bits: a passive site refuses a public key shorter than this
+              (``$TREEFLARE_VERTICAL_MIN_KEY_BITS`` overrides it on the site).
+            allow_mock: accept the plaintext mock scheme (oracle/testing only; never in production).
+        """
+        super().__init__()
+        self.data_root = data_root
+        self.workers = int(workers)
+        self.min_key_bits = int(min_key_bits)
+        self.allow_mock = bool(allow_mock)
+        self.active: ActiveParty | None = None
+        self.passive: PassiveParty | None = None
+        self.active_test_y = None
+
+    def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
+        site = fl_ctx.get_identity_name()
+        try:
+            if task_name == STEP:
+                return self._step(site, shareable, fl_ctx)
+            if task_name == MSG:
+                return self._msg(site, shareable, fl_ctx)
+            return make_reply(ReturnCode.TASK_UNKNOWN)
+        except (ProtocolError, DataError, SlotOverflowError, ValueError, KeyError, TypeError) as exc:
+            self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
+            self.log_debug(fl_ctx, traceback.format_exc())
+            reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            reply["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            return reply
+
+    def _run_dir(self, fl_ctx) -> Path:
+        return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+
+    # ------------------------------------------------------------------ active site
+    def _step(self, site, task: Shareable, fl_ctx) -> Shareable:
+        inbox = from_wire(task.get("inbox"))
+        if self.active is None:
+            params = VerticalParams.from_dict(dict(task["params"]))
+            if self.workers:
+                params.workers = self.workers
+            passives = [str(p) for p in task["passives"]]
+            train, test = _site_tables(self.data_root, site)
+            X, names, _ = train.codes()
+            Xt, _, _ = test.codes()
+            self.active_test_y = test.y_codes()
+            self.active = ActiveParty(site, X, train.y_codes(), Xt, names, len(train.schema.classes), passives,
+                                      params, ids_train=list(map(str, train.ids)),
+                                      ids_test=list(map(str, test.ids)))
+            inbox = None
+        elif not isinstance(inbox, dict):
+            raise ProtocolError("step without an inbox")
+        out = self.active.step(inbox or None)
+        reply = make_reply(ReturnCode.OK)
+        if out is not None:
+            reply["outbox"] = to_wire(out)
+            reply["done"] = False
+            return reply
+        a = self.active
+        run_dir = self._run_dir(fl_ctx)
+        write_json_atomic(run_dir / ACTIVE_MODEL, a.model())
+        write_json_atomic(run_dir / ACTIVE_PRED, {"pred": a.test_pred, "score": a.test_score,
+                                                  "ids": a.ids_test})
+        reply["done"] = True
+        reply["result"] = {
+            "global": metrics(self.active_test_y, a.test_pred, a.test_score, a.n_classes),
+            "crypto": crypto_report(a), "layout": a.layout_info,
+            "timings_s": {k: float(v) for k, v in a.timings.items()},
+            "passive_timings_s": {p: st.get("timings_s", {}) for p, st in a.passive_stats.items()},
+            "n_train": int(a.n), "n_test": int(len(a.X_test)), "n_classes": int(a.n_classes),
+            "n_trees": len(a.trees),
+            "n_splits": {"active": sum(1 for t in a.trees for nd in t["nodes"]
+                                       if not nd["leaf"] and nd["owner"] == a.name),
+                         "passive": sum(1 for t in a.trees for nd in t["nodes"]
+                                        if not nd["leaf"] and nd["owner"] != a.name)},
+        }
+        self.active = None
+        return reply
+
+    # ------------------------------------------------------------------ passive site
+    def _msg(self, site, task: Shareable, fl_ctx) -> Shareable:
+        msg = from_wire(task.get("msg"))
+        if not isinstance(msg, dict):
+            raise ProtocolError("message is not a dict")
+        if msg.get("type") == "setup":
+            train, test = _site_tables(self.data_root, site)
+            if train.y is not None:
+                raise ProtocolError(f"{site} holds labels: it is the active site, not a passive one")
+            X, names, _ = train.codes()
+            Xt, _, _ = test.codes()
+            min_bits = int(os.environ.get(MIN_KEY_BITS_ENV) or self.min_key_bits)
+            self.passive = PassiveParty(site, X, Xt, names, ids_train=list(map(str, train.ids)),
+                                        ids_test=list(map(str, test.ids)), workers=self.workers or os.cpu_count(),
+                                        min_key_bits=min_bits, allow_mock=self.allow_mock)
+        if self.passive is None:
+            raise ProtocolError("message before setup")
+        out = self.passive.handle(msg)
+        if msg.get("type") == "finish":
+            write_json_atomic(self._run_dir(fl_ctx) / PASSIVE_MODEL, self.passive.model())
+            self.passive = None
+        reply = make_reply(ReturnCode.OK)
+        reply["msg"] = to_wire(out)
+        return reply
+
+
+def load_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+__all__ = ["VerticalExecutor", "STEP", "MSG", "ACTIVE_MODEL", "PASSIVE_MODEL", "ACTIVE_PRED"]

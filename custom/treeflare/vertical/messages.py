@@ -1,0 +1,91 @@
+"""Message helpers: every message is a plain dict of str/int/float/bool/None, lists, dicts,
+bytes and numeric numpy arrays (FOBS-safe).  Ciphertexts travel as fixed-width big-endian
+bytes concatenated in one uint8 array under a key named ``cts``."""
+from __future__ import annotations
+
+import hashlib
+import re
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+class ProtocolError(RuntimeError):
+    """A party received a message that breaks the protocol (malformed, unknown id, ...)."""
+
+
+def ids_digest(ids) -> str:
+    h = hashlib.sha256()
+    for v in ids:
+        h.update(str(v).encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def check_split_id(sid) -> str:
+    if not isinstance(sid, str) or not _ID_RE.match(sid):
+        raise ProtocolError(f"malformed split id {sid!r}")
+    return sid
+
+
+def require(msg, key, types):
+    if not isinstance(msg, dict):
+        raise ProtocolError("message is not a dict")
+    if key not in msg:
+        raise ProtocolError(f"message field {key!r} missing")
+    v = msg[key]
+    if types is not None:
+        tt = types if isinstance(types, tuple) else (types,)
+        if not isinstance(v, tt) or (isinstance(v, bool) and bool not in tt):
+            raise ProtocolError(f"message field {key!r} has type {type(v).__name__}")
+    return v
+
+
+def int_array(msg, key, length=None, lo=None, hi=None) -> np.ndarray:
+    a = require(msg, key, np.ndarray)
+    if a.dtype.kind not in "iu" or a.ndim != 1:
+        raise ProtocolError(f"field {key!r} must be a 1-D integer array")
+    if length is not None and a.size != length:
+        raise ProtocolError(f"field {key!r} has {a.size} entries, expected {length}")
+    if a.size and ((lo is not None and int(a.min()) < lo) or (hi is not None and int(a.max()) > hi)):
+        raise ProtocolError(f"field {key!r} has values out of range")
+    return a.astype(np.int64)
+
+
+def int_list(msg, key, lo=None, hi=None) -> list:
+    v = require(msg, key, (list, tuple))
+    out = []
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise ProtocolError(f"field {key!r} must hold integers")
+        x = int(x)
+        if (lo is not None and x < lo) or (hi is not None and x > hi):
+            raise ProtocolError(f"field {key!r} value {x} out of range")
+        out.append(x)
+    return out
+
+
+def message_stats(msg, ct_bytes: int) -> tuple:
+    """(ciphertexts, approximate payload bytes) of a message."""
+    n_ct = 0
+    n_bytes = 0
+    stack = [("", msg)]
+    while stack:
+        key, v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                n_bytes += len(str(k))
+                stack.append((str(k), x))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((key, x) for x in v)
+        elif isinstance(v, np.ndarray):
+            n_bytes += v.nbytes
+            if key == "cts" and ct_bytes:
+                n_ct += v.nbytes // ct_bytes
+        elif isinstance(v, (bytes, bytearray, str)):
+            n_bytes += len(v)
+        else:
+            n_bytes += 8
+    return n_ct, n_bytes

@@ -1,0 +1,252 @@
+"""Vertical federated decision trees with packed Paillier encryption, on NVFlare.
+
+Sites hold different columns of the same rows (joined on an id column).  site-1 is the active
+party (labels + private key), site-2.. are passive (feature columns only).  The server only
+routes messages: it sees ciphertexts and opaque split ids, never labels, gradients or
+thresholds.
+
+    python jobs/vertical_tree/job.py --model gbdt --dataset default_credit_card --passive 2 \\
+        --trees 3 --max-depth 3 --workspace /tmp/vtree
+
+Writes DIR/report.json and (simulator) each party's model file under DIR/models/.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from treeflare.cli import add_data_args, add_vertical_args, load_table, main_guard
+from treeflare.data import DataError, Table, prepare_federation, read_site, write_federation
+from treeflare.reporting import format_table, write_json_atomic
+
+JOB_NAME = "vertical_tree"
+ROW_ID = "row_id"
+
+
+def on_off(v: str) -> bool:
+    v = v.strip().lower()
+    if v not in ("on", "off"):
+        raise argparse.ArgumentTypeError("expected on or off")
+    return v == "on"
+
+
+def parse_args(argv=None):
+    from treeflare.flare.runner import add_run_args
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_args(p, default_dataset="default_credit_card")
+    add_vertical_args(p, flag=False, passive=1)
+    g = p.add_argument_group("model")
+    g.add_argument("--model", choices=["tree", "gbdt"], default="tree",
+                   help="tree: classification tree (label one-hot slots); gbdt: binary logistic boosting")
+    g.add_argument("--criterion", choices=["gini", "entropy"], default="gini", help="tree criterion")
+    g.add_argument("--trees", type=int, default=None, help="boosting rounds (gbdt; default 3); tree: 1")
+    g.add_argument("--max-depth", type=int, default=3)
+    g.add_argument("--bins", type=int, default=32)
+    g.add_argument("--learning-rate", type=float, default=0.3)
+    g.add_argument("--lambda", dest="reg_lambda", type=float, default=1.0)
+    g.add_argument("--min-child-weight", type=float, default=1.0,
+                   help="gbdt: min hessian per child; tree: min rows per child")
+    g.add_argument("--seed", type=int, default=0, help="seed of the global test hold-out")
+    c = p.add_argument_group("encryption")
+    c.add_argument("--key-bits", type=int, default=2048, help="Paillier modulus bits (2048 default, 3072 option)")
+    c.add_argument("--precision", type=int, default=53, help="gbdt fixed-point bits (default 53)")
+    c.add_argument("--packing", type=on_off, default=True, help="on|off: pack a row's values in one plaintext")
+    c.add_argument("--compress", type=on_off, default=True, help="on|off: several results per returned ciphertext")
+    c.add_argument("--obfuscation", choices=["full", "djn"], default="full",
+                   help="full: fresh r^n (default); djn: short-exponent randomness (faster, extra assumption)")
+    c.add_argument("--workers", type=int, default=0, help="crypto processes per site (0 = all cores)")
+    c.add_argument("--allow-insecure-key", action="store_true",
+                   help="permit --key-bits < 2048 (tests and comparisons only)")
+    c.add_argument("--no-oracle", action="store_true", help="skip the plaintext-oracle comparison")
+    c.add_argument("--task-timeout", type=int, default=3600, help="seconds a site has for one message")
+    c.add_argument("--data-root", default=None,
+                   help="the sites' data folder as the sites see it (default: the folder this script prepares)")
+    add_run_args(p)
+    args = p.parse_args(argv)
+    if args.trees is None:
+        args.trees = 3 if args.model == "gbdt" else 1
+    if args.model == "tree" and args.trees != 1:
+        p.error("--model tree builds one tree; --trees applies to gbdt")
+    return args
+
+
+def vertical_params(args):
+    from treeflare.vertical import VerticalParams
+
+    try:
+        return VerticalParams(
+            model=args.model, criterion=args.criterion, n_trees=args.trees, max_depth=args.max_depth,
+            bins=args.bins, learning_rate=args.learning_rate, reg_lambda=args.reg_lambda,
+            min_child_weight=args.min_child_weight, key_bits=args.key_bits, precision=args.precision,
+            packing=args.packing, compress=args.compress, obfuscation=args.obfuscation, workers=args.workers,
+            allow_insecure_key=args.allow_insecure_key).validate()
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
+def with_row_ids(table: Table) -> Table:
+    """Embedded sets without an id column get the row number as id (the parties' join key)."""
+    if table.schema.id_column:
+        return table
+    schema = dataclasses.replace(table.schema, id_column=ROW_ID)
+    return Table(table.frame, table.y, schema, np.arange(len(table)).astype(str).astype(object), table.name)
+
+
+def build_job(args, params, data_root: Path, sites: list[str], job_info: dict):
+    from nvflare.job_config.api import FedJob
+
+    from treeflare.flare.runner import ship_package
+    from treeflare.flare.vertical_controller import VerticalController
+    from treeflare.flare.vertical_executor import MSG, STEP, VerticalExecutor
+
+    job = FedJob(name=JOB_NAME, min_clients=len(sites))
+    job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], params=params.to_dict(),
+                                     task_timeout=args.task_timeout, job_info=job_info),
+                  id="vertical_controller")
+    min_bits = args.key_bits if args.allow_insecure_key else 2048
+    job.to_clients(VerticalExecutor(data_root=str(data_root), workers=args.workers, min_key_bits=min_bits),
+                   tasks=[STEP, MSG])
+    ship_package(job)
+    return job
+
+
+def vertical_data(data_root: Path, sites: list[str]):
+    """The parties' data as the oracle sees it (only possible where all sites' files are at hand)."""
+    from treeflare.vertical import VerticalData
+
+    tabs = [read_site(data_root, s) for s in sites]
+    act = tabs[0]
+    Xa, na, _ = act.train.codes()
+    Xat, _, _ = act.test.codes()
+    passive = [t.train.codes() for t in tabs[1:]]
+    return VerticalData(
+        X_active=Xa, y=act.train.y_codes(), X_passive=[p[0] for p in passive], X_active_test=Xat,
+        y_test=act.test.y_codes(), X_passive_test=[t.test.codes()[0] for t in tabs[1:]], names_active=na,
+        names_passive=[p[1] for p in passive], n_classes=len(act.train.schema.classes),
+        ids_train=list(map(str, act.train.ids)), ids_test=list(map(str, act.test.ids)),
+        class_names=list(act.train.schema.classes))
+
+
+def compare_with_oracle(models: dict, pred: dict, data, params, sites) -> dict:
+    from treeflare.vertical import joint_model, run_oracle
+
+    a, ps = run_oracle(data, params)
+    oracle_trees = joint_model(a.model(), {p: q.model() for p, q in ps.items()})
+    fed_trees = joint_model(models[sites[0]], {s: models[s] for s in sites[1:]})
+    same_tree = json.dumps(oracle_trees, sort_keys=True) == json.dumps(fed_trees, sort_keys=True)
+    same_pred = (np.array_equal(np.asarray(pred["pred"]), a.test_pred)
+                 and np.allclose(np.asarray(pred["score"], dtype=float), np.asarray(a.test_score), rtol=0, atol=0))
+    return {"identical": bool(same_tree and same_pred), "same_tree": bool(same_tree),
+            "same_predictions": bool(same_pred), "oracle_seconds": float(a.timings.get("total", 0.0))}
+
+
+def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
+    """Simulator: the sites' run folders sit next to the server's; copy each party's model."""
+    from treeflare.flare.vertical_executor import ACTIVE_MODEL, ACTIVE_PRED, PASSIVE_MODEL
+
+    job_root = run_dir.parent.parent
+    found = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for i, s in enumerate(sites):
+        site_dir = job_root / s / "simulate_job"
+        name = ACTIVE_MODEL if i == 0 else PASSIVE_MODEL
+        src = site_dir / name
+        if src.is_file():
+            shutil.copyfile(src, out / f"{s}_{'active' if i == 0 else 'passive'}_model.json")
+            found[s] = json.loads(src.read_text())
+        if i == 0 and (site_dir / ACTIVE_PRED).is_file():
+            shutil.copyfile(site_dir / ACTIVE_PRED, out / f"{s}_test_predictions.json")
+            found["_pred"] = json.loads((site_dir / ACTIVE_PRED).read_text())
+    return found
+
+
+@main_guard
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = vertical_params(args)
+    from treeflare.flare.runner import run_job
+
+    workspace = Path(args.workspace).resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    timings = {}
+    t = time.perf_counter()
+    table = with_row_ids(load_table(args))
+    fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive)
+    data_dir = write_federation(fed, workspace / "data", overwrite=True)
+    timings["prepare_data"] = time.perf_counter() - t
+    sites = fed.site_names
+    data_root = Path(args.data_root) if args.data_root else data_dir
+    job_info = {"dataset": fed.summary["dataset"], "model": args.model}
+    job = build_job(args, params, data_root, sites, job_info)
+
+    t = time.perf_counter()
+    try:
+        run_dir = run_job(job, args, sites)
+    except RuntimeError as exc:
+        # SimEnv raises when the run ends in a system panic (our controller's clear failure);
+        # its result file still tells why.
+        if args.env != "sim":
+            raise
+        run_dir = workspace / "flare" / JOB_NAME / "server" / "simulate_job"
+        print(f"warning: {exc}", file=sys.stderr)
+    timings["flare_run"] = time.perf_counter() - t
+    result_file = run_dir / "vertical_result.json"
+    if not result_file.is_file():
+        print(f"error: the server wrote no result ({result_file} missing); see the logs under {workspace / 'flare'}",
+              file=sys.stderr)
+        return 1
+    server = json.loads(result_file.read_text())
+    if server.get("status") != "completed":
+        print(f"error: vertical job failed: {server.get('error')}", file=sys.stderr)
+        write_json_atomic(workspace / "report.json", {**server, "job": JOB_NAME})
+        return 1
+
+    files = collect_site_files(run_dir, sites, workspace / "models")
+    oracle = None
+    if not args.no_oracle and all(s in files for s in sites) and "_pred" in files:
+        t = time.perf_counter()
+        oracle = compare_with_oracle(files, files["_pred"], vertical_data(data_dir, sites), params, sites)
+        timings["oracle"] = time.perf_counter() - t
+    crypto = dict(server["crypto"])
+    report = {
+        "job": JOB_NAME, "model": args.model, "dataset": fed.summary["dataset"], "n_sites": len(sites),
+        "sites": {"active": sites[0], "passive": sites[1:]},
+        "params": {**params.to_dict(), "env": args.env, "seed": args.seed},
+        "global": server["global"],
+        "identical_to_oracle": None if oracle is None else oracle["identical"],
+        "oracle": oracle,
+        "crypto": crypto, "layout": server.get("layout"),
+        "n_train": server.get("n_train"), "n_test": server.get("n_test"), "n_trees": server.get("n_trees"),
+        "n_splits": server.get("n_splits"),
+        "timings_s": {**{f"active_{k}": v for k, v in server.get("timings_s", {}).items()},
+                      **{f"passive_{k}": sum(float(st.get(k, 0.0)) for st in server.get("passive_timings_s", {}).values())
+                         for k in sorted({k for st in server.get("passive_timings_s", {}).values() for k in st})},
+                      "server_protocol": server.get("server_protocol_s"), **timings},
+        "models": sorted(str(p.relative_to(workspace)) for p in (workspace / "models").glob("*.json")),
+    }
+    write_json_atomic(workspace / "report.json", report)
+    g = report["global"]
+    print(f"\nvertical {args.model} on {report['dataset']}: 1 active + {args.passive} passive sites, "
+          f"{crypto['key_bits']}-bit Paillier, packing {'on' if params.packing else 'off'}, "
+          f"compression {'on' if params.compress else 'off'}")
+    print(format_table(["global test set", "accuracy", "macro_f1", "auc"],
+                       [["federated", g.get("accuracy"), g.get("macro_f1"), g.get("auc")]]))
+    print(f"encryptions {crypto['encryptions']}, decryptions {crypto['decryptions']}, "
+          f"ciphertexts to passive {crypto['ciphertexts_to_passive']}, to active {crypto['ciphertexts_to_active']}, "
+          f"values per ciphertext {crypto['values_per_ciphertext']}")
+    print(f"identical to the plaintext oracle: {report['identical_to_oracle']}")
+    print(f"\nreport: {workspace / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

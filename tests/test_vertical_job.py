@@ -1,0 +1,93 @@
+"""End to end: the vertical packed-Paillier job in the FLARE simulator (small data, small key)."""
+from __future__ import annotations
+
+import fcntl
+import json
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import flare_helpers
+from flare_helpers import run_script
+
+pytestmark = pytest.mark.flare
+
+
+@contextmanager
+def flare_lock():
+    with open("/tmp/treeflare-flare.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _csv(path, n=240, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 5))
+    y = X[:, 0] + X[:, 3] - X[:, 4] + 0.3 * rng.normal(size=n) > 0
+    lines = ["uid,f0,f1,f2,f3,f4,target"]
+    lines += [f"u{i}," + ",".join(f"{v:.5f}" for v in X[i]) + f",{'yes' if y[i] else 'no'}" for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+ARGS = ["--label", "target", "--id", "uid", "--passive", "2", "--max-depth", "2", "--bins", "8",
+        "--key-bits", "512", "--allow-insecure-key", "--workers", "1"]
+
+
+def test_vertical_job_end_to_end(tmp_path):
+    csv = _csv(tmp_path / "small.csv")
+    ws = tmp_path / "ws"
+    with flare_lock():
+        proc = run_script("jobs/vertical_tree/job.py",
+                          ["--model", "gbdt", "--trees", "1", "--csv", str(csv), *ARGS, "--workspace", str(ws)],
+                          tmp_path, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((ws / "report.json").read_text())
+    assert r["job"] == "vertical_tree" and r["model"] == "gbdt" and r["dataset"] == "small"
+    assert r["n_sites"] == 3 and r["sites"] == {"active": "site-1", "passive": ["site-2", "site-3"]}
+    assert r["identical_to_oracle"] is True
+    g = r["global"]
+    assert 0.6 < g["accuracy"] <= 1 and 0 < g["macro_f1"] <= 1 and 0.6 < g["auc"] <= 1
+    c = r["crypto"]
+    for k in ("encryptions", "decryptions", "additions", "ciphertexts_to_passive", "ciphertexts_to_active",
+              "bytes_to_passive", "bytes_to_active", "key_bits", "values_per_ciphertext"):
+        assert k in c
+    assert c["scheme"] == "paillier" and c["key_bits"] == 512 and c["values_per_ciphertext"] >= 2
+    assert c["encryptions"] == r["n_train"] and c["ciphertexts_to_passive"] == 2 * r["n_train"]
+    assert r["params"]["key_bits"] == 512 and r["params"]["packing"] is True
+    assert r["timings_s"]["active_encrypt"] > 0 and r["timings_s"]["passive_histogram"] > 0
+    models = {p.name for p in (ws / "models").iterdir()}
+    assert {"site-1_active_model.json", "site-2_passive_model.json", "site-3_passive_model.json"} <= models
+    active = json.loads((ws / "models" / "site-1_active_model.json").read_text())
+    for tree in active["trees"]:
+        for nd in tree["nodes"]:
+            if not nd["leaf"] and nd["owner"] != "site-1":
+                assert "threshold" not in nd and "feature" not in nd and "split_id" in nd
+    # the server's view holds no model, labels or thresholds
+    server = json.loads(next((ws / "flare").rglob("vertical_result.json")).read_text())
+    assert server["status"] == "completed" and '"nodes"' not in json.dumps(server)
+
+
+def test_vertical_job_refused_key_fails_cleanly(tmp_path, monkeypatch):
+    """A passive site whose policy demands 2048-bit keys refuses the 512-bit key: clear failure, rc 1."""
+    csv = _csv(tmp_path / "small.csv", n=120)
+    ws = tmp_path / "ws"
+    orig = flare_helpers.isolated_env
+
+    def env_with_policy(tmp, token):
+        env = orig(tmp, token)
+        env["TREEFLARE_VERTICAL_MIN_KEY_BITS"] = "2048"
+        return env
+
+    monkeypatch.setattr(flare_helpers, "isolated_env", env_with_policy)
+    with flare_lock():
+        proc = run_script("jobs/vertical_tree/job.py",
+                          ["--model", "tree", "--csv", str(csv), *ARGS, "--workspace", str(ws)], tmp_path, timeout=150)
+    assert proc.returncode == 1
+    assert "below this site's minimum" in proc.stderr
+    r = json.loads((ws / "report.json").read_text())
+    assert r["status"] == "failed" and "2048" in r["error"]

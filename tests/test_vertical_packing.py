@@ -1,0 +1,104 @@
+"""Slot layouts: widths from the patent's control parameters, pack/sum/compress/decrypt/unpack
+exactness on random and boundary inputs, and detection of undersized slots."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from treeflare.crypto import PaillierKeyHolder
+from treeflare.vertical.packing import SlotLayout, SlotOverflowError
+
+KH = PaillierKeyHolder.generate(1024, "djn")     # test-only key size
+
+
+def test_widths_match_spec_gbdt():
+    """n = 100k, p = 53: g slot 71 (signed), h slot 68 -> 139 bits, 14 pairs per 2048-bit ct."""
+    p, n = 53, 100_000
+    lay = SlotLayout.for_channels([-(1 << p), 0], [1 << p, 1 << (p - 2)], n)
+    assert lay.widths == (71, 68) and lay.total_width == 139
+    assert lay.values_per_ciphertext(2046) == 14
+    p = 32
+    lay = SlotLayout.for_channels([-(1 << p), 0], [1 << p, 1 << (p - 2)], n)
+    assert lay.values_per_ciphertext(2046) == 21
+
+
+@pytest.mark.parametrize("L,per_ct", [(2, 60), (5, 24)])
+def test_widths_match_spec_classification(L, per_ct):
+    """Claim 4: slot = bitlen(n) per label; total = bitlen(n) * L; per ct = 2046 // total."""
+    lay = SlotLayout.for_channels([0] * L, [1] * L, 100_000)
+    assert lay.widths == (17,) * L
+    assert lay.values_per_ciphertext(2046) == per_ct
+
+
+def test_undersized_slot_detected():
+    with pytest.raises(SlotOverflowError):
+        SlotLayout((0, 0), (1, 1), 1000, (9, 10))           # bitlen(1000) = 10 > 9
+    with pytest.raises(SlotOverflowError):
+        SlotLayout((-4,), (4,), 100, (9,))                  # signed needs 10
+    lay = SlotLayout.for_channels([0, 0], [1, 1], 10)
+    with pytest.raises(SlotOverflowError):
+        lay.pack_rows(np.ones((11, 2), dtype=np.int64))      # more samples than n_max
+    with pytest.raises(SlotOverflowError):
+        lay.pack_rows(np.array([[2, 0]]))                   # value above its bound
+    with pytest.raises(SlotOverflowError):
+        lay.values_per_ciphertext(lay.total_width - 1)
+    with pytest.raises(SlotOverflowError):                  # bits above the last slot
+        lay.unpack(1 << (lay.total_width + 3), 1)
+
+
+def _roundtrip(lay, rows, subsets, k, kh=KH):
+    """pack -> encrypt -> homomorphic subset sums -> Horner compress -> decrypt -> unpack."""
+    pub = kh.public
+    cts = kh.encrypt_many(lay.pack_rows(rows))
+    sums = []
+    for sub in subsets:
+        acc = pub.one()
+        for i in sub:
+            acc = pub.add(acc, cts[i])
+        sums.append(acc)
+    expect = [[int(sum(int(rows[i, c]) for i in sub)) for c in range(lay.n_channels)] for sub in subsets]
+    got = []
+    for s in range(0, len(sums), k):
+        grp = sums[s:s + k]
+        acc = grp[-1]
+        for c in reversed(grp[:-1]):
+            acc = pub.add(pub.shift(acc, lay.total_width), c)
+        got.extend(lay.unpack(kh.decrypt_many([acc])[0], len(grp)))
+    assert got == expect
+
+
+channel = st.tuples(st.integers(-(2 ** 40), 0), st.integers(0, 2 ** 40)).filter(lambda t: t[0] < t[1] or t[1] > 0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(channel, min_size=1, max_size=4), st.integers(1, 12), st.randoms(use_true_random=False),
+       st.sampled_from(["random", "lo", "hi", "mixed"]))
+def test_property_pack_sum_compress_unpack(bounds, n, rnd, mode):
+    lo = [b[0] for b in bounds]
+    hi = [b[1] for b in bounds]
+    lay = SlotLayout.for_channels(lo, hi, n)
+    k = lay.values_per_ciphertext(KH.public.usable_bits)
+    rows = np.empty((n, len(bounds)), dtype=object)
+    for i in range(n):
+        for c, (a, b) in enumerate(bounds):
+            rows[i, c] = {"random": rnd.randint(a, b), "lo": a, "hi": b,
+                          "mixed": a if (i + c) % 2 else b}[mode]
+    subsets = [list(range(n))] + [[i for i in range(n) if rnd.random() < 0.5] for _ in range(min(k + 1, 6))]
+    _roundtrip(lay, rows, subsets, min(k, 4))
+
+
+def test_boundary_capacity_full_ciphertext():
+    """n at the layout's capacity, every value at its extreme, a ciphertext filled to k values."""
+    n = 64
+    lay = SlotLayout.for_channels([-(1 << 20), 0, 0], [1 << 20, 1 << 18, 1], n)
+    k = lay.values_per_ciphertext(KH.public.usable_bits)
+    assert k * lay.total_width <= KH.public.usable_bits < (k + 1) * lay.total_width
+    rows_lo = np.array([[-(1 << 20), 0, 0]] * n, dtype=object)
+    rows_hi = np.array([[1 << 20, 1 << 18, 1]] * n, dtype=object)
+    for rows in (rows_lo, rows_hi):
+        rnd = random.Random(0)
+        subsets = [list(range(n))] * (k - 1) + [[i for i in range(n) if rnd.random() < 0.3]]
+        _roundtrip(lay, rows, subsets, k)

@@ -1,0 +1,274 @@
+"""The vertical protocol: federated (real Paillier) == mock-cipher oracle == centralised
+reference; all arms agree; collaborative prediction; message-level privacy; hostile input."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from treeflare.crypto import PaillierKeyHolder
+from treeflare.vertical import (ProtocolError, VerticalParams, compare_runs, crypto_report, joint_model,
+                                make_parties, run_oracle, run_vertical, synthetic)
+from treeflare.vertical.oracle import centralized_build
+
+BITS = 512   # test-only keys
+
+
+def params(**kw):
+    base = dict(key_bits=BITS, allow_insecure_key=True, workers=1, max_depth=3, bins=8)
+    base.update(kw)
+    return VerticalParams(**base)
+
+
+def assert_matches_centralized(run, data, P):
+    a, ps = run
+    trees, pred, score = centralized_build(data, P)
+    jm = joint_model(a.model(), {k: v.model() for k, v in ps.items()})
+    assert json.dumps(jm, sort_keys=True) == json.dumps(trees, sort_keys=True)
+    assert np.array_equal(pred, a.test_pred)
+    assert np.allclose(score, a.test_score, rtol=0, atol=1e-12)
+
+
+CASES = [
+    # (model, criterion, classes, passive feature counts, seed, ties, extreme, trees)
+    ("tree", "gini", 2, (3,), 0, False, False, 1),
+    ("tree", "gini", 5, (2, 2), 1, True, False, 1),
+    ("tree", "entropy", 5, (2, 1, 2), 2, False, True, 1),
+    ("tree", "entropy", 2, (1, 1, 1), 3, True, True, 1),
+    ("gbdt", "gini", 2, (3,), 4, False, False, 3),
+    ("gbdt", "gini", 2, (2, 2), 5, True, True, 2),
+    ("gbdt", "gini", 2, (1, 2, 1), 6, False, True, 2),
+]
+
+
+@pytest.mark.parametrize("model,crit,L,pf,seed,ties,extreme,trees", CASES)
+def test_federated_identical_to_oracle(model, crit, L, pf, seed, ties, extreme, trees):
+    d = synthetic(n=160, n_test=60, passive_features=pf, n_classes=L, seed=seed, ties=ties, extreme=extreme)
+    P = params(model=model, criterion=crit, n_trees=trees, obfuscation="djn" if seed % 2 else "full")
+    fed = run_vertical(d, P)
+    orc = run_oracle(d, P)
+    assert compare_runs(fed, orc)["identical"]
+    assert_matches_centralized(fed, d, P)
+    assert fed[0].trees[0]["nodes"][0]["leaf"] is False      # it learned something
+    owners = {nd["owner"] for t in fed[0].trees for nd in t["nodes"] if not nd["leaf"]}
+    assert owners  # split owners recorded
+
+
+@pytest.mark.parametrize("model,L", [("tree", 5), ("gbdt", 2)])
+def test_all_arms_identical(model, L):
+    d = synthetic(n=150, n_test=40, passive_features=(2, 2), n_classes=L, seed=11)
+    P = params(model=model, n_trees=2 if model == "gbdt" else 1)
+    orc = run_oracle(d, P)
+    counts = {}
+    for packing, compress in [(False, False), (True, False), (True, True), (False, True)]:
+        run = run_vertical(d, replace(P, packing=packing, compress=compress))
+        assert compare_runs(run, orc)["identical"], (packing, compress)
+        cr = crypto_report(run[0])
+        counts[(packing, compress)] = cr
+        assert cr["scheme"] == "paillier" and cr["encryptions"] > 0      # "off" arms still encrypt
+    unpacked, packed, both = counts[(False, False)], counts[(True, False)], counts[(True, True)]
+    n_ch = L if model == "tree" else 2
+    assert unpacked["encryptions"] == n_ch * packed["encryptions"]
+    assert unpacked["ciphertexts_to_active"] == n_ch * packed["ciphertexts_to_active"]
+    k = both["values_per_ciphertext"]
+    assert k >= 4 and both["ciphertexts_to_active"] * k // 2 < packed["ciphertexts_to_active"]
+
+
+def test_histogram_subtraction_changes_nothing_but_work():
+    d = synthetic(n=200, n_test=20, passive_features=(3,), n_classes=2, seed=3)
+    P = params(model="gbdt", n_trees=1, max_depth=4)
+    a = run_vertical(d, P)
+    b = run_vertical(d, replace(P, hist_subtraction=False))
+    assert compare_runs(a, b)["identical"]
+
+
+def test_extreme_gradients_large_hessian():
+    """All g = +-1 (labels opposite to a saturated score) and h at the 0.25 bound."""
+    d = synthetic(n=120, n_test=30, passive_features=(2,), n_classes=2, seed=8)
+    P = params(model="gbdt", n_trees=2, learning_rate=1.0, reg_lambda=0.0, min_child_weight=0.0, precision=60)
+    assert compare_runs(run_vertical(d, P), run_oracle(d, P))["identical"]
+    d.X_active[:, 0] = 0.0
+    d.y[:] = 1
+    d.y[:3] = 0
+    assert compare_runs(run_vertical(d, P), run_oracle(d, P))["identical"]
+
+
+# ------------------------------------------------------------------------------- privacy
+def _walk(obj, key=None):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from _walk(v, k)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _walk(v, key)
+    else:
+        yield (key, obj) if isinstance(obj, np.ndarray) else obj
+
+
+@pytest.mark.parametrize("model,L", [("tree", 2), ("tree", 5), ("gbdt", 2)])
+def test_messages_never_leak(model, L):
+    d = synthetic(n=120, n_test=40, passive_features=(2, 2), n_classes=L, seed=5)
+    P = params(model=model, n_trees=2 if model == "gbdt" else 1)
+    kh = PaillierKeyHolder.generate(BITS)
+    rec = []
+    a, ps = run_vertical(d, P, record=rec, key_holder=kh)
+    key_secrets = {int(kh.key.p), int(kh.key.q), int((kh.key.p - 1) * (kh.key.q - 1))}
+    key_bytes = [int(v).to_bytes((int(v).bit_length() + 7) // 8, "big") for v in key_secrets]
+    labels = set(map(int, d.y)) | set(map(int, d.y_test))
+    passive_thresholds = {float(t) for p in ps.values() for s in p.splits.values() for t in [s["threshold"]]}
+    passive_thresholds |= {float(e) for p in ps.values() for es in p.edges for e in es}
+    active_vals = {float(v) for v in np.asarray(d.X_active).ravel()}
+    assert rec
+    for src, dst, msg in rec:
+        for leaf in _walk(msg):
+            if isinstance(leaf, tuple):
+                key, leaf = leaf
+                if dst != a.name:
+                    # only ciphertexts and node-membership ids ever go to a passive party (or the server)
+                    assert (key == "cts" and leaf.dtype == np.uint8) or (key == "assign" and leaf.dtype == np.int32
+                                                                       and int(leaf.min()) >= -1), key
+            if isinstance(leaf, (bytes, bytearray)):
+                assert not any(kb in leaf for kb in key_bytes)
+            if isinstance(leaf, np.ndarray):
+                raw = leaf.tobytes()
+                assert not any(kb in raw for kb in key_bytes), "private key material on the wire"
+                assert leaf.dtype.kind in "uib", f"unexpected array dtype {leaf.dtype}"
+                if dst != a.name:
+                    # no plaintext label / gradient vector goes to a passive party (or the server)
+                    assert not (leaf.size == len(d.y) and np.array_equal(leaf.astype(np.int64), d.y))
+            if isinstance(leaf, int) and not isinstance(leaf, bool):
+                assert leaf not in key_secrets
+            if isinstance(leaf, float):
+                if dst == a.name:
+                    assert leaf not in passive_thresholds, "passive threshold reached the active party"
+                else:
+                    assert leaf not in active_vals
+        if dst != a.name:
+            assert set(msg) <= {"type", "version", "pk", "n_train", "n_test", "ids_train", "ids_test", "bins",
+                                "model", "tree", "depth", "assign", "open", "gradients", "ids"}
+            if "gradients" in msg:
+                g = msg["gradients"]
+                assert set(g) == {"layout", "packing", "compress", "units", "cts"}
+                assert g["cts"].dtype == np.uint8
+                cts = ps[dst].pub.deserialize(g["cts"])
+                plain = set()
+                if model == "tree":
+                    plain = {0, 1}
+                assert not any(int(c) in plain for c in cts)
+        else:
+            assert set(msg) <= {"type", "n_features", "nodes", "ids", "sizes", "left", "n_test", "bits", "stats"}
+    # the active party's model has no passive thresholds or features, only opaque ids
+    for tree in a.trees:
+        for nd in tree["nodes"]:
+            if not nd["leaf"] and nd["owner"] != a.name:
+                assert set(nd) == {"nid", "depth", "leaf", "n", "owner", "left", "right", "split_id"}
+    # a passive model has no labels, leaf values or other parties' splits
+    for p in ps.values():
+        assert set(p.model()) == {"format", "party", "features", "splits"}
+
+
+# ------------------------------------------------------------------------------- hostile input
+@pytest.fixture
+def setup_pair():
+    d = synthetic(n=80, n_test=20, passive_features=(2,), n_classes=2, seed=2)
+    P = params(model="tree", max_depth=2)
+    a, ps = make_parties(d, P)
+    (name, p), = ps.items()
+    out = a.step(None)
+    r = p.handle(out[name])
+    out = a.step({name: r})            # first layer (with gradients)
+    return d, a, p, name, out
+
+
+def test_ciphertext_outside_range_rejected(setup_pair):
+    d, a, p, name, out = setup_pair
+    msg = dict(out[name])
+    g = dict(msg["gradients"])
+    cts = g["cts"].copy()
+    w = p.pub.ct_bytes
+    cts[:w] = 0xFF                                      # >= n^2
+    g["cts"] = cts
+    msg["gradients"] = g
+    with pytest.raises(ProtocolError, match="outside the Paillier range"):
+        p.handle(msg)
+    cts[:w] = 0                                          # zero
+    with pytest.raises(ProtocolError, match="outside the Paillier range"):
+        p.handle(msg)
+    # a reply from a passive with an out-of-range ciphertext is rejected by the active party
+    r = p.handle(out[name])
+    node = dict(r["nodes"][0])
+    bad = node["cts"].copy()
+    bad[:w] = 0xFF
+    node["cts"] = bad
+    with pytest.raises(ProtocolError, match="outside the Paillier range"):
+        a.step({name: {"type": "hist", "nodes": [node]}})
+
+
+def test_unknown_split_id_rejected(setup_pair):
+    d, a, p, name, out = setup_pair
+    p.handle(out[name])
+    with pytest.raises(ProtocolError, match="unknown split id"):
+        p.handle({"type": "split", "ids": ["0123456789abcdef"]})
+    with pytest.raises(ProtocolError, match="malformed split id"):
+        p.handle({"type": "split", "ids": ["../../etc"]})
+    with pytest.raises(ProtocolError, match="unknown split id"):
+        p.handle({"type": "predict", "ids": ["0123456789abcdef"]})
+
+
+def test_passive_refuses_weak_or_fake_encryption():
+    d = synthetic(n=50, n_test=10, passive_features=(2,), seed=1)
+    # mock (plaintext) scheme: a passive site configured normally refuses it
+    P = params(scheme="mock")
+    a, ps = make_parties(d, P)
+    (name, p), = ps.items()
+    p.allow_mock = False
+    with pytest.raises(ProtocolError, match="mock"):
+        p.handle(a.step(None)[name])
+    # a key below the site's minimum
+    a, ps = make_parties(d, params(), min_key_bits=2048)
+    (name, p), = ps.items()
+    with pytest.raises(ProtocolError, match="minimum"):
+        p.handle(a.step(None)[name])
+    with pytest.raises(ValueError, match="insecure"):
+        VerticalParams(key_bits=1024).validate()
+
+
+def test_misaligned_ids_and_malformed_messages(setup_pair):
+    d, a, p, name, out = setup_pair
+    d2 = synthetic(n=50, n_test=10, passive_features=(2,), seed=1)
+    a2, ps2 = make_parties(d2, params())
+    (nm2, p2), = ps2.items()
+    p2.ids_train = list(reversed(p2.ids_train))
+    with pytest.raises(ProtocolError, match="aligned"):
+        p2.handle(a2.step(None)[nm2])
+    msg = dict(out[name])
+    for bad in [{"assign": msg["assign"][:-1]}, {"assign": msg["assign"].astype(np.float64)},
+                {"open": []}, {"open": ["x"]}, {"type": "drop_tables"}]:
+        with pytest.raises(ProtocolError):
+            p.handle({**msg, **bad})
+
+
+def test_lying_partition_detected(setup_pair):
+    d, a, p, name, out = setup_pair
+    r = p.handle(out[name])
+    nxt = a.step({name: r})
+    if name not in nxt or nxt[name]["type"] != "split":
+        pytest.skip("the active party won this split")
+    rep = p.handle(nxt[name])
+    rep = dict(rep)
+    rep["left"] = 1 - rep["left"][::-1]       # a different partition with other counts
+    rep["left"][:] = 1
+    with pytest.raises(ProtocolError):
+        a.step({name: rep})
+
+
+def test_parallel_workers_same_result():
+    """Encryption, decryption and passive histograms spread over processes give the same tree."""
+    d = synthetic(n=2100, n_test=20, passive_features=(2,), n_classes=2, seed=4)
+    P = params(model="tree", max_depth=1, bins=4, obfuscation="djn")
+    one = run_vertical(d, P)
+    two = run_vertical(d, replace(P, workers=2))
+    assert compare_runs(one, two)["identical"]
