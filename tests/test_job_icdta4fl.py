@@ -9,7 +9,7 @@ import sysconfig
 
 import pytest
 
-from flare_helpers import REPO, run_script
+from flare_helpers import run_script
 
 pytestmark = pytest.mark.flare
 

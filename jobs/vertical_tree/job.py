@@ -13,7 +13,6 @@ Writes DIR/report.json and (simulator) each party's model file under DIR/models/
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import sys
@@ -23,11 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from treeflare.cli import add_data_args, add_vertical_args, load_table, main_guard
-from treeflare.data import DataError, Table, prepare_federation, read_site, write_federation
+from treeflare.data import DataError, prepare_federation, read_site, write_federation
 from treeflare.reporting import format_table, write_json_atomic
 
 JOB_NAME = "vertical_tree"
-ROW_ID = "row_id"
 
 
 def on_off(v: str) -> bool:
@@ -93,14 +91,6 @@ def vertical_params(args):
         raise DataError(str(exc)) from None
 
 
-def with_row_ids(table: Table) -> Table:
-    """Embedded sets without an id column get the row number as id (the parties' join key)."""
-    if table.schema.id_column:
-        return table
-    schema = dataclasses.replace(table.schema, id_column=ROW_ID)
-    return Table(table.frame, table.y, schema, np.arange(len(table)).astype(str).astype(object), table.name)
-
-
 def build_job(args, params, data_root: Path, sites: list[str], job_info: dict):
     from nvflare.job_config.api import FedJob
 
@@ -150,22 +140,22 @@ def compare_with_oracle(models: dict, pred: dict, data, params, sites) -> dict:
 
 
 def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
-    """Simulator: the sites' run folders sit next to the server's; copy each party's model."""
+    """Copy each party's model (and the active site's test predictions) out of the site run folders."""
+    from treeflare.flare.runner import find_site_file
     from treeflare.flare.vertical_executor import ACTIVE_MODEL, ACTIVE_PRED, PASSIVE_MODEL
 
-    job_root = run_dir.parent.parent
     found = {}
     out.mkdir(parents=True, exist_ok=True)
     for i, s in enumerate(sites):
-        site_dir = job_root / s / "simulate_job"
-        name = ACTIVE_MODEL if i == 0 else PASSIVE_MODEL
-        src = site_dir / name
-        if src.is_file():
-            shutil.copyfile(src, out / f"{s}_{'active' if i == 0 else 'passive'}_model.json")
+        role = "active" if i == 0 else "passive"
+        src = find_site_file(run_dir, s, ACTIVE_MODEL if i == 0 else PASSIVE_MODEL)
+        if src is not None:
+            shutil.copyfile(src, out / f"{s}_{role}_model.json")
             found[s] = json.loads(src.read_text())
-        if i == 0 and (site_dir / ACTIVE_PRED).is_file():
-            shutil.copyfile(site_dir / ACTIVE_PRED, out / f"{s}_test_predictions.json")
-            found["_pred"] = json.loads((site_dir / ACTIVE_PRED).read_text())
+        pred = find_site_file(run_dir, s, ACTIVE_PRED) if i == 0 else None
+        if pred is not None:
+            shutil.copyfile(pred, out / f"{s}_test_predictions.json")
+            found["_pred"] = json.loads(pred.read_text())
     return found
 
 
@@ -179,7 +169,7 @@ def main(argv=None) -> int:
     workspace.mkdir(parents=True, exist_ok=True)
     timings = {}
     t = time.perf_counter()
-    table = with_row_ids(load_table(args))
+    table = load_table(args)  # the data layer gives it row ids if it has none
     fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive)
     data_dir = write_federation(fed, workspace / "data", overwrite=True)
     timings["prepare_data"] = time.perf_counter() - t
@@ -189,15 +179,7 @@ def main(argv=None) -> int:
     job = build_job(args, params, data_root, sites, job_info)
 
     t = time.perf_counter()
-    try:
-        run_dir = run_job(job, args, sites)
-    except RuntimeError as exc:
-        # SimEnv raises when the run ends in a system panic (our controller's clear failure);
-        # its result file still tells why.
-        if args.env != "sim":
-            raise
-        run_dir = workspace / "flare" / JOB_NAME / "server" / "simulate_job"
-        print(f"warning: {exc}", file=sys.stderr)
+    run_dir = run_job(job, args, sites)
     timings["flare_run"] = time.perf_counter() - t
     result_file = run_dir / "vertical_result.json"
     if not result_file.is_file():

@@ -138,21 +138,15 @@ def build_recipe(fed_dir: Path, fed, params: dict, args, sites: list[str]):
     return recipe
 
 
-def find_site_model(server_run_dir: Path, env: str, site: str = "site-1", name: str = "model.json") -> Path:
+def find_site_model(server_run_dir: Path, site: str = "site-1", name: str = "model.json") -> Path:
     """Where the site's model.json landed (models stay at the sites in XGB histogram training)."""
-    server_run_dir = Path(server_run_dir)
-    if env == "sim":  # <root>/<job>/server/simulate_job -> <root>/<job>/<site>/simulate_job
-        path = server_run_dir.parents[1] / site / "simulate_job" / name
-        if path.is_file():
-            return path
-    else:  # POC: <poc>/<project>/prod_00/<admin>/transfer/<job_id>/workspace -> prod_00/<site>/<job_id>
-        job_id = server_run_dir.parent.name if server_run_dir.name == "workspace" else server_run_dir.name
-        for ancestor in server_run_dir.parents:
-            path = ancestor / site / job_id / name
-            if path.is_file():
-                return path
-    raise FileNotFoundError(f"no {name} from {site} near {server_run_dir}; the site keeps its model in its own "
-                            f"workspace (<site>/<job id>/{name})")
+    from treeflare.flare.runner import find_site_file
+
+    path = find_site_file(server_run_dir, site, name)
+    if path is None:
+        raise FileNotFoundError(f"no {name} from {site} near {server_run_dir}; the site keeps its model in its own "
+                                f"workspace (<site>/<job id>/{name})")
+    return path
 
 
 def flare_train_seconds(timing_dir: Path | None, model_path: Path) -> float | None:
@@ -194,7 +188,7 @@ def run(args, table=None) -> dict:
     server_run_dir = run_job(job, args, sites)  # exits here with --export
     timings["flare_run"] = time.perf_counter() - t
 
-    model_src = find_site_model(server_run_dir, args.env, sites[0])
+    model_src = find_site_model(server_run_dir, sites[0])
     timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
     model_path = workspace / "model.json"
     shutil.copyfile(model_src, model_path)

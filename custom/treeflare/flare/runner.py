@@ -92,7 +92,12 @@ def run_job(job, args, sites: list[str]) -> Path:
 
         root = workspace / "flare"
         env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(root), log_config=args.log_level)
-        env.deploy(job)
+        try:
+            env.deploy(job)
+        except RuntimeError as exc:
+            # A controller that fails cleanly ends the run with a system panic, which SimEnv turns into
+            # an exception; the job's result file in the run folder says why.
+            print(f"warning: {exc}", file=sys.stderr)
         return root / job.name / "server" / "simulate_job"
     if args.env == "poc":
         return _run_poc(job, args, sites, workspace)
@@ -170,6 +175,20 @@ def _find_run_dir(result: Path) -> Path:
         if candidate.is_dir():
             return candidate
     return result
+
+
+def find_site_file(server_run_dir, site: str, name: str) -> Path | None:
+    """A file a site wrote into its own run folder, found from the server's run folder.
+
+    Simulator: ``<job>/<site>/simulate_job/<name>`` beside ``<job>/server/simulate_job``. POC and
+    prod: ``<result>/<site>/<job_id>/<name>``, where :func:`run_job` gathered the site folders that
+    are on this machine.
+    """
+    run = Path(server_run_dir)
+    candidates = [run.parents[1] / site / "simulate_job" / name] if len(run.parents) > 1 else []
+    job_id = run.parent.name if run.name == "workspace" else run.name
+    candidates += [ancestor / site / job_id / name for ancestor in run.parents]
+    return next((p for p in candidates if p.is_file()), None)
 
 
 def python_path_note() -> str:

@@ -670,7 +670,6 @@ class PassiveParty:
 
     def _node_hist(self, nid, idx, direct):
         """Encrypted per-feature per-bin sums: hist[f][b] = [unit cts]."""
-        G = self._grad
         par = (nid - 1) // 2
         if nid > 0 and par in self._cache:
             sib = nid + 1 if nid % 2 == 1 else nid - 1
@@ -700,7 +699,7 @@ class PassiveParty:
         """entries: per candidate a list of unit ciphertexts -> ciphertexts to return."""
         G = self._grad
         pub = self.pub
-        units, widths, k = G["units"], G["widths"], G["k"]
+        widths, k = G["widths"], G["k"]
         if k <= 1:
             return [c for e in entries for c in e]
         out = []
