@@ -68,36 +68,11 @@ def run_script(script: str, args: list[str], tmp_path: Path, timeout: float = 30
 
 # ------------------------------------------------------------------------------------------------------
 # Real FLARE systems (POC, provisioned projects) for the deployment and fault tests.
-import fcntl  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
 
-LOCK_FILE = "/tmp/treeflare-flare.lock"
-
-
-@contextmanager
-def flare_lock(timeout: float = 1800):
-    """The machine-wide FLARE lock (also taken by ``flock /tmp/treeflare-flare.lock``); held while a POC or a
-    provisioned system of ours runs, so no two of them start at once. A caller that already holds it (e.g. the
-    test run was started under ``flock /tmp/treeflare-flare.lock``) sets TREEFLARE_FLARE_LOCK_HELD=1."""
-    if os.environ.get("TREEFLARE_FLARE_LOCK_HELD"):
-        yield
-        return
-    with open(LOCK_FILE, "a+") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{LOCK_FILE} still held after {timeout} s")
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+# One lock for every FLARE run on this machine, shared with the job scripts' POC/prod paths.
+from treeflare.flare.deploy import flare_lock  # noqa: E402,F401
 
 
 def free_port() -> int:

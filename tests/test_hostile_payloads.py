@@ -297,11 +297,12 @@ def test_controller_drops_hostile_sites_and_goes_on():
 
 
 def test_controller_fails_cleanly_when_too_few_valid():
-    from treeflare.flare.icdta4fl_controller import TRAIN, _JobFailed
+    from treeflare.flare.icdta4fl_controller import TRAIN
+    from treeflare.flare.workflow import JobFailed
 
     ctrl = _controller()
     ctrl.broadcast_and_wait = lambda task, *a, **k: setattr(
         task, "client_tasks", [_ClientTask("site-1", _reply(train_reply())), _ClientTask("site-2", None)])
     result = {"dropped_sites": {}}
-    with pytest.raises(_JobFailed, match="1 valid replies, need 2.*site-2"):
+    with pytest.raises(JobFailed, match="1 valid replies, need 2.*site-2"):
         ctrl._ask(TRAIN, {}, ["site-1", "site-2"], result, None, None, check)

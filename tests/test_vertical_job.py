@@ -1,27 +1,15 @@
 """End to end: the vertical packed-Paillier job in the FLARE simulator (small data, small key)."""
 from __future__ import annotations
 
-import fcntl
 import json
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 import flare_helpers
-from flare_helpers import run_script
+from flare_helpers import flare_lock, run_script
 
 pytestmark = pytest.mark.flare
-
-
-@contextmanager
-def flare_lock():
-    with open("/tmp/treeflare-flare.lock", "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _csv(path, n=240, seed=0):

@@ -9,7 +9,6 @@ Writes report.json, global_tree.json, rules.txt and global_tree.png into --works
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -147,7 +146,8 @@ def print_summary(report: dict, workspace: Path) -> None:
 @main_guard
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from treeflare.flare.runner import run_job
+    from treeflare.flare.icdta4fl_controller import RESULT_FILE
+    from treeflare.flare.runner import read_server_result, run_job
 
     workspace = Path(args.workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
@@ -165,15 +165,8 @@ def main(argv=None) -> int:
     run_dir = run_job(job, args, sites)
     timings["flare_run"] = time.perf_counter() - t
 
-    result_file = run_dir / "icdta4fl_result.json"
-    if not result_file.is_file():
-        print(f"error: the server wrote no result ({result_file} missing); see the logs under {workspace / 'flare'}",
-              file=sys.stderr)
-        return 1
-    server = json.loads(result_file.read_text())
-    if server.get("status") != "completed":
-        print(f"error: ICDTA4FL failed: {server.get('error')}", file=sys.stderr)
-        write_json_atomic(workspace / "report.json", server)
+    server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
+    if server is None:
         return 1
     for name in ARTIFACTS:
         if (run_dir / name).is_file():

@@ -163,7 +163,8 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = vertical_params(args)
-    from treeflare.flare.runner import run_job
+    from treeflare.flare.runner import read_server_result, run_job
+    from treeflare.flare.vertical_controller import RESULT_FILE
 
     workspace = Path(args.workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
@@ -181,15 +182,8 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     run_dir = run_job(job, args, sites)
     timings["flare_run"] = time.perf_counter() - t
-    result_file = run_dir / "vertical_result.json"
-    if not result_file.is_file():
-        print(f"error: the server wrote no result ({result_file} missing); see the logs under {workspace / 'flare'}",
-              file=sys.stderr)
-        return 1
-    server = json.loads(result_file.read_text())
-    if server.get("status") != "completed":
-        print(f"error: vertical job failed: {server.get('error')}", file=sys.stderr)
-        write_json_atomic(workspace / "report.json", {**server, "job": JOB_NAME})
+    server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
+    if server is None:
         return 1
 
     files = collect_site_files(run_dir, sites, workspace / "models")

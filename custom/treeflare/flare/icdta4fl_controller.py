@@ -13,21 +13,24 @@ from pathlib import Path
 import numpy as np
 from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
-from nvflare.apis.impl.controller import Controller
 from nvflare.apis.shareable import Shareable
 
 from ..data import DataError, Schema, read_site_csv
 from ..icdta4fl import pipeline
 from ..icdta4fl.encoding import encode, feature_space
 from ..icdta4fl.payloads import check_global_reply, check_scores_reply, check_train_reply
-from ..reporting import write_json_atomic, write_text_atomic
+from ..reporting import write_text_atomic
 from ..trees.validate import PayloadError
 from .icdta4fl_executor import SCORE_GLOBAL, SCORE_TREES, TRAIN
+from .workflow import JobFailed, ResultWorkflow
 
 RESULT_FILE = "icdta4fl_result.json"
 
 
-class ICDTA4FLController(Controller):
+class ICDTA4FLController(ResultWorkflow):
+    JOB = "icdta4fl"
+    RESULT_FILE = RESULT_FILE
+
     def __init__(self, schema: dict, algorithm: str = "cart", local_params: dict | None = None,
                  selection: dict | None = None, aggregation: dict | None = None, min_clients: int = 2,
                  task_timeout: int = 600, server_test: str = "", job_info: dict | None = None):
@@ -60,37 +63,15 @@ class ICDTA4FLController(Controller):
         self.category_names = ([list(f.categories) if f.kind == "categorical" else None for f in self._schema.features]
                                if algorithm == "id3" else None)
 
-    # -- Controller API --------------------------------------------------------------------
-    def start_controller(self, fl_ctx):
-        pass
-
-    def stop_controller(self, fl_ctx):
-        pass
-
-    def process_result_of_unknown_task(self, client, task_name, client_task_id, result, fl_ctx):
-        self.log_warning(fl_ctx, f"ignored result of unknown task {task_name!r} from {client.name}")
-
-    def control_flow(self, abort_signal, fl_ctx):
-        run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
-        result = {"job": "icdta4fl", "algorithm": self.algorithm, **self.job_info, "status": "running",
-                  "dropped_sites": {}, "timings_s": {}}
-        try:
-            self._run(result, run_dir, abort_signal, fl_ctx)
-            result["status"] = "completed"
-        except _JobFailed as exc:
-            result["status"], result["error"] = "failed", str(exc)
-            self.log_error(fl_ctx, f"ICDTA4FL failed: {exc}")
-        finally:
-            write_json_atomic(run_dir / RESULT_FILE, result)
-        if result["status"] != "completed":
-            self.system_panic(result.get("error", "ICDTA4FL did not complete"), fl_ctx)
+    def initial_result(self) -> dict:
+        return {**super().initial_result(), "algorithm": self.algorithm, **self.job_info, "dropped_sites": {}}
 
     # -- the protocol ----------------------------------------------------------------------
-    def _run(self, result, run_dir: Path, abort_signal, fl_ctx):
+    def run_workflow(self, result, run_dir: Path, abort_signal, fl_ctx):
         timings = result["timings_s"]
         sites = sorted(c.name for c in fl_ctx.get_engine().get_clients())
         if len(sites) < self.min_clients:
-            raise _JobFailed(f"{len(sites)} sites connected, min_clients is {self.min_clients}")
+            raise JobFailed(f"{len(sites)} sites connected, min_clients is {self.min_clients}")
 
         t = time.perf_counter()
         task = {"schema": self._schema.to_dict(), "algorithm": self.algorithm, "params": self.local_params}
@@ -166,7 +147,7 @@ class ICDTA4FLController(Controller):
         task = Task(name=name, data=Shareable(data), timeout=self.task_timeout)
         self.broadcast_and_wait(task, fl_ctx, targets=sites, min_responses=len(sites), abort_signal=abort_signal)
         if abort_signal is not None and abort_signal.triggered:
-            raise _JobFailed(f"aborted during {name}")
+            raise JobFailed(f"aborted during {name}")
         valid, replied = {}, set()
         for ct in task.client_tasks:
             site, reply = ct.client.name, ct.result
@@ -188,9 +169,5 @@ class ICDTA4FLController(Controller):
             result["dropped_sites"][site] = f"{name}: no reply"
         needed = self.min_clients if required is None else required
         if len(valid) < needed:
-            raise _JobFailed(f"{name}: {len(valid)} valid replies, need {needed}; dropped: {result['dropped_sites']}")
+            raise JobFailed(f"{name}: {len(valid)} valid replies, need {needed}; dropped: {result['dropped_sites']}")
         return valid
-
-
-class _JobFailed(RuntimeError):
-    pass

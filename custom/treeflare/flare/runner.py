@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import os
 import shutil
 import sys
@@ -15,6 +16,8 @@ import tempfile
 from pathlib import Path
 
 from nvflare.apis.job_def import ALL_SITES
+
+from ..reporting import write_json_atomic
 
 CUSTOM_DIR = Path(__file__).resolve().parents[2]  # <repo>/custom, which holds treeflare/
 # Clients poll for tasks every 2 s by default; our workflows exchange a handful of short tasks.
@@ -175,6 +178,25 @@ def _find_run_dir(result: Path) -> Path:
         if candidate.is_dir():
             return candidate
     return result
+
+
+def read_server_result(run_dir: Path, name: str, workspace: Path, job: str) -> dict | None:
+    """The controller's result file from the server's run folder.
+
+    None when the run failed: the reason goes to stderr and the failed result becomes the report,
+    so the user sees why in the same place as a good run's numbers.
+    """
+    result_file = Path(run_dir) / name
+    if not result_file.is_file():
+        print(f"error: the server wrote no result ({result_file} missing); see the logs under "
+              f"{Path(workspace) / 'flare'}", file=sys.stderr)
+        return None
+    server = json.loads(result_file.read_text())
+    if server.get("status") != "completed":
+        print(f"error: {job} failed: {server.get('error')}", file=sys.stderr)
+        write_json_atomic(Path(workspace) / "report.json", {**server, "job": job})
+        return None
+    return server
 
 
 def find_site_file(server_run_dir, site: str, name: str) -> Path | None:

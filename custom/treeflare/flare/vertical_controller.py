@@ -14,22 +14,23 @@ a site that fails, times out or sends a malformed payload ends the job with a lo
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
-from nvflare.apis.impl.controller import Controller
 from nvflare.apis.shareable import Shareable
 
-from ..reporting import write_json_atomic
 from .vertical_executor import MSG, STEP
+from .workflow import JobFailed, ResultWorkflow
 
 RESULT_FILE = "vertical_result.json"
 _MSG_TYPES = {"setup", "layer", "split", "predict", "finish"}
 _REPLY_TYPES = {"setup_ok", "hist", "partition", "predictions", "done"}
 
 
-class VerticalController(Controller):
+class VerticalController(ResultWorkflow):
+    JOB = "vertical_tree"
+    RESULT_FILE = RESULT_FILE
+
     def __init__(self, active_site: str = "site-1", passive_sites: list | None = None, params: dict | None = None,
                  task_timeout: int = 3600, max_rounds: int = 100_000, job_info: dict | None = None,
                  task_check_period: float = 0.02):
@@ -53,36 +54,16 @@ class VerticalController(Controller):
         self.max_rounds = int(max_rounds)
         self.job_info = dict(job_info or {})
 
-    def start_controller(self, fl_ctx):
-        pass
-
-    def stop_controller(self, fl_ctx):
-        pass
-
-    def process_result_of_unknown_task(self, client, task_name, client_task_id, result, fl_ctx):
-        self.log_warning(fl_ctx, f"ignored result of unknown task {task_name!r} from {client.name}")
-
-    def control_flow(self, abort_signal, fl_ctx):
-        run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
-        result = {"job": "vertical_tree", **self.job_info, "status": "running", "active_site": self.active_site,
-                  "passive_sites": self.passive_sites, "timings_s": {}}
-        try:
-            self._run(result, abort_signal, fl_ctx)
-            result["status"] = "completed"
-        except _JobFailed as exc:
-            result["status"], result["error"] = "failed", str(exc)
-            self.log_error(fl_ctx, f"vertical job failed: {exc}")
-        finally:
-            write_json_atomic(run_dir / RESULT_FILE, result)
-        if result["status"] != "completed":
-            self.system_panic(result.get("error", "vertical job did not complete"), fl_ctx)
+    def initial_result(self) -> dict:
+        return {**super().initial_result(), **self.job_info, "active_site": self.active_site,
+                "passive_sites": self.passive_sites}
 
     # ------------------------------------------------------------------------------
-    def _run(self, result, abort_signal, fl_ctx):
+    def run_workflow(self, result, run_dir, abort_signal, fl_ctx):
         sites = {c.name for c in fl_ctx.get_engine().get_clients()}
         missing = [s for s in [self.active_site, *self.passive_sites] if s not in sites]
         if missing:
-            raise _JobFailed(f"sites not connected: {missing}")
+            raise JobFailed(f"sites not connected: {missing}")
         t0 = time.perf_counter()
         inbox = {}
         self._trace = []
@@ -100,7 +81,7 @@ class VerticalController(Controller):
             if reply.get("done") is True:
                 res = reply.get("result")
                 if not isinstance(res, dict):
-                    raise _JobFailed(f"{self.active_site}: final step without a result")
+                    raise JobFailed(f"{self.active_site}: final step without a result")
                 result.update({k: v for k, v in res.items() if k in (
                     "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
                     "n_classes", "n_trees", "n_splits")})
@@ -109,24 +90,24 @@ class VerticalController(Controller):
                 return
             outbox = reply.get("outbox")
             if not isinstance(outbox, dict) or not outbox:
-                raise _JobFailed(f"{self.active_site}: step returned no messages and is not done")
+                raise JobFailed(f"{self.active_site}: step returned no messages and is not done")
             for site, msg in outbox.items():
                 if site not in self.passive_sites:
-                    raise _JobFailed(f"{self.active_site}: message addressed to unknown site {site!r}")
+                    raise JobFailed(f"{self.active_site}: message addressed to unknown site {site!r}")
                 if not isinstance(msg, dict) or msg.get("type") not in _MSG_TYPES:
-                    raise _JobFailed(f"{self.active_site}: malformed message for {site}")
+                    raise JobFailed(f"{self.active_site}: malformed message for {site}")
             ts = time.perf_counter()
             inbox = self._route(outbox, abort_signal, fl_ctx)
             self._trace.append(("route", round(time.perf_counter() - ts, 3)))
             routed += len(outbox) * 2
-        raise _JobFailed(f"protocol did not finish within {self.max_rounds} rounds")
+        raise JobFailed(f"protocol did not finish within {self.max_rounds} rounds")
 
     def _check(self, task_name, site, reply):
         if reply is None:
-            raise _JobFailed(f"{site}: no reply to {task_name} (timed out, or its result could not be serialized)")
+            raise JobFailed(f"{site}: no reply to {task_name} (timed out, or its result could not be serialized)")
         rc = reply.get_return_code()
         if rc != ReturnCode.OK:
-            raise _JobFailed(f"{site}: {task_name} failed with return code {rc}: {reply.get('error', '')}")
+            raise JobFailed(f"{site}: {task_name} failed with return code {rc}: {reply.get('error', '')}")
         return reply
 
     def _ask_one(self, name, site, data, abort_signal, fl_ctx):
@@ -152,14 +133,10 @@ class VerticalController(Controller):
             reply = self._check(f"{MSG}:{outbox[site]['type']}", site, reply)
             msg = reply.get("msg")
             if not isinstance(msg, dict) or msg.get("type") not in _REPLY_TYPES:
-                raise _JobFailed(f"{site}: malformed reply to {outbox[site]['type']!r}")
+                raise JobFailed(f"{site}: malformed reply to {outbox[site]['type']!r}")
             replies[site] = msg
         return replies
 
     def _aborted(self, abort_signal, name):
         if abort_signal is not None and abort_signal.triggered:
-            raise _JobFailed(f"aborted during {name}")
-
-
-class _JobFailed(RuntimeError):
-    pass
+            raise JobFailed(f"aborted during {name}")

@@ -1,0 +1,53 @@
+"""What our server workflows share: a result file written whatever happens, and a clean failure.
+
+A workflow subclasses :class:`ResultWorkflow` and implements :meth:`run_workflow`, filling the
+``result`` dict. If it raises :class:`JobFailed`, the result says ``status: failed`` with the reason,
+is still written to the run folder (job scripts read it from there), and the run is ended with a
+system panic so FLARE reports the job as failed too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvflare.apis.impl.controller import Controller
+
+from ..reporting import write_json_atomic
+
+
+class JobFailed(RuntimeError):
+    """The workflow cannot go on; the message says why (which site, which task)."""
+
+
+class ResultWorkflow(Controller):
+    JOB = ""
+    RESULT_FILE = ""
+
+    def start_controller(self, fl_ctx):
+        pass
+
+    def stop_controller(self, fl_ctx):
+        pass
+
+    def process_result_of_unknown_task(self, client, task_name, client_task_id, result, fl_ctx):
+        self.log_warning(fl_ctx, f"ignored result of unknown task {task_name!r} from {client.name}")
+
+    def initial_result(self) -> dict:
+        return {"job": self.JOB, "status": "running", "timings_s": {}}
+
+    def run_workflow(self, result: dict, run_dir: Path, abort_signal, fl_ctx) -> None:
+        raise NotImplementedError
+
+    def control_flow(self, abort_signal, fl_ctx):
+        run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+        result = self.initial_result()
+        try:
+            self.run_workflow(result, run_dir, abort_signal, fl_ctx)
+            result["status"] = "completed"
+        except JobFailed as exc:
+            result["status"], result["error"] = "failed", str(exc)
+            self.log_error(fl_ctx, f"{self.JOB} failed: {exc}")
+        finally:
+            write_json_atomic(run_dir / self.RESULT_FILE, result)
+        if result["status"] != "completed":
+            self.system_panic(result.get("error", f"{self.JOB} did not complete"), fl_ctx)
