@@ -41,7 +41,8 @@ class GiniCriterion(Criterion):
         n = sum(parent)
         return n >= 2 * self.min_leaf and sum(1 for c in parent if c) > 1
 
-    def gain(self, left, parent):
+    def split_counts(self, left, parent):
+        """(n_left, n_right, n, right counts), or None when a child would be under min_leaf."""
         nl = sum(left)
         n = sum(parent)
         nr = n - nl
@@ -50,6 +51,13 @@ class GiniCriterion(Criterion):
         right = [p - l for p, l in zip(parent, left)]
         if min(right) < 0:
             raise ValueError("decoded counts exceed the node's counts")
+        return nl, nr, n, right
+
+    def gain(self, left, parent):
+        split = self.split_counts(left, parent)
+        if split is None:
+            return None
+        nl, nr, n, right = split
         sl = sum(c * c for c in left)
         sr = sum(c * c for c in right)
         sp = sum(c * c for c in parent)
@@ -75,15 +83,10 @@ class EntropyCriterion(GiniCriterion):
     name = "entropy"
 
     def gain(self, left, parent):
-        nl = sum(left)
-        n = sum(parent)
-        nr = n - nl
-        if nl < self.min_leaf or nr < self.min_leaf:
+        split = self.split_counts(left, parent)
+        if split is None:
             return None
-        right = [p - l for p, l in zip(parent, left)]
-        if min(right) < 0:
-            raise ValueError("decoded counts exceed the node's counts")
-        return _nh(parent) - _nh(left) - _nh(right)
+        return _nh(parent) - _nh(left) - _nh(split[3])
 
 
 class GBDTCriterion(Criterion):
