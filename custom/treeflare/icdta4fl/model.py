@@ -8,11 +8,11 @@ that is validated on load.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 
+from ..reporting import json_safe
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_list
 
@@ -25,23 +25,6 @@ _MAX_NAME = 1000
 
 class ModelPayloadError(PayloadError):
     """A global-model document is malformed."""
-
-
-def _json_safe(value):
-    """Plain JSON values only: numpy scalars to Python, non-finite floats to None."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [_json_safe(v) for v in value.tolist()]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
 
 
 class GlobalTree:
@@ -113,7 +96,7 @@ class GlobalTree:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
-        return _json_safe({
+        return json_safe({
             "schema": MODEL_SCHEMA,
             "version": MODEL_SCHEMA_VERSION,
             "classes": list(self.classes_),
