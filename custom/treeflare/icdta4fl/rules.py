@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
-from ..trees.validate import PayloadError, check_int, check_list, check_number
+from ..trees.validate import PayloadError, check_header, check_int, check_list, check_number
 
 __all__ = ["RuleSet", "RulePayloadError", "extract_rules", "RULESET_SCHEMA", "RULESET_SCHEMA_VERSION",
            "DEFAULT_MAX_RULES_PAYLOAD"]
@@ -155,20 +155,8 @@ class RuleSet:
         err = RulePayloadError
         if not isinstance(payload, dict):
             raise err("ruleset", f"expected a dict, got {type(payload).__name__}")
-        if payload.get("schema") != RULESET_SCHEMA:
-            raise err("schema", f"expected {RULESET_SCHEMA!r}, got {payload.get('schema')!r}")
-        if check_int(payload.get("version"), "version", error=err) != RULESET_SCHEMA_VERSION:
-            raise err("version", f"unsupported version {payload.get('version')}")
-        d = check_int(payload.get("n_features"), "n_features", lo=1, hi=100_000, error=err)
-        C = check_int(payload.get("n_classes"), "n_classes", lo=1, hi=10_000, error=err)
-        if n_features is not None and d != n_features:
-            raise err("n_features", f"expected {n_features}, got {d}")
-        if n_classes is not None and C != n_classes:
-            raise err("n_classes", f"expected {n_classes}, got {C}")
-        kinds = check_list(payload.get("feature_kinds"), "feature_kinds", length=d, error=err)
-        for j, kind in enumerate(kinds):
-            if kind not in ("numeric", "categorical"):
-                raise err(f"feature_kinds[{j}]", f"unknown kind {kind!r}")
+        d, C, kinds = check_header(payload, RULESET_SCHEMA, RULESET_SCHEMA_VERSION, n_features=n_features,
+                                   n_classes=n_classes, error=err)
         support = check_list(payload.get("support"), "support", max_len=max_rules, error=err)
         R = len(support)
         rows = {}

@@ -13,7 +13,7 @@ import numbers
 
 __all__ = [
     "PayloadError", "TreePayloadError", "DEFAULT_MAX_NODES", "DEFAULT_MAX_DEPTH",
-    "validate_tree_dict", "check_number", "check_int", "check_list",
+    "validate_tree_dict", "check_header", "check_number", "check_int", "check_list",
 ]
 
 DEFAULT_MAX_NODES = 100_000
@@ -70,6 +70,31 @@ def check_list(value, field, *, max_len=None, length=None, error=PayloadError) -
     return value
 
 
+def check_header(payload: dict, schema: str, version: int, *, n_features=None, n_classes=None,
+                 error=PayloadError) -> tuple[int, int, list]:
+    """The envelope every model payload shares: schema name and version, sizes, feature kinds.
+
+    Returns (n_features, n_classes, feature_kinds); ``n_features``/``n_classes``, when given, must match.
+    """
+    err = error
+    if payload.get("schema") != schema:
+        raise err("schema", f"expected {schema!r}, got {payload.get('schema')!r}")
+    got = check_int(payload.get("version"), "version", error=err)
+    if got != version:
+        raise err("version", f"unsupported version {got} (supported: {version})")
+    d = check_int(payload.get("n_features"), "n_features", lo=1, hi=DEFAULT_MAX_FEATURES, error=err)
+    C = check_int(payload.get("n_classes"), "n_classes", lo=1, hi=DEFAULT_MAX_CLASSES, error=err)
+    if n_features is not None and d != n_features:
+        raise err("n_features", f"expected {n_features}, got {d}")
+    if n_classes is not None and C != n_classes:
+        raise err("n_classes", f"expected {n_classes}, got {C}")
+    kinds = check_list(payload.get("feature_kinds"), "feature_kinds", length=d, error=err)
+    for j, kind in enumerate(kinds):
+        if kind not in _FEATURE_KINDS:
+            raise err(f"feature_kinds[{j}]", f"expected one of {_FEATURE_KINDS}, got {kind!r}")
+    return d, C, kinds
+
+
 def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAULT_MAX_DEPTH,
                        n_features=None, n_classes=None, feature_kinds=None) -> None:
     """Raise ``TreePayloadError`` unless ``payload`` is a well-formed tree dict.
@@ -82,21 +107,8 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
     err = TreePayloadError
     if not isinstance(payload, dict):
         raise err("tree", f"expected a dict, got {type(payload).__name__}")
-    if payload.get("schema") != TREE_SCHEMA:
-        raise err("schema", f"expected {TREE_SCHEMA!r}, got {payload.get('schema')!r}")
-    version = check_int(payload.get("version"), "version", error=err)
-    if version != TREE_SCHEMA_VERSION:
-        raise err("version", f"unsupported version {version} (supported: {TREE_SCHEMA_VERSION})")
-    d = check_int(payload.get("n_features"), "n_features", lo=1, hi=DEFAULT_MAX_FEATURES, error=err)
-    C = check_int(payload.get("n_classes"), "n_classes", lo=1, hi=DEFAULT_MAX_CLASSES, error=err)
-    if n_features is not None and d != n_features:
-        raise err("n_features", f"expected {n_features}, got {d}")
-    if n_classes is not None and C != n_classes:
-        raise err("n_classes", f"expected {n_classes}, got {C}")
-    kinds = check_list(payload.get("feature_kinds"), "feature_kinds", length=d, error=err)
-    for j, kind in enumerate(kinds):
-        if kind not in _FEATURE_KINDS:
-            raise err(f"feature_kinds[{j}]", f"expected one of {_FEATURE_KINDS}, got {kind!r}")
+    d, C, kinds = check_header(payload, TREE_SCHEMA, TREE_SCHEMA_VERSION, n_features=n_features,
+                               n_classes=n_classes, error=err)
     if feature_kinds is not None and list(kinds) != list(feature_kinds):
         raise err("feature_kinds", "do not match the shared schema")
     n_cats = payload.get("n_categories")
