@@ -64,11 +64,10 @@ def load_dataset(name: str, part: str = "train") -> Table:
         raw, src = _raw(name, f"{name}.data", header=False, names=cols)
         schema = infer_schema(raw, label="class", categorical=cols[:-1], file=src)
     elif name == "adult":
-        schema = _adult_schema()
-        filename = "adult.data" if part == "train" else "adult.test"
-        raw, src = _raw(name, filename, header=False, names=_ADULT + ["income"], skipinitialspace=True,
-                        skiprows=1 if part == "test" else None)
-        raw["income"] = raw["income"].str.rstrip(".")
+        raw, src = _adult_raw(part)
+        # Category lists come from the training file, so that train and test share one encoding.
+        train_raw = raw if part == "train" else _adult_raw("train")[0]
+        schema = infer_schema(train_raw, label="income", categorical=_ADULT_CATEGORICAL, file=src)
     elif name == "default_credit_card":
         raw, src = _raw(name, "default_of_credit_card_clients.csv")
         raw.columns = ["ID"] + _CREDIT + ["default"]
@@ -80,7 +79,9 @@ def load_dataset(name: str, part: str = "train") -> Table:
     return frame_to_table(raw, schema, file=src, name=name)
 
 
-def _adult_schema() -> Schema:
-    # Category lists from the training file, so that train and test share one encoding.
-    raw, src = _raw("adult", "adult.data", header=False, names=_ADULT + ["income"], skipinitialspace=True)
-    return infer_schema(raw, label="income", categorical=_ADULT_CATEGORICAL, file=src)
+def _adult_raw(part: str):
+    filename = "adult.data" if part == "train" else "adult.test"
+    raw, src = _raw("adult", filename, header=False, names=_ADULT + ["income"], skipinitialspace=True,
+                    skiprows=1 if part == "test" else None)
+    raw["income"] = raw["income"].str.rstrip(".")  # adult.test writes "<=50K."
+    return raw, src
