@@ -92,3 +92,37 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line, sep] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body])
+
+
+def bench_settings(**extra) -> dict:
+    """What a benchmark figure depends on, recorded beside it: load average, cores, time, commit, plus ``extra``
+    (seeds, randomness, repeats)."""
+    import datetime
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=5, cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "loadavg": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count(), "commit": commit, **extra}
+
+
+def write_readme_block(readme, name: str, markdown: str) -> bool:
+    """Replace the text between ``<!-- bench:NAME:start -->`` and ``<!-- bench:NAME:end -->`` in ``readme``.
+
+    Benchmark scripts own these blocks, so a README figure is always the one the script wrote. Returns False (and
+    changes nothing) when the markers are missing, so a script run outside the repository does not fail.
+    """
+    readme = Path(readme)
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    try:
+        text = readme.read_text()
+    except OSError:
+        return False
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        return False
+    write_text_atomic(readme, text[: i + len(start)] + "\n" + markdown.strip("\n") + "\n" + text[j:])
+    return True
