@@ -12,13 +12,16 @@ import math
 import numpy as np
 import pytest
 
-from treeflare.icdta4fl.payloads import MAX_TREE_DEPTH, MAX_TREE_NODES, check_global_reply, check_scores_reply, \
-    check_train_reply
+from treeflare.icdta4fl.payloads import MAX_TREE_DEPTH, check_global_reply, check_scores_reply, check_train_reply
 from treeflare.icdta4fl.rules import DEFAULT_MAX_RULES_PAYLOAD, RulePayloadError, RuleSet, extract_rules
 from treeflare.trees.tree import Tree
 from treeflare.trees.validate import PayloadError, TreePayloadError
 
 KINDS = ["numeric", "numeric"]
+MAX_TREE_NODES = 20_000
+# what the server derives from its schema (encoding.tree_limits), here for two numeric columns
+LIMITS = {"n_features": 2, "n_classes": 2, "feature_kinds": KINDS, "n_categories": [None, None],
+          "threshold_bounds": [(-1e30, 1e30)] * 2, "max_nodes": MAX_TREE_NODES, "max_depth": MAX_TREE_DEPTH}
 
 
 def small_tree() -> dict:
@@ -43,7 +46,7 @@ def train_reply(tree=None, **over) -> dict:
 
 
 def check(reply):
-    return check_train_reply(reply, n_features=2, n_classes=2, feature_kinds=KINDS)
+    return check_train_reply(reply, limits=LIMITS)
 
 
 def chain(n: int) -> dict:
@@ -104,7 +107,7 @@ def test_unknown_classes_rejected():
     t["n_classes"] = 3
     for node in t["nodes"]:
         node["counts"] = list(node["counts"]) + [1]
-    with pytest.raises(PayloadError, match="3 classes, the schema has 2"):
+    with pytest.raises(PayloadError, match="n_classes: expected 2, got 3"):
         check(train_reply(t))
     t = small_tree()
     t["nodes"][4]["counts"] = [1, 5, 7]  # a class the schema does not have, in one leaf
@@ -284,7 +287,7 @@ def test_controller_drops_hostile_sites_and_goes_on():
     result = {"dropped_sites": {}}
     sites = sorted(replies) + ["site-8"]  # site-8 never took the task
     valid = ctrl._ask(TRAIN, {}, sites, result, None, None,
-                      lambda r: ctr(r, n_features=2, n_classes=2, feature_kinds=KINDS))
+                      lambda r: ctr(r, limits=LIMITS))
     assert sorted(valid) == ["site-1", "site-2"]
     dropped = result["dropped_sites"]
     assert set(dropped) == {"site-3", "site-4", "site-5", "site-6", "site-7", "site-8"}

@@ -17,7 +17,7 @@ from nvflare.apis.shareable import Shareable
 
 from ..data import DataError, Schema, read_site_csv
 from ..icdta4fl import pipeline
-from ..icdta4fl.encoding import encode, feature_space
+from ..icdta4fl.encoding import encode, feature_space, tree_limits
 from ..icdta4fl.payloads import check_global_reply, check_scores_reply, check_train_reply
 from ..reporting import write_text_atomic
 from ..trees.validate import PayloadError
@@ -59,6 +59,11 @@ class ICDTA4FLController(ResultWorkflow):
         self.server_test = server_test
         self.job_info = dict(job_info or {})
         self.names, self.kinds, self.n_categories = feature_space(self._schema, algorithm)
+        local = {**pipeline.DEFAULT_LOCAL_PARAMS, **self.local_params}
+        # what a site's tree may be: from the server's own schema and the requested depth only
+        self.limits = tree_limits(self._schema, algorithm, max_depth=int(local["max_depth"]),
+                                  n_bins=int(local["n_bins"]))
+        pipeline.check_aggregate_params(self.aggregation)  # a bad budget fails here, before any task
         # ID3 splits on category codes; the rules text shows their names
         self.category_names = ([list(f.categories) if f.kind == "categorical" else None for f in self._schema.features]
                                if algorithm == "id3" else None)
@@ -76,8 +81,7 @@ class ICDTA4FLController(ResultWorkflow):
         t = time.perf_counter()
         task = {"schema": self._schema.to_dict(), "algorithm": self.algorithm, "params": self.local_params}
         trained = self._ask(TRAIN, task, sites, result, abort_signal, fl_ctx,
-                            lambda r: check_train_reply(r, n_features=len(self.names), n_classes=len(self._schema.classes),
-                                                        feature_kinds=self.kinds))
+                            lambda r: check_train_reply(r, limits=self.limits))
         timings["local_training"] = time.perf_counter() - t
         sites = sorted(trained)
         trees = [trained[s]["tree"] for s in sites]
@@ -93,9 +97,7 @@ class ICDTA4FLController(ResultWorkflow):
 
         t = time.perf_counter()
         selected, thresholds = pipeline.select_trees(acc, f1, **self.selection)
-        model, stats = pipeline.aggregate(trees, selected, classes=list(self._schema.classes),
-                                          feature_names=self.names, category_names=self.category_names,
-                                          params=self.aggregation)
+        model, stats = self._aggregate(trees, selected, sites, result, fl_ctx)
         timings["aggregation"] = time.perf_counter() - t
 
         result.update({
@@ -126,6 +128,22 @@ class ICDTA4FLController(ResultWorkflow):
         result["local_trees"] = {s: tree_dicts[i] for i, s in enumerate(sites)}
         if self.server_test:
             self._server_metrics(result, model, trees, sites)
+
+    def _aggregate(self, trees, selected, sites, result, fl_ctx):
+        """Aggregate the selected trees; a tree that cannot be used drops its site and the rest go on."""
+        selected = list(selected)
+        while True:
+            try:
+                return pipeline.aggregate(trees, selected, classes=list(self._schema.classes),
+                                          feature_names=self.names, category_names=self.category_names,
+                                          params=self.aggregation)
+            except pipeline.UnusableTreeError as exc:
+                site = sites[exc.position]
+                result["dropped_sites"][site] = f"aggregation: its tree cannot be used: {exc.reason}"
+                self.log_error(fl_ctx, f"dropped {site} at aggregation: {exc.reason}")
+                selected = [i for i in selected if i != exc.position]
+                if not selected:
+                    raise JobFailed(f"aggregation: no usable tree left; dropped: {result['dropped_sites']}") from None
 
     def _server_metrics(self, result, model, trees, sites):
         test = read_site_csv(self.server_test, self._schema, site="server")

@@ -193,8 +193,11 @@ def read_server_result(run_dir: Path, name: str, workspace: Path, job: str) -> d
         return None
     server = json.loads(result_file.read_text())
     if server.get("status") != "completed":
-        print(f"error: {job} failed: {server.get('error')}", file=sys.stderr)
-        write_json_atomic(Path(workspace) / "report.json", {**server, "job": job})
+        # a result left "running" means the server stopped mid-workflow: the report must say failed
+        error = server.get("error") or (f"the server's workflow ended with status {server.get('status')!r}; "
+                                        f"see the server log under {Path(workspace) / 'flare'}")
+        print(f"error: {job} failed: {error}", file=sys.stderr)
+        write_json_atomic(Path(workspace) / "report.json", {**server, "job": job, "status": "failed", "error": error})
         return None
     return server
 

@@ -1,13 +1,15 @@
 """What our server workflows share: a result file written whatever happens, and a clean failure.
 
 A workflow subclasses :class:`ResultWorkflow` and implements :meth:`run_workflow`, filling the
-``result`` dict. If it raises :class:`JobFailed`, the result says ``status: failed`` with the reason,
-is still written to the run folder (job scripts read it from there), and the run is ended with a
-system panic so FLARE reports the job as failed too.
+``result`` dict. If it raises :class:`JobFailed` (a reason we chose) or any other exception (a bug, or
+an input nothing validated), the result says ``status: failed`` with the real error, is still written
+to the run folder (job scripts read it from there), and the run is ended with a system panic so FLARE
+reports the job as failed too. A result never says ``running`` once the workflow has returned.
 """
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 from nvflare.apis.impl.controller import Controller
@@ -47,6 +49,9 @@ class ResultWorkflow(Controller):
         except JobFailed as exc:
             result["status"], result["error"] = "failed", str(exc)
             self.log_error(fl_ctx, f"{self.JOB} failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong must reach the report, not vanish
+            result["status"], result["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            self.log_error(fl_ctx, f"{self.JOB} failed: {result['error']}\n{traceback.format_exc()}")
         finally:
             write_json_atomic(run_dir / self.RESULT_FILE, result)
         if result["status"] != "completed":

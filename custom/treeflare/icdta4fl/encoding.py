@@ -1,6 +1,11 @@
 """How each learner sees a table: CART on one-hot columns, ID3 on category codes.
 
 Both encodings come from the shared schema, so every site (and the server) builds the same columns.
+Ordinal features (ordered categories) are one column of their codes 0..k-1 for both learners, split by
+threshold like a number; the tree kind of such a column is "numeric".
+
+``tree_limits`` is what the server accepts from a site: it is derived from the server's own schema and
+the requested depth, never from what a site's payload says about itself.
 """
 
 from __future__ import annotations
@@ -10,17 +15,66 @@ import numpy as np
 from ..data import Schema, Table
 
 ALGORITHMS = ("id3", "cart")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# A tree the server validates, stores and turns into rules: large enough for honest ID3 trees at depth 7
+# on 600k rows (about 24,000 nodes), small enough that checking it stays under a few seconds.
+HARD_MAX_TREE_NODES = 250_000
+
+
+def _kind(feature) -> str:
+    return "ordinal" if feature.kind == "ordinal" else feature.kind
 
 
 def feature_space(schema: Schema, algorithm: str) -> tuple[list[str], list[str], list]:
-    """(names, kinds, n_categories) of the matrix :func:`encode` builds."""
+    """(names, kinds, n_categories) of the matrix :func:`encode` builds; kinds are tree kinds."""
     if algorithm == "cart":
         names = schema.onehot_names()
         return names, ["numeric"] * len(names), [None] * len(names)
     if algorithm == "id3":
-        return (schema.feature_names, schema.kinds,
-                [len(f.categories) if f.kind == "categorical" else None for f in schema.features])
+        kinds = ["categorical" if _kind(f) == "categorical" else "numeric" for f in schema.features]
+        return (schema.feature_names, kinds,
+                [len(f.categories) if k == "categorical" else None for f, k in zip(schema.features, kinds)])
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+def threshold_bounds(schema: Schema, algorithm: str) -> list:
+    """Per encoded column, the (lo, hi) range a numeric threshold must lie in (None for categorical)."""
+    out = []
+    for f in schema.features:
+        kind = _kind(f)
+        if kind == "numeric":
+            out.append((-FLOAT32_MAX, FLOAT32_MAX))
+        elif kind == "ordinal":
+            out.append((0.0, float(max(len(f.categories) - 1, 0))))
+        elif algorithm == "cart":  # one 0/1 column per category
+            out.extend([(0.0, 1.0)] * len(f.categories))
+        else:
+            out.append(None)
+    return out
+
+
+def max_tree_nodes(schema: Schema, algorithm: str, max_depth: int, n_bins: int = 4) -> int:
+    """The most nodes an honest local tree of ``max_depth`` can have, capped at HARD_MAX_TREE_NODES."""
+    if algorithm == "cart":
+        arity = 2
+    else:
+        _, kinds, n_cats = feature_space(schema, algorithm)
+        arity = max([2, int(n_bins)] + [k for k in n_cats if k is not None])
+    nodes, level = 0, 1
+    for _ in range(int(max_depth) + 1):
+        nodes += level
+        level *= arity
+        if nodes >= HARD_MAX_TREE_NODES:
+            return HARD_MAX_TREE_NODES
+    return nodes
+
+
+def tree_limits(schema: Schema, algorithm: str, *, max_depth: int, n_bins: int = 4) -> dict:
+    """Keyword arguments of ``Tree.from_dict`` that check a site's tree against this schema."""
+    names, kinds, n_categories = feature_space(schema, algorithm)
+    return {"n_features": len(names), "n_classes": len(schema.classes), "feature_kinds": kinds,
+            "n_categories": n_categories, "threshold_bounds": threshold_bounds(schema, algorithm),
+            "max_nodes": max_tree_nodes(schema, algorithm, max_depth, n_bins), "max_depth": int(max_depth)}
 
 
 def encode(table: Table, algorithm: str) -> np.ndarray:

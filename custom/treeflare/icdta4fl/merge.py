@@ -36,12 +36,25 @@ import numpy as np
 
 from .rules import RuleSet
 
-__all__ = ["merge_rule_sets", "compatible_pairs", "deduplicate", "DEFAULT_MAX_RULES"]
+__all__ = ["merge_rule_sets", "compatible_pairs", "deduplicate", "DEFAULT_MAX_RULES", "MAX_MERGE_PAIRS",
+           "UnusableTreeError"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RULES = 3000
 REFERENCE_EPS = 0.001
+# Memory bounds of one merge step, whatever the trees are: compatible pairs found (each costs a few
+# rule rows before the cap) and the cells of the pairwise test held at once.
+MAX_MERGE_PAIRS = 2_000_000
+_BLOCK_CELLS = 2_000_000
+
+
+class UnusableTreeError(ValueError):
+    """One input tree (``position`` in the given list) cannot be merged; the others still can."""
+
+    def __init__(self, position: int, reason: str):
+        super().__init__(f"tree {position}: {reason}")
+        self.position, self.reason = position, reason
 
 
 def _digest(rules: RuleSet) -> str:
@@ -51,8 +64,27 @@ def _digest(rules: RuleSet) -> str:
     return h.hexdigest()
 
 
-def compatible_pairs(a: RuleSet, b: RuleSet, eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (ia, ib) of the compatible pairs, in row-major order of (a, b)."""
+def compatible_pairs(a: RuleSet, b: RuleSet, eps: float = 0.0,
+                     max_pairs: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (ia, ib) of the compatible pairs, in row-major order of (a, b).
+
+    The test runs over blocks of ``a`` so memory stays bounded; more than ``max_pairs`` pairs raise
+    ``OverflowError`` before they are all held.
+    """
+    block = max(1, _BLOCK_CELLS // max(b.n_rules, 1))
+    found_a, found_b, total = [], [], 0
+    for start in range(0, a.n_rules, block):
+        ia, ib = _compatible_block(a.take(np.arange(start, min(start + block, a.n_rules))), b, eps)
+        total += ia.size
+        if max_pairs is not None and total > max_pairs:
+            raise OverflowError(f"more than {max_pairs} compatible rule pairs")
+        found_a.append(ia + start), found_b.append(ib)
+    if not found_a:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return np.concatenate(found_a), np.concatenate(found_b)
+
+
+def _compatible_block(a: RuleSet, b: RuleSet, eps: float) -> tuple[np.ndarray, np.ndarray]:
     ok = np.ones((a.n_rules, b.n_rules), dtype=bool)
     for j, kind in enumerate(a.feature_kinds):
         if kind == "categorical":
@@ -184,7 +216,10 @@ def merge_rule_sets(rule_sets, *, max_rules=DEFAULT_MAX_RULES, eps=None, referen
         if running.n_rules == 0:
             running = other
             continue
-        ia, ib = compatible_pairs(running, other, eps)
+        try:
+            ia, ib = compatible_pairs(running, other, eps, max_pairs=MAX_MERGE_PAIRS)
+        except OverflowError as exc:
+            raise UnusableTreeError(order[step], f"merging it is too large ({exc})") from None
         if ia.size == 0:
             log.warning("merging tree %d left no compatible rule pair; tree skipped", order[step])
             skipped.append(order[step])

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ..trees.tree import Tree
 from ..trees.validate import PayloadError, check_int, check_list, check_number
+from .rules import MAX_RULE_CELLS, count_rules
 
-MAX_TREE_NODES = 20_000  # a depth-10 binary tree has 2,047 nodes; far beyond any sane local tree
 MAX_TREE_DEPTH = 40
 
 
@@ -20,15 +20,21 @@ def check_score(value, field) -> float:
     return v
 
 
-def check_train_reply(reply: dict, *, n_features: int, n_classes: int, feature_kinds: list[str]) -> dict:
-    """{tree, n_train, n_test, local: {accuracy, macro_f1}} → the same, with a parsed Tree."""
+def check_train_reply(reply: dict, *, limits: dict) -> dict:
+    """{tree, n_train, n_test, local: {accuracy, macro_f1}} → the same, with a parsed Tree.
+
+    ``limits`` come from the server's own schema (``encoding.tree_limits``): feature kinds, category
+    counts, threshold ranges, node and depth caps. The tree's own ``n_categories`` is ignored, and the
+    rules it would yield are bounded before anyone extracts them.
+    """
     if not isinstance(reply, dict):
         raise PayloadError("reply", f"expected a dict, got {type(reply).__name__}")
-    tree = Tree.from_dict(reply.get("tree"), max_nodes=MAX_TREE_NODES, max_depth=MAX_TREE_DEPTH)
-    if tree.n_features != n_features or list(tree.feature_kinds) != list(feature_kinds):
-        raise PayloadError("tree.feature_kinds", "the tree was not built on the shared schema's features")
-    if tree.n_classes != n_classes:
-        raise PayloadError("tree.n_classes", f"{tree.n_classes} classes, the schema has {n_classes}")
+    limits = {**limits, "max_depth": min(int(limits.get("max_depth", MAX_TREE_DEPTH)), MAX_TREE_DEPTH)}
+    tree = Tree.from_dict(reply.get("tree"), **limits)
+    n_rules = count_rules(tree)
+    if n_rules * max(tree.n_features, 1) > MAX_RULE_CELLS:
+        raise PayloadError("tree", f"would yield {n_rules} rules over {tree.n_features} features, "
+                                   f"over the limit of {MAX_RULE_CELLS} rule cells")
     local = reply.get("local")
     if not isinstance(local, dict):
         raise PayloadError("local", "expected a dict of local metrics")

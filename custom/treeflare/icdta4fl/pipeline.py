@@ -21,15 +21,15 @@ from ..trees.cart import fit_cart
 from ..trees.id3 import fit_id3
 from ..trees.tree import Tree
 from . import selection
-from .merge import DEFAULT_MAX_RULES, merge_rule_sets
+from .merge import DEFAULT_MAX_RULES, UnusableTreeError, merge_rule_sets
 from .model import GlobalTree
 from .rebuild import grow_tree
 from .rules import RuleSet, extract_rules
 from .simplify import collapse_same_class, onehot_groups_from_names, simplify_rules
 
 __all__ = [
-    "train_local_tree", "score_trees", "select_trees", "aggregate", "run_in_process",
-    "macro_f1", "DEFAULT_LOCAL_PARAMS", "DEFAULT_AGGREGATE_PARAMS",
+    "train_local_tree", "score_trees", "select_trees", "aggregate", "check_aggregate_params", "run_in_process",
+    "macro_f1", "DEFAULT_LOCAL_PARAMS", "DEFAULT_AGGREGATE_PARAMS", "UnusableTreeError",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,21 @@ DEFAULT_AGGREGATE_PARAMS = {
     "eps": None,                     # interval overlap; None = 0 (0.001 with reference_compat)
     "reference_compat": False,       # the reference's merge arithmetic, cap and unweighted rebuild
 }
+
+
+def check_aggregate_params(params) -> dict:
+    """The aggregation options with defaults filled in; a bad budget or name is a ``ValueError`` now,
+    not after every site has trained."""
+    p = _with_defaults(DEFAULT_AGGREGATE_PARAMS, params)
+    for key in ("max_leaves", "max_depth"):
+        v = p[key]
+        if v not in ("auto", None) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"aggregation {key} must be 'auto', None or an integer >= 1, got {v!r}")
+    if p["max_rules"] is None or isinstance(p["max_rules"], bool) or int(p["max_rules"]) < 1:
+        raise ValueError(f"aggregation max_rules must be an integer >= 1, got {p['max_rules']!r}")
+    if p["criterion"] not in ("entropy", "gini"):
+        raise ValueError(f"aggregation criterion must be 'entropy' or 'gini', got {p['criterion']!r}")
+    return p
 
 
 def _with_defaults(defaults: dict, params) -> dict:
@@ -133,9 +148,11 @@ def aggregate(trees, selected, *, classes, feature_names=None, category_names=No
 
     ``trees`` are tree dicts (validated here) or ``Tree`` objects, all on the shared schema;
     ``selected`` indexes into them. Returns the ``GlobalTree`` and a stats dict (rule counts
-    before and after simplification, budgets, leaves, depth, timings).
+    before and after simplification, budgets, leaves, depth, timings). A tree that cannot be used
+    (its rules cannot be extracted, or merging it exceeds the memory bounds) raises
+    ``UnusableTreeError`` with its index, so the caller can drop it and aggregate the rest.
     """
-    p = _with_defaults(DEFAULT_AGGREGATE_PARAMS, params)
+    p = check_aggregate_params(params)
     t0 = time.perf_counter()
     selected = sorted(set(int(i) for i in selected))
     if not selected:
@@ -148,7 +165,12 @@ def aggregate(trees, selected, *, classes, feature_names=None, category_names=No
     if len(classes) != first.n_classes:
         raise ValueError(f"{len(classes)} class names for {first.n_classes} classes")
     reference = bool(p["reference_compat"])
-    rule_sets = [extract_rules(t, fallback_support=p["fallback_support"]) for t in chosen]
+    rule_sets = []
+    for i, t in zip(selected, chosen):
+        try:
+            rule_sets.append(extract_rules(t, fallback_support=p["fallback_support"]))
+        except (ValueError, OverflowError, MemoryError) as exc:
+            raise UnusableTreeError(i, f"its rules cannot be extracted ({type(exc).__name__}: {exc})") from None
     if p["tree_weighting"] == "equal":
         # sample-weighted within a tree, but each tree brings the same total class mass
         totals = [max(float(r.mass.sum()), 1e-12) for r in rule_sets]
@@ -159,8 +181,11 @@ def aggregate(trees, selected, *, classes, feature_names=None, category_names=No
         raise ValueError(f"tree_weighting must be 'samples' or 'equal', got {p['tree_weighting']!r}")
     t_extract = time.perf_counter()
     cap_by = "entropy" if reference and p["cap_by"] == "refine" else p["cap_by"]
-    merged, merge_stats = merge_rule_sets(rule_sets, max_rules=p["max_rules"], eps=p["eps"],
-                                          reference_compat=reference, cap_by=cap_by)
+    try:
+        merged, merge_stats = merge_rule_sets(rule_sets, max_rules=p["max_rules"], eps=p["eps"],
+                                              reference_compat=reference, cap_by=cap_by)
+    except UnusableTreeError as exc:  # positions in rule_sets -> indices into trees
+        raise UnusableTreeError(selected[exc.position], exc.reason) from None
     t_merge = time.perf_counter()
 
     groups = []

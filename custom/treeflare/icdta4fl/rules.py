@@ -25,12 +25,14 @@ import numpy as np
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_header, check_int, check_list, check_number
 
-__all__ = ["RuleSet", "RulePayloadError", "extract_rules", "RULESET_SCHEMA", "RULESET_SCHEMA_VERSION",
-           "DEFAULT_MAX_RULES_PAYLOAD"]
+__all__ = ["RuleSet", "RulePayloadError", "extract_rules", "count_rules", "RULESET_SCHEMA",
+           "RULESET_SCHEMA_VERSION", "DEFAULT_MAX_RULES_PAYLOAD", "MAX_RULE_CELLS"]
 
 RULESET_SCHEMA = "treeflare.ruleset"
 RULESET_SCHEMA_VERSION = 1
 DEFAULT_MAX_RULES_PAYLOAD = 100_000
+# rules x features of one tree's rule set: about 100 MB for its three bound arrays, whatever the tree declares
+MAX_RULE_CELLS = 4_000_000
 
 
 class RulePayloadError(PayloadError):
@@ -192,6 +194,18 @@ class RuleSet:
         src = np.array([check_int(s, f"n_sources[{r}]", lo=1, error=err)
                         for r, s in enumerate(n_sources)], dtype=np.int64)
         return cls(lower, upper, equals, mass, sup, src, kinds)
+
+
+def count_rules(tree: Tree, *, fallback_support: float = 1.0) -> int:
+    """How many rules :func:`extract_rules` yields, counted without building them (a bound to check
+    before the work: each categorical node adds a fallback rule per code it has no child for)."""
+    n = tree.n_leaves
+    if fallback_support > 0:
+        for node in np.flatnonzero(tree.kind == CATEGORICAL):
+            k = tree.n_categories[tree.feature[node]]
+            if k is not None:
+                n += max(int(k) - len(tree.split_points[node]), 0)
+    return int(n)
 
 
 def extract_rules(tree: Tree, *, fallback_support: float = 1.0) -> RuleSet:

@@ -183,7 +183,10 @@ class Tree:
 
     @classmethod
     def from_dict(cls, payload, **limits) -> "Tree":
-        """Build a tree from a dict made by ``to_dict``, after validating it (see validate.py)."""
+        """Build a tree from a dict made by ``to_dict``, after validating it (see validate.py).
+
+        ``limits`` go to ``validate_tree_dict``; when they give ``n_categories`` (the receiver's
+        schema), the tree keeps those, not the payload's own declaration."""
         validate_tree_dict(payload, **limits)
         nodes = payload["nodes"]
         kind, feature, points, children = [], [], [], []
@@ -202,7 +205,7 @@ class Tree:
                 children.append(np.asarray(entry["children"], dtype=np.int64))
         counts = np.asarray([entry["counts"] for entry in nodes], dtype=np.float64)
         return cls(payload["feature_kinds"], payload["n_classes"], kind, feature, points, children,
-                   counts, n_categories=payload.get("n_categories"))
+                   counts, n_categories=limits.get("n_categories", payload.get("n_categories")))
 
     def __repr__(self) -> str:
         return (f"Tree(n_nodes={self.n_nodes}, n_leaves={self.n_leaves}, depth={self.depth}, "

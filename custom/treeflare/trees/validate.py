@@ -96,11 +96,15 @@ def check_header(payload: dict, schema: str, version: int, *, n_features=None, n
 
 
 def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAULT_MAX_DEPTH,
-                       n_features=None, n_classes=None, feature_kinds=None) -> None:
+                       n_features=None, n_classes=None, feature_kinds=None, n_categories=None,
+                       threshold_bounds=None) -> None:
     """Raise ``TreePayloadError`` unless ``payload`` is a well-formed tree dict.
 
     ``n_features``, ``n_classes`` and ``feature_kinds``, when given, must match the payload (the
-    receiver knows the shared schema and checks the sender used it).
+    receiver knows the shared schema and checks the sender used it). ``n_categories`` (the
+    receiver's own category counts) bounds every categorical code in place of what the payload
+    declares; ``threshold_bounds`` gives per feature ``(lo, hi)`` (or None) that every numeric
+    threshold must lie in.
     """
     from .tree import TREE_SCHEMA, TREE_SCHEMA_VERSION  # local: tree.py imports this module
 
@@ -112,7 +116,9 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
     if feature_kinds is not None and list(kinds) != list(feature_kinds):
         raise err("feature_kinds", "do not match the shared schema")
     n_cats = payload.get("n_categories")
-    if n_cats is not None:
+    if n_categories is not None:  # the receiver's schema decides, whatever the payload declares
+        n_cats = check_list(list(n_categories), "n_categories (receiver)", length=d, error=err)
+    elif n_cats is not None:
         check_list(n_cats, "n_categories", length=d, error=err)
         for j, k in enumerate(n_cats):
             if k is not None:
@@ -152,6 +158,9 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
             if not points:
                 raise err(f"{where}.thresholds", "a numeric split needs at least one threshold")
             values = [check_number(t, f"{where}.thresholds[{k}]", error=err) for k, t in enumerate(points)]
+            bounds = None if threshold_bounds is None else threshold_bounds[f]
+            if bounds is not None and not all(bounds[0] <= v <= bounds[1] for v in values):
+                raise err(f"{where}.thresholds", f"outside the range [{bounds[0]}, {bounds[1]}] of feature {f}")
             if len(children) != len(values) + 1:
                 raise err(f"{where}.children", f"expected {len(values) + 1} children, got {len(children)}")
         else:

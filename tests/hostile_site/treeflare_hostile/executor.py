@@ -24,4 +24,10 @@ class HostileExecutor(ICDTA4FLExecutor):
                 tree["nodes"][0]["counts"] = [math.nan] * len(tree["nodes"][0]["counts"])
         elif self.mode == "wrong_type":
             reply["tree"] = "DROP TABLE trees;"
+        elif self.mode == "huge_code":  # a categorical code of 2**63 and no declared category counts
+            tree["n_categories"] = None
+            node = next(n for n in tree["nodes"] if n["kind"] == "categorical")
+            node["values"][-1] = 2 ** 63
+        elif self.mode == "many_categories":  # declares 10,000 categories per column: 1000s of fallback rules
+            tree["n_categories"] = [None if k is None else 10_000 for k in tree["n_categories"]]
         return reply
