@@ -1,9 +1,11 @@
 """ICDTA4FL on NVFlare: local ID3/CART trees, peer evaluation, filtering, rule aggregation into one
-interpretable global tree, in a single round.
+interpretable global tree (the paper's single round), then refinement rounds on class counts summed over
+every site under Paillier encryption (--refine-rounds, default 1; 0 = the paper's method alone).
 
     python jobs/icdta4fl/job.py --algorithm cart --dataset nursery --sites 5 --workspace /tmp/icdta4fl
 
-Writes report.json, global_tree.json, rules.txt and global_tree.png into --workspace.
+Writes report.json, global_tree.json, rules.txt and global_tree.png (and global_tree_one_round.json) into
+--workspace.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from treeflare.reporting import format_table, write_json_atomic
 from treeflare.trees.tree import Tree
 
 JOB_NAME = "icdta4fl"
-ARTIFACTS = ("global_tree.json", "rules.txt", "global_tree.png")
+ARTIFACTS = ("global_tree.json", "rules.txt", "global_tree.png", "global_tree_one_round.json")
 
 
 def parse_args(argv=None):
@@ -44,6 +46,17 @@ def parse_args(argv=None):
                    help="global tree leaf budget (default: 2 x the largest selected local tree)")
     g.add_argument("--global-max-depth", type=int, default=None,
                    help="global tree depth budget (default: --max-depth + 2)")
+    r = p.add_argument_group("refinement (protected counts)")
+    r.add_argument("--refine-rounds", type=int, default=1, metavar="R",
+                   help="rounds grown on class counts summed over all sites (default 1; 0 = the paper's one-round "
+                        "method only)")
+    r.add_argument("--refine-epsilon", type=float, default=None, metavar="E",
+                   help="differential privacy: each site adds discrete Laplace noise to its counts, epsilon E per "
+                        "round (default: no noise)")
+    r.add_argument("--refine-key-bits", type=int, default=2048, metavar="BITS",
+                   help="Paillier key size of the refinement (2048-4096, default 2048)")
+    r.add_argument("--refine-key-holder", default=None, metavar="SITE",
+                   help="the site that holds the key and decrypts only the sums (default: the first site)")
     g.add_argument("--min-clients", type=int, default=2, help="fewest valid sites the job goes on with")
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has per task")
     g.add_argument("--data-root", default=None,
@@ -54,6 +67,12 @@ def parse_args(argv=None):
         p.error("--percentile must be in [0, 100]")
     if args.max_depth < 1:
         p.error("--max-depth must be at least 1")
+    if not 0 <= args.refine_rounds <= 10:
+        p.error("--refine-rounds must be in [0, 10]")
+    if args.refine_epsilon is not None and not args.refine_epsilon > 0:
+        p.error("--refine-epsilon must be a positive number")
+    if args.refine_key_bits % 2 or not 2048 <= args.refine_key_bits <= 4096:
+        p.error("--refine-key-bits must be even and in [2048, 4096] (4096-bit keys take ~1 min to generate)")
     return args
 
 
@@ -61,7 +80,7 @@ def build_job(args, fed_summary: dict, data_root: Path, sites: list[str]):
     from nvflare.job_config.api import FedJob
 
     from treeflare.flare.icdta4fl_controller import ICDTA4FLController
-    from treeflare.flare.icdta4fl_executor import SCORE_GLOBAL, SCORE_TREES, TRAIN, ICDTA4FLExecutor
+    from treeflare.flare.icdta4fl_executor import TASKS, ICDTA4FLExecutor
     from treeflare.flare.runner import ship_package
 
     local = {"max_depth": args.max_depth}
@@ -80,8 +99,10 @@ def build_job(args, fed_summary: dict, data_root: Path, sites: list[str]):
         min_clients=args.min_clients, task_timeout=args.task_timeout,
         server_test=str(server_test) if server_test.is_file() else "",
         job_info={"dataset": fed_summary["dataset"], "partition": fed_summary["partition"]},
+        refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon,
+                       "key_bits": args.refine_key_bits, "key_holder": args.refine_key_holder},
     ), id="icdta4fl_controller")
-    job.to_clients(ICDTA4FLExecutor(data_root=str(data_root)), tasks=[TRAIN, SCORE_TREES, SCORE_GLOBAL])
+    job.to_clients(ICDTA4FLExecutor(data_root=str(data_root)), tasks=TASKS)
     ship_package(job)
     return job
 
@@ -113,6 +134,8 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "selected_sites": server["selected_sites"],
         "thresholds": server["thresholds"],
         "global": server["global"],
+        "one_round": server.get("one_round"),
+        "refinement": server.get("refinement"),
         "sites": {s: {k: v for k, v in info.items() if k in ("n_train", "n_test", "local", "global", "tree")}
                   for s, info in server["sites"].items()},
         "baselines": {"centralized": centralized, **{k: v for k, v in server.get("baselines", {}).items()
@@ -121,15 +144,22 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "aggregation": server["aggregation"],
         "params": {"max_depth": args.max_depth, "criterion": args.criterion, "statistic": args.statistic,
                    "percentile": args.percentile, "max_leaves": args.max_leaves,
-                   "global_max_depth": args.global_max_depth, "env": args.env},
+                   "global_max_depth": args.global_max_depth, "refine_rounds": args.refine_rounds,
+                   "refine_epsilon": args.refine_epsilon, "refine_key_bits": args.refine_key_bits, "env": args.env},
         "timings_s": {**server["timings_s"], **timings},
     }
     return report
 
 
 def print_summary(report: dict, workspace: Path) -> None:
-    rows = [["global (ICDTA4FL)", report["global"].get("accuracy"), report["global"].get("macro_f1"),
+    refined = report.get("refinement")
+    name = f"global (ICDTA4FL + {refined.get('rounds_done', 0)} refinement rounds)" if refined else "global (ICDTA4FL)"
+    rows = [[name, report["global"].get("accuracy"), report["global"].get("macro_f1"),
              report["global"]["n_leaves"], report["global"]["depth"]]]
+    one = report.get("one_round")
+    if refined and one:
+        rows.append(["one-round tree (the paper's)", one.get("accuracy"), one.get("macro_f1"), one["n_leaves"],
+                     one["depth"]])
     for key in ("centralized", "mean_local", "best_local"):
         b = report["baselines"].get(key)
         if b:
@@ -138,6 +168,9 @@ def print_summary(report: dict, workspace: Path) -> None:
           f"({report['partition']['kind']}), selected {len(report['selected_sites'])}: "
           f"{', '.join(report['selected_sites'])}")
     print(format_table(["model (global test set)", "accuracy", "macro_f1", "leaves", "depth"], rows))
+    if refined:
+        noise = "" if refined.get("epsilon") is None else f", epsilon {refined['epsilon']} per round"
+        print(f"refinement: started from the {refined.get('start')}; {refined.get('status')}{noise}")
     if report["dropped_sites"]:
         print(f"dropped sites: {report['dropped_sites']}")
     print(f"\nreport: {workspace / 'report.json'}\nrules:  {workspace / 'rules.txt'}\ntree:   {workspace / 'global_tree.png'}")

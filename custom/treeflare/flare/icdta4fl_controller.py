@@ -1,12 +1,18 @@
-"""Server side of ICDTA4FL: the single-round protocol of the paper, as an NVFlare workflow.
+"""Server side of ICDTA4FL as an NVFlare workflow: the paper's single round, then refinement rounds.
 
-train -> every tree to every site -> peer scores -> filter -> aggregate -> global tree to every
-site -> global evaluation. Each reply is validated; a site whose reply is missing or invalid is
-dropped with a logged reason, and the job goes on while at least ``min_clients`` sites remain.
+train -> every tree to every site -> peer scores -> filter -> aggregate (the paper's one-round tree)
+-> [refinement: the one-round tree scored by the sites; the better of it and the best selected local tree
+    is grown on class counts summed over all sites, encrypted so that the server learns only the sums]
+-> global tree to every site -> global evaluation.
+
+Each reply is validated against the server's own schema; a site whose reply is missing or invalid is dropped
+with its reason, and the job goes on while at least ``min_clients`` sites remain. A refinement round that
+cannot complete (the key holder gone, inconsistent sums) keeps the tree of the round before, with the reason.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -15,16 +21,25 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
+from ..crypto import secure_sum
 from ..data import DataError, Schema, read_site_csv
-from ..icdta4fl import pipeline
-from ..icdta4fl.encoding import encode, feature_space, tree_limits
-from ..icdta4fl.payloads import check_global_reply, check_scores_reply, check_train_reply
+from ..icdta4fl import pipeline, refine
+from ..icdta4fl.encoding import encode, feature_space, threshold_bounds, tree_limits
+from ..icdta4fl.model import GlobalTree
+from ..icdta4fl.payloads import (check_counts_reply, check_global_reply, check_scores_reply, check_sums_reply,
+                                 check_train_reply)
 from ..reporting import write_text_atomic
 from ..trees.validate import PayloadError
-from .icdta4fl_executor import SCORE_GLOBAL, SCORE_TREES, TRAIN
+from .icdta4fl_executor import REFINE_COUNTS, REFINE_DECRYPT, SCORE_GLOBAL, SCORE_TREES, TRAIN
 from .workflow import JobFailed, ResultWorkflow
 
 RESULT_FILE = "icdta4fl_result.json"
+DEFAULT_REFINE = {"rounds": 1, "key_bits": 2048, "epsilon": None, "key_holder": None}
+
+
+def natural_key(name: str):
+    """site-2 before site-10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 class ICDTA4FLController(ResultWorkflow):
@@ -33,7 +48,8 @@ class ICDTA4FLController(ResultWorkflow):
 
     def __init__(self, schema: dict, algorithm: str = "cart", local_params: dict | None = None,
                  selection: dict | None = None, aggregation: dict | None = None, min_clients: int = 2,
-                 task_timeout: int = 600, server_test: str = "", job_info: dict | None = None):
+                 task_timeout: int = 600, server_test: str = "", job_info: dict | None = None,
+                 refine_params: dict | None = None):
         """
         Args:
             schema: the shared data schema (``Schema.to_dict()``): features, categories, classes.
@@ -45,6 +61,9 @@ class ICDTA4FLController(ResultWorkflow):
             task_timeout: seconds each site has per task.
             server_test: the server's own global test CSV (optional), for global metrics.
             job_info: free-form facts copied into the result (dataset, partition).
+            refine_params: refinement rounds (``rounds``, 0 = the paper's one-round method), Paillier
+                ``key_bits``, optional differential-privacy ``epsilon`` per round, ``key_holder`` site
+                (default: the first site in natural order).
         """
         super().__init__()
         # NVFlare writes the job config from attributes named like the arguments: keep those as given.
@@ -58,6 +77,8 @@ class ICDTA4FLController(ResultWorkflow):
         self.task_timeout = int(task_timeout)
         self.server_test = server_test
         self.job_info = dict(job_info or {})
+        self.refine_params = dict(refine_params or {})
+        self._refine = _check_refine_params(self.refine_params)
         self.names, self.kinds, self.n_categories = feature_space(self._schema, algorithm)
         local = {**pipeline.DEFAULT_LOCAL_PARAMS, **self.local_params}
         # what a site's tree may be: from the server's own schema and the requested depth only
@@ -74,16 +95,21 @@ class ICDTA4FLController(ResultWorkflow):
     # -- the protocol ----------------------------------------------------------------------
     def run_workflow(self, result, run_dir: Path, abort_signal, fl_ctx):
         timings = result["timings_s"]
-        sites = sorted(c.name for c in fl_ctx.get_engine().get_clients())
+        sites = sorted((c.name for c in fl_ctx.get_engine().get_clients()), key=natural_key)
         if len(sites) < self.min_clients:
             raise JobFailed(f"{len(sites)} sites connected, min_clients is {self.min_clients}")
+        rounds = self._refine["rounds"]
+        key_holder = self._refine["key_holder"] or sites[0]
 
         t = time.perf_counter()
         task = {"schema": self._schema.to_dict(), "algorithm": self.algorithm, "params": self.local_params}
+        if rounds:
+            task["refine"] = {"key_holder": key_holder, "key_bits": self._refine["key_bits"]}
         trained = self._ask(TRAIN, task, sites, result, abort_signal, fl_ctx,
-                            lambda r: check_train_reply(r, limits=self.limits))
+                            lambda r: {**check_train_reply(r, limits=self.limits),
+                                       "public_key": r.get("refine_public_key")})
         timings["local_training"] = time.perf_counter() - t
-        sites = sorted(trained)
+        sites = sorted(trained, key=natural_key)
         trees = [trained[s]["tree"] for s in sites]
 
         t = time.perf_counter()
@@ -91,7 +117,7 @@ class ICDTA4FLController(ResultWorkflow):
         scores = self._ask(SCORE_TREES, {"trees": tree_dicts, "owners": sites}, sites, result, abort_signal, fl_ctx,
                            lambda r: check_scores_reply(r, len(trees)))
         timings["peer_evaluation"] = time.perf_counter() - t
-        scorers = sorted(scores)
+        scorers = sorted(scores, key=natural_key)
         acc = np.array([scores[s]["accuracy"] for s in scorers])
         f1 = np.array([scores[s]["macro_f1"] for s in scorers])
 
@@ -99,6 +125,7 @@ class ICDTA4FLController(ResultWorkflow):
         selected, thresholds = pipeline.select_trees(acc, f1, **self.selection)
         model, stats = self._aggregate(trees, selected, sites, result, fl_ctx)
         timings["aggregation"] = time.perf_counter() - t
+        selected = stats["selected"]
 
         result.update({
             "n_sites": len(sites), "sites_trained": sites, "scorers": scorers,
@@ -110,6 +137,13 @@ class ICDTA4FLController(ResultWorkflow):
                           "tree": {"n_leaves": trees[i].n_leaves, "depth": trees[i].depth}}
                       for i, s in enumerate(sites)},
         })
+        server_test = self._read_server_test()
+        one_round = model
+        result["one_round"] = self._tree_summary(one_round.tree_, server_test, n_rules=stats.get("n_rules"))
+        if rounds:
+            model = self._refinement(one_round, trees, selected, sites, scorers, acc, trained, key_holder,
+                                     stats, server_test, result, abort_signal, fl_ctx)
+            one_round.save_json(run_dir / "global_tree_one_round.json")
         model.save_json(run_dir / "global_tree.json")
         write_text_atomic(run_dir / "rules.txt", model.export_text())
         try:
@@ -124,11 +158,119 @@ class ICDTA4FLController(ResultWorkflow):
             result["sites"][s]["global"] = {"accuracy": sc["accuracy"], "macro_f1": sc["macro_f1"]}
         timings["global_evaluation"] = time.perf_counter() - t
         result["global"] = {"n_leaves": int(model.get_n_leaves()), "depth": int(model.get_depth()),
-                            "n_rules": int(stats.get("n_rules", model.get_n_leaves()))}
+                            "n_rules": int(stats.get("n_rules", model.get_n_leaves())) if not rounds else None}
         result["local_trees"] = {s: tree_dicts[i] for i, s in enumerate(sites)}
-        if self.server_test:
-            self._server_metrics(result, model, trees, sites)
+        if server_test is not None:
+            self._server_metrics(result, model, trees, sites, server_test)
 
+    # -- refinement --------------------------------------------------------------------------
+    def _refinement(self, one_round, trees, selected, sites, scorers, acc, trained, key_holder, stats,
+                    server_test, result, abort_signal, fl_ctx) -> GlobalTree:
+        """Never worse than the pieces, then grown on protected summed counts. Returns the final model."""
+        timings = result["timings_s"]
+        info = {"rounds_requested": self._refine["rounds"], "key_holder": key_holder,
+                "key_bits": self._refine["key_bits"], "epsilon": self._refine["epsilon"], "history": []}
+        result["refinement"] = info
+        # 1. the one-round tree against the selected local trees, on the sites' own validation data
+        t = time.perf_counter()
+        checked = self._ask(SCORE_GLOBAL, {"tree": one_round.tree_.to_dict()}, sites, result, abort_signal,
+                            fl_ctx, check_global_reply, required=1)
+        common = [i for i, s in enumerate(scorers) if s in checked]
+        merged_score = float(np.mean([checked[scorers[i]]["accuracy"] for i in common])) if common else -1.0
+        local_scores = {j: float(np.nanmean(acc[common, j])) if common else -1.0 for j in selected}
+        # ties: the higher mean accuracy, then the lower site in natural order
+        best = max(selected, key=lambda j: (local_scores[j], -j))
+        info["validation_accuracy"] = {"one_round": merged_score, "best_selected_local": local_scores[best],
+                                       "best_selected_site": sites[best]}
+        if merged_score < local_scores[best]:
+            start, info["start"] = trees[best], f"best selected local tree ({sites[best]})"
+        else:
+            start, info["start"] = one_round.tree_, "one-round tree"
+        timings["refine_check"] = time.perf_counter() - t
+        model = GlobalTree(start, list(self._schema.classes), self.names, self.category_names)
+
+        # 2. the rounds
+        contributors = [s for s in sites if s in checked]
+        eps = self._refine["epsilon"]
+        if key_holder not in trained or trained[key_holder].get("public_key") is None:
+            info["status"] = f"skipped: key holder {key_holder} did not return a public key"
+            return model
+        if len(contributors) < (2 if eps is not None else 3):
+            info["status"] = (f"skipped: {len(contributors)} sites; without --refine-epsilon the key holder would "
+                              f"learn the other site's counts from a sum of two")
+            return model
+        try:
+            pk = secure_sum.public_key_from_array(trained[key_holder]["public_key"])
+        except ValueError as exc:
+            info["status"] = f"skipped: the key holder's public key is invalid: {exc}"
+            return model
+        info["key_fingerprint"] = pk.fingerprint()
+        candidates = refine.candidates_from_trees(trees, feature_kinds=self.kinds, n_categories=self.n_categories,
+                                                  bounds=threshold_bounds(self._schema, self.algorithm))
+        budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
+        tree = start
+        info["status"] = "completed"
+        for r in range(1, self._refine["rounds"] + 1):
+            t = time.perf_counter()
+            try:
+                tree, entry = self._refine_round(r, tree, candidates, budget, pk, contributors, trained, key_holder,
+                                                 result, abort_signal, fl_ctx)
+            except _RoundFailed as exc:
+                info["status"] = f"stopped at round {r}: {exc}"
+                break
+            entry["seconds"] = time.perf_counter() - t
+            if server_test is not None:
+                entry["accuracy"] = float(np.mean(tree.predict(server_test[0]) == server_test[1]))
+            info["history"].append(entry)
+            contributors = [s for s in contributors if s not in result["dropped_sites"]]
+        info["rounds_done"] = len(info["history"])
+        timings["refinement"] = sum(h["seconds"] for h in info["history"])
+        return GlobalTree(tree, list(self._schema.classes), self.names, self.category_names,
+                          info={"refinement_rounds": info["rounds_done"], "start": info["start"]})
+
+    def _refine_round(self, r, tree, candidates, budget, pk, contributors, trained, key_holder, result,
+                      abort_signal, fl_ctx):
+        plan = refine.plan_round(tree, candidates, budget["max_depth"])
+        eps = self._refine["epsilon"]
+        sensitivity = max(candidates.n_features, 1)
+        bound = refine.noise_bound(eps, sensitivity) if eps is not None else 0
+        max_sum = sum(trained[s]["n_train"] + 2 * bound for s in contributors)
+        slot_bits = secure_sum.slot_bits_for(max_sum)
+        n_ct = secure_sum.n_ciphertexts(plan.n_values, pk.bits, slot_bits)
+        task = {"tree": tree.to_dict(), "candidates": candidates.to_dict(), "plan": plan.to_dict(),
+                "public_key": secure_sum.public_key_to_array(pk), "slot_bits": slot_bits, "round": r,
+                "epsilon": eps}
+        t = time.perf_counter()
+        try:
+            replies = self._ask(REFINE_COUNTS, task, contributors, result, abort_signal, fl_ctx,
+                                lambda rep: check_counts_reply(rep, pk=pk, n_ciphertexts=n_ct, round_no=r))
+        except JobFailed as exc:
+            raise _RoundFailed(str(exc)) from None
+        counted = sorted(replies, key=natural_key)
+        if key_holder not in counted:
+            raise _RoundFailed(f"the key holder {key_holder} sent no counts")
+        summed = secure_sum.add_encrypted(pk, [replies[s]["ciphertexts"] for s in counted], n_ct)
+        t_counts = time.perf_counter() - t
+        t = time.perf_counter()
+        decrypt = {"ciphertexts": summed, "n_values": plan.n_values, "slot_bits": slot_bits, "round": r,
+                   "n_contributors": len(counted), "epsilon": eps}
+        try:
+            sums = self._ask(REFINE_DECRYPT, decrypt, [key_holder], result, abort_signal, fl_ctx,
+                             lambda rep: check_sums_reply(rep, n_values=plan.n_values, slot_bits=slot_bits,
+                                                          round_no=r), required=1)[key_holder]["sums"]
+        except JobFailed as exc:
+            raise _RoundFailed(f"the key holder did not decrypt the sum ({exc})") from None
+        values = sums.astype(np.float64) - len(counted) * bound
+        if eps is None and not _consistent(values, plan, candidates):
+            raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
+        new_tree, stats = refine.refine_tree(tree, candidates, plan, values, **budget)
+        entry = {"round": r, "sites": len(counted), "n_values": plan.n_values, "n_ciphertexts": n_ct,
+                 "slot_bits": slot_bits, "bytes_per_site": int(n_ct * pk.ct_bytes),
+                 "site_encrypt_s_max": max(replies[s]["encrypt_s"] for s in counted),
+                 "counts_s": t_counts, "decrypt_s": time.perf_counter() - t, **stats}
+        return new_tree, entry
+
+    # -- helpers -----------------------------------------------------------------------------
     def _aggregate(self, trees, selected, sites, result, fl_ctx):
         """Aggregate the selected trees; a tree that cannot be used drops its site and the rest go on."""
         selected = list(selected)
@@ -145,9 +287,23 @@ class ICDTA4FLController(ResultWorkflow):
                 if not selected:
                     raise JobFailed(f"aggregation: no usable tree left; dropped: {result['dropped_sites']}") from None
 
-    def _server_metrics(self, result, model, trees, sites):
+    def _read_server_test(self):
+        if not self.server_test:
+            return None
         test = read_site_csv(self.server_test, self._schema, site="server")
-        X, y = encode(test, self.algorithm), test.y_codes()
+        return encode(test, self.algorithm), test.y_codes()
+
+    def _tree_summary(self, tree, server_test, n_rules=None) -> dict:
+        out = {"n_leaves": int(tree.n_leaves), "depth": int(tree.depth)}
+        if n_rules is not None:
+            out["n_rules"] = int(n_rules)
+        if server_test is not None:
+            g = pipeline.score_trees([tree], *server_test)
+            out.update({"accuracy": g["accuracy"][0], "macro_f1": g["macro_f1"][0]})
+        return out
+
+    def _server_metrics(self, result, model, trees, sites, server_test):
+        X, y = server_test
         g = pipeline.score_trees([model.tree_], X, y)
         result["global"].update({"accuracy": g["accuracy"][0], "macro_f1": g["macro_f1"][0], "n_test": len(y)})
         local = pipeline.score_trees(trees, X, y)
@@ -189,3 +345,36 @@ class ICDTA4FLController(ResultWorkflow):
         if len(valid) < needed:
             raise JobFailed(f"{name}: {len(valid)} valid replies, need {needed}; dropped: {result['dropped_sites']}")
         return valid
+
+
+class _RoundFailed(RuntimeError):
+    """A refinement round cannot complete; the tree of the round before stays."""
+
+
+def _check_refine_params(params: dict) -> dict:
+    unknown = set(params) - set(DEFAULT_REFINE)
+    if unknown:
+        raise ValueError(f"unknown refinement parameters {sorted(unknown)}; known: {sorted(DEFAULT_REFINE)}")
+    p = {**DEFAULT_REFINE, **params}
+    if isinstance(p["rounds"], bool) or not isinstance(p["rounds"], int) or not 0 <= p["rounds"] <= 10:
+        raise ValueError(f"refinement rounds must be an integer in [0, 10], got {p['rounds']!r}")
+    bits = p["key_bits"]
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits % 2 or \
+            not secure_sum.MIN_KEY_BITS <= bits <= secure_sum.MAX_KEY_BITS:
+        raise ValueError(f"refinement key_bits must be even and in [{secure_sum.MIN_KEY_BITS}, "
+                         f"{secure_sum.MAX_KEY_BITS}], got {bits!r}")
+    eps = p["epsilon"]
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1e6):
+        raise ValueError(f"refinement epsilon must be a positive number, got {eps!r}")
+    return p
+
+
+def _consistent(values: np.ndarray, plan, candidates) -> bool:
+    """Without noise, every feature's histogram of a leaf adds up to the same class counts."""
+    if not plan.split_leaves:
+        return bool(np.all(values >= 0))
+    C, cells = plan.n_classes, plan.n_cells
+    hists = values[:len(plan.split_leaves) * cells * C].reshape(len(plan.split_leaves), cells, C)
+    offsets = candidates.offsets
+    totals = np.stack([hists[:, offsets[j]:offsets[j + 1]].sum(axis=1) for j in range(candidates.n_features)])
+    return bool(np.all(values >= 0) and np.all(totals == totals[0]))

@@ -1,6 +1,8 @@
-"""Site side of ICDTA4FL: train a local tree, score every peer's tree, score the global tree.
+"""Site side of ICDTA4FL: train a local tree, score every peer's tree, score the global tree, and (refinement
+rounds) send encrypted class counts for the global tree's leaves.
 
-Only trees and scores leave the site, never rows. Data are read against the schema the server sends, from
+Only trees, scores and ciphertexts leave the site, never rows; the key holder (one site, named by the server)
+also sends the decrypted *sum* of a round's counts, and nothing else it decrypts. Data are read against the schema the server sends, from
 the site's own binding (``<site kit>/local/treeflare_site.json``, see ``site_config``), else from
 ``<data_root>/<site>/`` (train.csv, test.csv as written by ``scripts/prepare_data.py``).
 """
@@ -11,15 +13,22 @@ from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
+import time
+
+from ..crypto import secure_sum
+from ..crypto.paillier import CiphertextError
 from ..data import DataError, Schema
-from ..icdta4fl import pipeline
+from ..icdta4fl import pipeline, refine
 from ..icdta4fl.encoding import encode, feature_space
 from ..trees.tree import Tree
-from ..trees.validate import PayloadError
+from ..trees.validate import PayloadError, check_int, check_number
 from .site_config import DATA_ROOT_ENV, load_binding
 
 TRAIN, SCORE_TREES, SCORE_GLOBAL = "icdta4fl_train", "icdta4fl_score_trees", "icdta4fl_score_global"
-__all__ = ["ICDTA4FLExecutor", "TRAIN", "SCORE_TREES", "SCORE_GLOBAL", "DATA_ROOT_ENV"]
+REFINE_COUNTS, REFINE_DECRYPT = "icdta4fl_refine_counts", "icdta4fl_refine_decrypt"
+TASKS = [TRAIN, SCORE_TREES, SCORE_GLOBAL, REFINE_COUNTS, REFINE_DECRYPT]
+__all__ = ["ICDTA4FLExecutor", "TRAIN", "SCORE_TREES", "SCORE_GLOBAL", "REFINE_COUNTS", "REFINE_DECRYPT", "TASKS",
+           "DATA_ROOT_ENV"]
 
 
 class ICDTA4FLExecutor(Executor):
@@ -29,6 +38,10 @@ class ICDTA4FLExecutor(Executor):
         super().__init__()
         self.data_root = data_root
         self._test = None  # (X_test, y_test) kept between tasks of one run
+        self._train_data = None  # (X_train, y_train, feature kinds): for refinement rounds
+        self._key_holder = None  # this site's SumKeyHolder, when the server named it key holder
+        self._public_key = None  # the first public key seen in this run: it may not change later
+        self._pool = None  # r^n computed ahead for the refinement's encryptions
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
         site = fl_ctx.get_identity_name()
@@ -39,8 +52,12 @@ class ICDTA4FLExecutor(Executor):
                 return self._score_trees(shareable)
             if task_name == SCORE_GLOBAL:
                 return self._score_global(shareable)
+            if task_name == REFINE_COUNTS:
+                return self._refine_counts(shareable)
+            if task_name == REFINE_DECRYPT:
+                return self._refine_decrypt(shareable)
             return make_reply(ReturnCode.TASK_UNKNOWN)
-        except (DataError, PayloadError, ValueError, KeyError, TypeError) as exc:
+        except (DataError, PayloadError, CiphertextError, ValueError, KeyError, TypeError) as exc:
             self.log_error(fl_ctx, f"{task_name} failed at {site}: {exc}")
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
             reply["error"] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -65,6 +82,14 @@ class ICDTA4FLExecutor(Executor):
         reply["tree"] = tree  # already a plain dict
         reply["n_train"], reply["n_test"] = len(train), len(test)
         reply["local"] = {"accuracy": local["accuracy"][0], "macro_f1": local["macro_f1"][0]}
+        self._train_data = (X, y, kinds)
+        setup = task.get("refine")
+        if isinstance(setup, dict) and setup.get("key_holder") == site:
+            self._key_holder = secure_sum.SumKeyHolder(check_int(setup.get("key_bits"), "refine.key_bits"))
+            reply["refine_public_key"] = self._key_holder.public_array()
+            if fl_ctx is not None:
+                self.log_info(fl_ctx, f"{site} holds the refinement key; public key fingerprint "
+                                      f"{self._key_holder.key.public.fingerprint()}")
         return reply
 
     def _require_test(self):
@@ -85,4 +110,57 @@ class ICDTA4FLExecutor(Executor):
         reply = make_reply(ReturnCode.OK)
         reply["accuracy"], reply["macro_f1"] = scores["accuracy"][0], scores["macro_f1"][0]
         reply["n_test"] = len(y)
+        return reply
+
+    # -- refinement rounds -------------------------------------------------------------------
+    def _refine_counts(self, task: Shareable) -> Shareable:
+        """This site's class counts for the server's tree, encrypted under the key holder's public key."""
+        if self._train_data is None:
+            raise DataError("refinement asked before training in this run")
+        X, y, kinds = self._train_data
+        tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds)
+        candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds)
+        plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=candidates)
+        pk = secure_sum.public_key_from_array(task["public_key"])
+        if self._public_key is None:
+            self._public_key = pk
+            # the r^n for this and later rounds, computed while the server is busy elsewhere
+            self._pool = secure_sum.RandomnessPool(pk, target=2 * secure_sum.n_ciphertexts(plan.n_values, pk.bits, 16))
+        elif pk.n != self._public_key.n:
+            raise PayloadError("public_key", "differs from the key of the first refinement round")
+        slot_bits = check_int(task["slot_bits"], "slot_bits", lo=2, hi=64)
+        counts = refine.count_vector(tree, candidates, plan, X, y)
+        epsilon = task.get("epsilon")
+        if epsilon is not None:
+            epsilon = check_number(epsilon, "epsilon")
+            sensitivity = max(candidates.n_features, 1)
+            counts = refine.add_noise(counts, epsilon=epsilon, sensitivity=sensitivity) + \
+                refine.noise_bound(epsilon, sensitivity)
+        if counts.size and int(counts.max()) >= (1 << slot_bits):
+            raise PayloadError("slot_bits", f"{slot_bits}-bit slots cannot hold this site's counts")
+        t = time.perf_counter()
+        cts = secure_sum.encrypt_counts(pk, counts, slot_bits, self._pool)
+        reply = make_reply(ReturnCode.OK)
+        reply["ciphertexts"] = cts
+        reply["round"] = check_int(task["round"], "round", lo=1)
+        reply["encrypt_s"] = time.perf_counter() - t
+        return reply
+
+    def _refine_decrypt(self, task: Shareable) -> Shareable:
+        """The key holder decrypts the round's summed counts, once per round and only from enough sites."""
+        if self._key_holder is None:
+            raise PayloadError("task", "this site holds no refinement key")
+        contributors = check_int(task["n_contributors"], "n_contributors", lo=0)
+        noisy = task.get("epsilon") is not None
+        if contributors < (2 if noisy else 3):
+            # the key holder knows its own counts: from a sum of two it would learn the other site's
+            raise PayloadError("n_contributors", f"will not decrypt a sum of {contributors} sites' counts "
+                                                 f"(needs 3, or 2 with --refine-epsilon noise)")
+        sums = self._key_holder.decrypt_round(check_int(task["round"], "round", lo=1), task["ciphertexts"],
+                                              check_int(task["n_values"], "n_values", lo=0,
+                                                        hi=refine.MAX_REFINE_VALUES),
+                                              check_int(task["slot_bits"], "slot_bits", lo=2, hi=64))
+        reply = make_reply(ReturnCode.OK)
+        reply["sums"] = sums
+        reply["round"] = int(task["round"])
         return reply

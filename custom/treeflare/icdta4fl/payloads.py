@@ -6,6 +6,9 @@ Payloads are plain dicts (see the controller for their shapes). Trees are checke
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..crypto import secure_sum
 from ..trees.tree import Tree
 from ..trees.validate import PayloadError, check_int, check_list, check_number
 from .rules import MAX_RULE_CELLS, count_rules
@@ -64,3 +67,28 @@ def check_global_reply(reply: dict) -> dict:
     return {"accuracy": check_score(reply.get("accuracy"), "accuracy"),
             "macro_f1": check_score(reply.get("macro_f1"), "macro_f1"),
             "n_test": check_int(reply.get("n_test"), "n_test", lo=1)}
+
+
+def check_counts_reply(reply: dict, *, pk, n_ciphertexts: int, round_no: int) -> dict:
+    """{ciphertexts: uint8 array of exactly n_ciphertexts valid Paillier ciphertexts, round, encrypt_s}."""
+    if not isinstance(reply, dict):
+        raise PayloadError("reply", f"expected a dict, got {type(reply).__name__}")
+    if check_int(reply.get("round"), "round") != round_no:
+        raise PayloadError("round", f"expected {round_no}")
+    cts = reply.get("ciphertexts")
+    secure_sum.add_encrypted(pk, [cts], n_ciphertexts)  # checks size, range and invertibility of each
+    return {"ciphertexts": cts, "encrypt_s": check_number(reply.get("encrypt_s"), "encrypt_s", nonnegative=True)}
+
+
+def check_sums_reply(reply: dict, *, n_values: int, slot_bits: int, round_no: int) -> dict:
+    """{sums: int64 array of n_values slot values in [0, 2^slot_bits), round}."""
+    if not isinstance(reply, dict):
+        raise PayloadError("reply", f"expected a dict, got {type(reply).__name__}")
+    if check_int(reply.get("round"), "round") != round_no:
+        raise PayloadError("round", f"expected {round_no}")
+    sums = reply.get("sums")
+    if not isinstance(sums, np.ndarray) or sums.dtype.kind not in "iu" or sums.shape != (n_values,):
+        raise PayloadError("sums", f"expected an integer array of {n_values} values")
+    if sums.size and (sums.min() < 0 or int(sums.max()) >= (1 << slot_bits)):
+        raise PayloadError("sums", f"values outside [0, 2^{slot_bits})")
+    return {"sums": sums.astype(np.int64)}

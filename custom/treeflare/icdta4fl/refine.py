@@ -1,0 +1,524 @@
+"""The refinement round: grow the global tree on class counts summed over every site's training rows.
+
+The one-round method (merge the selected trees' rules, rebuild one tree) can only recombine what the local
+trees already say, so the global tree is about as good as the best local tree. One more federated round fixes
+that: the server sends the current tree; every site returns, for each leaf, class counts per cell of every
+candidate split; the server sums them, relabels the leaves with the true counts and splits the best leaves.
+
+* Candidates reveal nothing new (``candidates_from_trees``): numeric thresholds are those that already appear
+  in the local trees every site was sent for peer scoring; ordinal codes and one-hot indicators split between
+  the schema's codes; categorical features (ID3) split into the schema's categories.
+* A site's reply is one vector of non-negative integer counts (``count_vector``): per split leaf and feature,
+  a histogram over the feature's cells (between thresholds, or one per code, plus one for missing values) and
+  classes; per count-only leaf (at the depth budget), its class counts. Sums of such vectors are the vector of
+  the union of the rows, so summing encrypted vectors (see ``crypto.secure_sum``) and growing on the sum is the
+  same as growing on the pooled rows, which no one holds.
+* ``refine_tree`` relabels the leaves, then picks, within the leaf and depth budget, which splits to keep
+  and which nodes to re-split by their best candidate (a tree knapsack); every new node's counts are exact
+  (read off the histograms).
+* ``add_noise`` adds clipped two-sided geometric noise (discrete Laplace) to a site's counts for
+  ``--refine-epsilon``; a row changes one cell per feature in its leaf, so the L1 sensitivity is the number of
+  features.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
+from ..trees.validate import PayloadError, check_int, check_list, check_number
+from .simplify import collapse_same_class
+
+__all__ = ["SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round", "count_vector",
+           "refine_tree", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES"]
+
+MAX_THRESHOLDS_PER_FEATURE = 32
+# values in one site's reply: at 20-bit slots and 2048-bit keys, 1M values are ~10k ciphertexts (5 MB)
+MAX_REFINE_VALUES = 1_000_000
+_PSEUDO = 1e-6  # weight of the parent's distribution given to a node no training row reaches
+
+
+@dataclass(frozen=True)
+class SplitCandidates:
+    """Per feature of the tree's matrix: sorted numeric thresholds, or the number of category codes.
+
+    ``thresholds[j]`` is an array for numeric features (possibly empty: no candidate), None for categorical
+    ones; ``n_codes[j]`` is the code count of categorical features, None for numeric ones. Feature j has
+    ``n_cells(j)`` cells: one per interval between thresholds (or per code), and one for missing values.
+    """
+
+    thresholds: tuple
+    n_codes: tuple
+
+    @property
+    def n_features(self) -> int:
+        return len(self.thresholds)
+
+    def n_cells(self, j: int) -> int:
+        if self.thresholds[j] is not None:
+            return len(self.thresholds[j]) + 2
+        return int(self.n_codes[j]) + 1
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([self.n_cells(j) for j in range(self.n_features)])]).astype(np.int64)
+
+    def cells(self, X: np.ndarray) -> np.ndarray:
+        """(n, d) cell index of each value; the last cell of a feature holds missing (and unknown) values."""
+        X = np.asarray(X, dtype=np.float64)
+        out = np.empty(X.shape, dtype=np.int64)
+        for j in range(self.n_features):
+            x, missing = X[:, j], np.isnan(X[:, j])
+            if self.thresholds[j] is not None:
+                cell = np.searchsorted(self.thresholds[j], x, side="left")  # x <= t_0 -> 0
+            else:
+                k = int(self.n_codes[j])
+                ok = ~missing & (x >= 0) & (x < k) & (x == np.round(x))
+                cell = np.where(ok, np.nan_to_num(x, nan=0.0), k).astype(np.int64)
+                missing = missing | ~ok
+            out[:, j] = np.where(missing, self.n_cells(j) - 1, cell)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"thresholds": [None if t is None else [float(v) for v in t] for t in self.thresholds],
+                "n_codes": [None if k is None else int(k) for k in self.n_codes]}
+
+    @classmethod
+    def from_dict(cls, payload, *, feature_kinds) -> "SplitCandidates":
+        if not isinstance(payload, dict):
+            raise PayloadError("candidates", f"expected a dict, got {type(payload).__name__}")
+        d = len(feature_kinds)
+        thr = check_list(payload.get("thresholds"), "candidates.thresholds", length=d)
+        codes = check_list(payload.get("n_codes"), "candidates.n_codes", length=d)
+        out_t, out_k = [], []
+        for j, kind in enumerate(feature_kinds):
+            if kind == "categorical":
+                if thr[j] is not None:
+                    raise PayloadError(f"candidates.thresholds[{j}]", "thresholds on a categorical feature")
+                out_t.append(None)
+                out_k.append(check_int(codes[j], f"candidates.n_codes[{j}]", lo=1, hi=10_000))
+            else:
+                if codes[j] is not None:
+                    raise PayloadError(f"candidates.n_codes[{j}]", "codes on a numeric feature")
+                values = check_list(thr[j], f"candidates.thresholds[{j}]", max_len=MAX_THRESHOLDS_PER_FEATURE)
+                values = np.array([check_number(v, f"candidates.thresholds[{j}][{i}]") for i, v in enumerate(values)])
+                if np.any(np.diff(values) <= 0):
+                    raise PayloadError(f"candidates.thresholds[{j}]", "must be strictly increasing")
+                out_t.append(values)
+                out_k.append(None)
+        return cls(tuple(out_t), tuple(out_k))
+
+
+def _spread(values: np.ndarray, k: int) -> np.ndarray:
+    """At most k of the sorted values, evenly spaced in rank (always the outermost)."""
+    if len(values) <= k:
+        return values
+    return values[np.unique(np.round(np.linspace(0, len(values) - 1, k)).astype(np.int64))]
+
+
+def candidates_from_trees(trees, *, feature_kinds, n_categories, bounds,
+                          max_thresholds=MAX_THRESHOLDS_PER_FEATURE) -> SplitCandidates:
+    """Candidate splits that reveal nothing beyond what every site has already seen.
+
+    Numeric features: the thresholds of the local ``trees`` (every site received them all for peer scoring)
+    on that feature, at most ``max_thresholds`` of them evenly spaced in rank. Columns whose schema range is
+    a small set of codes (``bounds`` (0, K-1) with K <= 64: ordinal codes, one-hot 0/1 indicators) also
+    split between every pair of adjacent codes. Categorical features: the schema's ``n_categories``.
+    """
+    d = len(feature_kinds)
+    found = [[] for _ in range(d)]
+    for tree in trees:
+        for node in np.flatnonzero(tree.kind == NUMERIC):
+            found[tree.feature[node]].append(np.asarray(tree.split_points[node], dtype=np.float64))
+    thresholds, codes = [], []
+    for j, kind in enumerate(feature_kinds):
+        if kind == "categorical":
+            thresholds.append(None)
+            codes.append(int(n_categories[j]))
+            continue
+        values = np.unique(np.concatenate(found[j])) if found[j] else np.empty(0)
+        b = bounds[j] if bounds is not None else None
+        if b is not None and b[0] == 0.0 and float(b[1]).is_integer() and 1 <= b[1] < 64:
+            values = np.arange(int(b[1])) + 0.5  # between adjacent codes: all a threshold can mean here
+        thresholds.append(_spread(values[np.isfinite(values)], max_thresholds))
+        codes.append(None)
+    return SplitCandidates(tuple(thresholds), tuple(codes))
+
+
+@dataclass(frozen=True)
+class RefinePlan:
+    """Which leaves get full histograms (``split_leaves``: below the depth budget) and which only their class
+    counts (``count_leaves``), and where each block sits in the count vector."""
+
+    split_leaves: tuple
+    count_leaves: tuple
+    n_classes: int
+    n_cells: int  # cells per split leaf, summed over features
+
+    @property
+    def n_values(self) -> int:
+        return (len(self.split_leaves) * self.n_cells + len(self.count_leaves)) * self.n_classes
+
+    def to_dict(self) -> dict:
+        return {"split_leaves": [int(v) for v in self.split_leaves],
+                "count_leaves": [int(v) for v in self.count_leaves]}
+
+    @classmethod
+    def from_dict(cls, payload, *, tree: Tree, candidates: SplitCandidates) -> "RefinePlan":
+        """The plan a server sent, checked against the tree it sent: every leaf exactly once."""
+        if not isinstance(payload, dict):
+            raise PayloadError("plan", f"expected a dict, got {type(payload).__name__}")
+        leaves = set(np.flatnonzero(tree.kind == LEAF).tolist())
+        lists = []
+        for key in ("split_leaves", "count_leaves"):
+            values = check_list(payload.get(key), f"plan.{key}", max_len=tree.n_nodes)
+            lists.append(tuple(check_int(v, f"plan.{key}[{i}]", lo=0, hi=tree.n_nodes - 1) for i, v in enumerate(values)))
+        if sorted(lists[0] + lists[1]) != sorted(leaves):
+            raise PayloadError("plan", "must list every leaf of the tree exactly once")
+        plan = cls(lists[0], lists[1], tree.n_classes, int(candidates.offsets[-1]))
+        if plan.n_values > MAX_REFINE_VALUES:
+            raise PayloadError("plan", f"{plan.n_values} counts exceed the limit of {MAX_REFINE_VALUES}")
+        return plan
+
+
+def plan_round(tree: Tree, candidates: SplitCandidates, max_depth) -> RefinePlan:
+    """Full histograms for leaves that may still split (depth < max_depth), counts only for the others."""
+    depth = tree.node_depths()
+    leaves = np.flatnonzero(tree.kind == LEAF)
+    limit = np.inf if max_depth is None else max_depth
+    split = tuple(int(v) for v in leaves if depth[v] < limit)
+    count = tuple(int(v) for v in leaves if depth[v] >= limit)
+    return RefinePlan(split, count, tree.n_classes, int(candidates.offsets[-1]))
+
+
+def count_vector(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, X, y) -> np.ndarray:
+    """A site's counts for one round (int64, length ``plan.n_values``): what it encrypts and sends.
+
+    Rows that stop at an internal node (a missing value or unseen category on the path) count nowhere.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.int64)
+    C, cells_per_leaf = plan.n_classes, plan.n_cells
+    node = tree.apply(X)
+    split_pos = np.full(tree.n_nodes, -1, dtype=np.int64)
+    split_pos[list(plan.split_leaves)] = np.arange(len(plan.split_leaves))
+    count_pos = np.full(tree.n_nodes, -1, dtype=np.int64)
+    count_pos[list(plan.count_leaves)] = np.arange(len(plan.count_leaves))
+    hist_size = len(plan.split_leaves) * cells_per_leaf * C
+    out = np.zeros(plan.n_values, dtype=np.int64)
+    rows = split_pos[node] >= 0
+    if rows.any():
+        leaf, cls = split_pos[node[rows]], y[rows]
+        cell = candidates.cells(X[rows]) + candidates.offsets[:-1][None, :]
+        index = ((leaf[:, None] * cells_per_leaf + cell) * C + cls[:, None]).ravel()
+        out[:hist_size] = np.bincount(index, minlength=hist_size)
+    rows = count_pos[node] >= 0
+    if rows.any():
+        index = count_pos[node[rows]] * C + y[rows]
+        out[hist_size:] = np.bincount(index, minlength=len(plan.count_leaves) * C)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- noise
+def noise_bound(epsilon: float, sensitivity: int, tail: float = 20.0) -> int:
+    """Clip of the per-value noise: P(|noise| > bound) is about exp(-tail) (the delta of the guarantee)."""
+    return int(math.ceil(tail * sensitivity / epsilon))
+
+
+def add_noise(counts: np.ndarray, *, epsilon: float, sensitivity: int) -> np.ndarray:
+    """counts + two-sided geometric noise of scale sensitivity/epsilon, clipped at ``noise_bound``.
+
+    Discrete Laplace: the difference of two geometric variables with p = 1 - exp(-epsilon/sensitivity) is
+    epsilon-differentially private for integer counts with that L1 sensitivity (Ghosh et al. 2009). Drawn
+    from the OS's randomness, not a seeded generator.
+    """
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+    p = 1.0 - math.exp(-epsilon / sensitivity)
+    rng = np.random.default_rng(secrets.randbits(128))
+    noise = rng.geometric(p, counts.shape) - rng.geometric(p, counts.shape)
+    bound = noise_bound(epsilon, sensitivity)
+    return counts + np.clip(noise, -bound, bound)
+
+
+# ---------------------------------------------------------------------------------------- growth
+def _gini(mass: np.ndarray) -> np.ndarray:
+    total = mass.sum(axis=-1)
+    safe = np.where(total > 0, total, 1.0)
+    return np.where(total > 0, 1.0 - np.sum((mass / safe[..., None]) ** 2, axis=-1), 0.0)
+
+
+def _weighted_impurity(groups: np.ndarray) -> float:
+    """Sum over groups of weight x Gini (groups: (g, C))."""
+    return float(np.sum(groups.sum(axis=1) * _gini(groups)))
+
+
+def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: float):
+    """Best split of one leaf from its histogram (n_cells, C): (gain, feature, kind, point, child counts)."""
+    offsets = candidates.offsets
+    total = hist[offsets[0]:offsets[1]].sum(axis=0)
+    W = float(total.sum())
+    if W <= 0:
+        return None
+    parent = W * float(_gini(total))
+    best = None
+    for j in range(candidates.n_features):
+        h = hist[offsets[j]:offsets[j + 1]]
+        known, missing = h[:-1], h[-1]
+        if candidates.thresholds[j] is not None:
+            if len(candidates.thresholds[j]) == 0:
+                continue
+            left = np.cumsum(known, axis=0)[:-1]            # after threshold k: cells 0..k
+            right = known.sum(axis=0)[None, :] - left
+            wl, wr = left.sum(axis=1), right.sum(axis=1)
+            score = wl * _gini(left) + wr * _gini(right) + missing.sum() * _gini(missing)
+            score = np.where((wl >= min_child) & (wr >= min_child), score, np.inf)
+            k = int(np.argmin(score))
+            if not np.isfinite(score[k]):
+                continue
+            gain = (parent - float(score[k])) / W
+            if best is None or gain > best[0] + 1e-12:
+                best = (gain, j, NUMERIC, k, [left[k], right[k]], missing)
+        else:
+            if used[j]:
+                continue
+            present = np.flatnonzero(known.sum(axis=1) >= min_child)
+            if len(present) < 2:
+                continue
+            groups = known[present]
+            rest = known.sum(axis=0) - groups.sum(axis=0) + missing  # codes without a child stop here
+            gain = (parent - _weighted_impurity(np.vstack([groups, rest]))) / W
+            if best is None or gain > best[0] + 1e-12:
+                best = (gain, j, CATEGORICAL, present, list(groups), rest)
+    return best
+
+
+class _Nodes:
+    """A tree as growable lists (children are appended, so they keep larger indices than their parent)."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
+        self.kind = list(tree.kind)
+        self.feature = list(tree.feature)
+        self.points = list(tree.split_points)
+        self.children = list(tree.children)
+        self.counts = [np.array(c, dtype=np.float64) for c in tree.counts]
+
+    def add(self, counts) -> int:
+        self.kind.append(LEAF), self.feature.append(-1), self.points.append(None), self.children.append(None)
+        self.counts.append(np.asarray(counts, dtype=np.float64))
+        return len(self.kind) - 1
+
+    def build(self) -> Tree:
+        t = self.tree
+        return Tree(t.feature_kinds, t.n_classes, self.kind, self.feature, self.points, self.children,
+                    np.vstack(self.counts), t.n_categories)
+
+
+def _fill_counts(nodes: _Nodes, keep_total: set) -> None:
+    """Internal counts = sum of the children's (bottom-up), except nodes whose own total is known; nodes no
+    row reaches take a pseudo-count of their parent's distribution (they predict like the parent)."""
+    n = len(nodes.kind)
+    for v in range(n - 1, -1, -1):
+        if nodes.children[v] is not None and v not in keep_total:
+            nodes.counts[v] = np.sum([nodes.counts[c] for c in nodes.children[v]], axis=0)
+    for v in range(n):
+        if nodes.children[v] is None:
+            continue
+        parent_total = nodes.counts[v].sum()
+        for c in nodes.children[v]:
+            if nodes.counts[c].sum() <= 0 and parent_total > 0:
+                nodes.counts[c] = nodes.counts[v] / parent_total * _PSEUDO
+
+
+def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summed, *, max_leaves=None,
+                max_depth=None, min_child: float = 1.0, collapse: bool = True) -> tuple[Tree, dict]:
+    """Relabel ``tree`` with the summed counts, then choose the best tree one round can reach, within budget.
+
+    ``summed`` is the sum of the sites' ``count_vector`` (negative values from noise are clipped to 0).
+    Counts add up, so every node whose leaves all sent histograms has one too (their sum). The round's
+    moves: keep a node's split, or cut the subtree there and split the node by its best candidate by Gini
+    (children are leaves with exact counts; their own histograms come next round), or make it a leaf. A
+    tree knapsack picks the moves that minimise the training rows the leaves get wrong (on the union of the
+    sites' rows) within ``max_leaves`` and ``max_depth``; ties prefer fewer leaves, then the existing split.
+    Returns the tree and stats.
+    """
+    summed = np.clip(np.asarray(summed, dtype=np.float64), 0.0, None)
+    if summed.shape != (plan.n_values,):
+        raise ValueError(f"expected {plan.n_values} summed counts, got {summed.shape}")
+    C, cells = plan.n_classes, plan.n_cells
+    hist_size = len(plan.split_leaves) * cells * C
+    hists = summed[:hist_size].reshape(len(plan.split_leaves), cells, C)
+    leaf_counts = summed[hist_size:].reshape(len(plan.count_leaves), C)
+    nodes = _Nodes(tree)
+    node_hist: list = [None] * tree.n_nodes
+    for i, leaf in enumerate(plan.split_leaves):
+        node_hist[leaf] = hists[i]
+        nodes.counts[leaf] = hists[i, candidates.offsets[0]:candidates.offsets[1]].sum(axis=0)
+    for i, leaf in enumerate(plan.count_leaves):
+        nodes.counts[leaf] = leaf_counts[i]
+    for v in range(tree.n_nodes - 1, -1, -1):  # an internal node's histogram: the sum of its children's
+        kids = tree.children[v]
+        if kids is not None and all(node_hist[c] is not None for c in kids):
+            node_hist[v] = np.sum([node_hist[c] for c in kids], axis=0)
+    _fill_counts(nodes, set())
+    relabelled = nodes.build()
+
+    budget = int(min(max_leaves if max_leaves is not None else 10 ** 9, 10 ** 9))
+    limit_depth = np.inf if max_depth is None else max_depth
+    depth = relabelled.node_depths()
+    used = _categorical_used(relabelled)
+    options = {}   # node -> (training errors as a leaf, best new split or None)
+    for v in range(relabelled.n_nodes):
+        counts = relabelled.counts[v]
+        leaf_cost = _cost(counts)
+        split = None
+        if node_hist[v] is not None and depth[v] < limit_depth:
+            best = _best_split(node_hist[v], candidates, used[v], min_child)
+            if best is not None and best[0] * counts.sum() > 1e-9 * max(counts.sum(), 1.0):
+                split = best
+        options[v] = (leaf_cost, split)
+    plan_of = _knapsack(relabelled, options, budget)
+    b_root = int(np.argmin(np.round(plan_of[0][0], 9))) + 1  # fewest leaves among the best
+    grown, known_total, n_split = _apply_choices(relabelled, candidates, options, plan_of, b_root)
+    _fill_counts(grown, known_total)
+    out = grown.build()
+    if collapse:
+        out = collapse_same_class(out)
+    stats = {"leaves_split": n_split, "n_leaves_before": int(tree.n_leaves), "n_leaves": int(out.n_leaves),
+             "depth": int(out.depth), "train_errors_before": float(sum(options[v][0] for v in
+                                                                   np.flatnonzero(relabelled.kind == LEAF))),
+             "train_errors_after": float(plan_of[0][0][b_root - 1])}
+    return out, stats
+
+
+def _cost(counts) -> float:
+    """Training rows a leaf with these class counts gets wrong (the knapsack's objective; Gini picks each
+    node's candidate split, misclassifications decide which moves the leaf budget buys: on 5 IID sites, 5
+    seeds, this beat total Gini by 0.1-0.5 points on nursery, car and adult and tied on credit)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    return float(counts.sum() - counts.max()) if counts.size else 0.0
+
+
+def _minplus(a: np.ndarray, b: np.ndarray, cap: int):
+    """c[k] = min over i + j = k (as leaf counts: (i+1) + (j+1) = k+1+1) of a[i] + b[j], with the argmin i."""
+    n = min(len(a) + len(b) - 1, cap)
+    c = np.full(n, np.inf)
+    arg = np.zeros(n, dtype=np.int64)
+    for i in range(min(len(a), n)):
+        m = min(len(b), n - i)
+        cand = a[i] + b[:m]
+        better = cand < c[i:i + m] - 1e-9
+        c[i:i + m] = np.where(better, cand, c[i:i + m])
+        arg[i:i + m] = np.where(better, i, arg[i:i + m])
+    return c, arg
+
+
+def _knapsack(tree: Tree, options: dict, budget: int) -> dict:
+    """Per node: (fewest training errors with b = 1..len leaves, how: per b 0 = leaf, 1 = new split, 2 = keep split,
+    and for keep, the argmin arrays of the children's budget split)."""
+    out = {}
+    for v in range(tree.n_nodes - 1, -1, -1):
+        leaf_cost, split = options[v]
+        f = np.array([leaf_cost])
+        how = np.zeros(1, dtype=np.int8)
+        merges = None
+        if tree.children[v] is not None:
+            acc, merges = out[int(tree.children[v][0])][0], []
+            for c in tree.children[v][1:]:
+                acc, arg = _minplus(acc, out[int(c)][0], budget)
+                merges.append(arg)
+            keep = np.concatenate([[np.inf] * (len(tree.children[v]) - 1), acc])[:budget]
+            f = np.concatenate([f, np.full(len(keep) - 1, np.inf)]) if len(keep) > 1 else f
+            how = np.zeros(len(f), dtype=np.int8)
+            better = keep < f - 1e-9
+            f, how = np.where(better, keep, f), np.where(better, 2, how)
+        if split is not None:
+            k = len(split[4])
+            if k <= budget:
+                cost = float(np.sum([_cost(g) for g in split[4]]) + _cost(split[5]))
+                if len(f) < k:
+                    f = np.concatenate([f, np.full(k - len(f), np.inf)])
+                    how = np.concatenate([how, np.zeros(k - len(how), dtype=np.int8)])
+                # a new split beats keeping the old one only when strictly better
+                for b in range(k - 1, len(f)):
+                    if cost < f[b] - 1e-9:
+                        f[b], how[b] = cost, 1
+        # errors can only fall with more leaves allowed
+        f_mono = np.minimum.accumulate(f)
+        use = np.concatenate([[0], np.where(f_mono[1:] < f_mono[:-1], np.arange(1, len(f)), 0)])
+        use = np.maximum.accumulate(use)  # for budget b: the smallest leaf count reaching f_mono[b]
+        out[v] = (f_mono, how, merges, use)
+    return out
+
+
+def _apply_choices(tree: Tree, candidates: SplitCandidates, options: dict, plan_of: dict, b_root: int):
+    nodes = _Nodes(tree)
+    keep = np.zeros(tree.n_nodes, dtype=bool)
+    known_total, n_split = set(), 0
+    stack = [(0, b_root)]
+    while stack:
+        v, b = stack.pop()
+        keep[v] = True
+        f, how, merges, use = plan_of[v]
+        b = int(use[min(b, len(f)) - 1]) + 1
+        choice = how[b - 1]
+        if choice == 0:
+            nodes.kind[v], nodes.feature[v], nodes.points[v], nodes.children[v] = LEAF, -1, None, None
+        elif choice == 1:
+            gain, j, kind, point, groups, rest = options[v][1]
+            nodes.kind[v], nodes.feature[v] = kind, j
+            nodes.points[v] = (np.array([candidates.thresholds[j][point]]) if kind == NUMERIC
+                               else np.asarray(point, dtype=np.float64))
+            nodes.children[v] = np.array([nodes.add(g) for g in groups], dtype=np.int64)
+            nodes.counts[v] = np.sum(groups, axis=0) + rest  # rows missing here stop here
+            known_total.add(v)
+            n_split += 1
+        else:  # keep the split: unwind the children's budget split
+            kids = [int(c) for c in tree.children[v]]
+            rest_b = b - 1 - (len(kids) - 1)  # index into the merged array
+            budgets = []
+            for c, arg in zip(kids[:0:-1], merges[::-1]):
+                i = int(arg[rest_b])
+                budgets.append(rest_b - i + 1)
+                rest_b = i
+            budgets.append(rest_b + 1)
+            for c, bc in zip(kids, budgets[::-1]):
+                stack.append((c, bc))
+    return _prune(nodes, keep, tree.n_nodes), known_total, n_split
+
+
+def _prune(nodes: _Nodes, keep: np.ndarray, n_old: int) -> _Nodes:
+    """Drop old nodes no longer reachable (cut subtrees); new nodes are all reachable."""
+    kept = np.concatenate([keep, np.ones(len(nodes.kind) - n_old, dtype=bool)])
+    reach = np.zeros(len(kept), dtype=bool)
+    reach[0] = True
+    for v in range(len(kept)):
+        if reach[v] and nodes.children[v] is not None:
+            reach[nodes.children[v]] = True
+    index = np.cumsum(reach) - 1
+    out = _Nodes.__new__(_Nodes)
+    out.tree = nodes.tree
+    out.kind = [nodes.kind[v] for v in np.flatnonzero(reach)]
+    out.feature = [nodes.feature[v] for v in np.flatnonzero(reach)]
+    out.points = [nodes.points[v] for v in np.flatnonzero(reach)]
+    out.children = [None if nodes.children[v] is None else index[nodes.children[v]] for v in np.flatnonzero(reach)]
+    out.counts = [nodes.counts[v] for v in np.flatnonzero(reach)]
+    return out
+
+
+def _categorical_used(tree: Tree) -> np.ndarray:
+    """(n_nodes, d): categorical features already split on the path to each node (ID3 splits once)."""
+    used = np.zeros((tree.n_nodes, tree.n_features), dtype=bool)
+    for v in range(tree.n_nodes):
+        if tree.children[v] is None:
+            continue
+        child_used = used[v].copy()
+        if tree.kind[v] == CATEGORICAL:
+            child_used[tree.feature[v]] = True
+        used[tree.children[v]] = child_used
+    return used
