@@ -45,7 +45,16 @@ def test_report_content(car_run):
     assert set(b) == {"centralized", "mean_local", "best_local"}
     assert b["best_local"]["macro_f1"] >= b["mean_local"]["macro_f1"]
     assert abs(b["centralized"]["accuracy"] - g["accuracy"]) < 0.15
-    assert "global (ICDTA4FL)" in proc.stdout and str(ws / "report.json") in proc.stdout
+    # the default refinement round ran on the 3 sites' encrypted counts, and the paper's tree is kept beside it
+    r = report["refinement"]
+    assert r["status"] == "completed" and r["rounds_done"] == 1 and r["key_holder"] == "site-1"
+    assert r["history"][0]["sites"] == 3 and r["history"][0]["bytes_per_site"] > 0
+    one = report["one_round"]
+    assert one["n_leaves"] >= 1 and 0.7 < one["accuracy"] <= 1
+    assert g["accuracy"] >= one["accuracy"] - 0.02  # more data behind every leaf; held-out noise aside
+    assert g["n_leaves"] <= report["aggregation"]["max_leaves"] and g["depth"] <= report["aggregation"]["max_depth"]
+    assert "global (ICDTA4FL, refined 1 round)" in proc.stdout and "one-round tree (the paper's)" in proc.stdout
+    assert str(ws / "report.json") in proc.stdout
 
 
 def test_artifacts(car_run):
@@ -59,6 +68,8 @@ def test_artifacts(car_run):
     rules = (ws / "rules.txt").read_text()
     assert rules.strip() and any(c in rules for c in ("unacc", "acc"))
     assert (ws / "global_tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one = GlobalTree.load_json(ws / "global_tree_one_round.json")
+    assert one.get_n_leaves() == report["one_round"]["n_leaves"]
 
 
 def test_export_runs_without_installed_package(tmp_path):

@@ -153,7 +153,8 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
 
 def print_summary(report: dict, workspace: Path) -> None:
     refined = report.get("refinement")
-    name = f"global (ICDTA4FL + {refined.get('rounds_done', 0)} refinement rounds)" if refined else "global (ICDTA4FL)"
+    done = (refined or {}).get("rounds_done", 0)
+    name = f"global (ICDTA4FL, refined {done} round{'s' * (done != 1)})" if refined else "global (ICDTA4FL)"
     rows = [[name, report["global"].get("accuracy"), report["global"].get("macro_f1"),
              report["global"]["n_leaves"], report["global"]["depth"]]]
     one = report.get("one_round")
