@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from treeflare.icdta4fl import select_trees
+from treeflare.icdta4fl.selection import select_trees as select_with_keys
 
 
 def test_percentile_thresholds_keep_trees_reaching_both():
@@ -18,10 +19,23 @@ def test_percentile_thresholds_keep_trees_reaching_both():
     assert select_trees(acc, f1, statistic="percentile", q=0)[0] == [0, 1, 2, 3]
 
 
-def test_ties_are_kept():
-    acc = [[0.8, 0.8, 0.7]]
-    f1 = [[0.6, 0.6, 0.5]]
-    assert select_trees(acc, f1, statistic="percentile", q=75)[0] == [0, 1]
+def test_ties_at_the_threshold_are_broken_deterministically():
+    acc = [[0.8, 0.8, 0.7, 0.8]]
+    f1 = [[0.6, 0.6, 0.5, 0.6]]
+    # q=75 of 4 trees means the best one: three tie, the lowest index wins without keys
+    selected, report = select_trees(acc, f1, statistic="percentile", q=75)
+    assert selected == [0] and "1 of 3 kept" in report["how"]
+    assert select_trees(acc, f1, statistic="percentile", q=50)[0] == [0, 1]
+    # with content keys the choice follows the trees, not their positions
+    keys = ["c", "b", "z", "a"]
+    assert select_with_keys(acc, f1, statistic="percentile", q=75, tie_keys=keys)[0] == [3]
+    perm = [3, 2, 1, 0]
+    permuted = select_with_keys([[acc[0][i] for i in perm]], [[f1[0][i] for i in perm]], statistic="percentile",
+                            q=75, tie_keys=[keys[i] for i in perm])[0]
+    assert [perm[i] for i in permuted] == [3]
+    # a better F1 outranks the key; the mean statistic keeps ties
+    assert select_with_keys([[0.8, 0.8]], [[0.6, 0.7]], statistic="percentile", q=75, tie_keys=["a", "b"])[0] == [1]
+    assert select_trees(acc, f1, statistic="mean")[0] == [0, 1, 3]
 
 
 def test_relaxation_then_best_tree_fallback_never_empty():

@@ -122,7 +122,7 @@ class ICDTA4FLController(ResultWorkflow):
         f1 = np.array([scores[s]["macro_f1"] for s in scorers])
 
         t = time.perf_counter()
-        selected, thresholds = pipeline.select_trees(acc, f1, **self.selection)
+        selected, thresholds = pipeline.select_trees(acc, f1, **self.selection, trees=tree_dicts)
         model, stats = self._aggregate(trees, selected, sites, result, fl_ctx)
         timings["aggregation"] = time.perf_counter() - t
         selected = stats["selected"]

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 
@@ -132,14 +134,22 @@ def score_trees(trees, X_test, y_test) -> dict:
     return {"accuracy": acc, "macro_f1": f1}
 
 
-def select_trees(accuracy, macro_f1, *, statistic="percentile", q=75.0):
+def select_trees(accuracy, macro_f1, *, statistic="percentile", q=75.0, trees=None):
     """(n_sites, n_trees) score matrices -> (selected tree indices, thresholds report).
 
-    None entries (sites that did not score) are ignored.
+    None entries (sites that did not score) are ignored. ``trees`` (dicts or ``Tree``), when given, break
+    ties by a digest of their content rather than by position.
     """
     acc = np.array(accuracy, dtype=np.float64)  # None -> nan
     f1 = np.array(macro_f1, dtype=np.float64)
-    return selection.select_trees(acc, f1, statistic=statistic, q=q)
+    keys = None if trees is None else [tree_digest(t) for t in trees]
+    return selection.select_trees(acc, f1, statistic=statistic, q=q, tie_keys=keys)
+
+
+def tree_digest(tree) -> str:
+    """SHA-256 of a tree's canonical JSON: the same tree gives the same key wherever it comes from."""
+    payload = tree.to_dict() if isinstance(tree, Tree) else tree
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def aggregate(trees, selected, *, classes, feature_names=None, category_names=None,
@@ -251,7 +261,7 @@ def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_nam
     reports = [score_trees(objects, s["X_test"], s["y_test"]) for s in sites]
     acc = [r["accuracy"] for r in reports]
     f1 = [r["macro_f1"] for r in reports]
-    selected, thresholds = select_trees(acc, f1, statistic=statistic, q=q)
+    selected, thresholds = select_trees(acc, f1, statistic=statistic, q=q, trees=trees)
     t_score = time.perf_counter()
     model, stats = aggregate(objects, selected, classes=classes, feature_names=feature_names,
                              category_names=category_names, params=aggregate_params)
