@@ -226,3 +226,26 @@ def test_a_key_holder_that_fails_leaves_the_one_round_result(car_federation, tmp
     assert result["status"] == "completed"
     assert result["refinement"]["status"].startswith("stopped at round 1: the key holder did not decrypt")
     assert "site-1" in result["dropped_sites"] and "disk full" in result["dropped_sites"]["site-1"]
+
+
+def test_credit_case_no_longer_collapses_to_two_leaves(tmp_path):
+    """Issue 10: credit, CART, 5 IID sites, seed 0, percentile 25 merged 4 trees into the rule cap and returned a
+    2-leaf tree with macro-F1 below the mean local tree's. The capped merge now falls back to the best selected
+    local tree, which the refinement then grows on all sites' counts."""
+    fed = prepare_federation(load_dataset("default_credit_card"), n_sites=5, kind="iid", seed=0)
+    root = write_federation(fed, tmp_path / "data")
+
+    def run(rounds):
+        c = ICDTA4FLController(schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 5},
+                               selection={"statistic": "percentile", "q": 25}, min_clients=2,
+                               server_test=str(root / "server" / "test.csv"), refine_params={"rounds": rounds})
+        return InProcessRun(root, fed.site_names).run(c, tmp_path / f"run{rounds}")
+
+    paper, refined = run(0), run(1)
+    assert paper["global"]["n_leaves"] == 2 and paper["aggregation"]["capped_steps"] >= 1  # the defect, kept at 0
+    assert refined["refinement"]["start"].startswith("best selected local tree")
+    g = refined["global"]
+    assert g["n_leaves"] > 2 and g["depth"] > 1
+    assert g["macro_f1"] >= refined["baselines"]["mean_local"]["macro_f1"]
+    assert g["accuracy"] >= refined["baselines"]["best_local"]["accuracy"]
+    assert g["n_leaves"] <= refined["aggregation"]["max_leaves"] and g["depth"] <= refined["aggregation"]["max_depth"]

@@ -141,7 +141,7 @@ class ICDTA4FLController(ResultWorkflow):
         one_round = model
         result["one_round"] = self._tree_summary(one_round.tree_, server_test, n_rules=stats.get("n_rules"))
         if rounds:
-            model = self._refinement(one_round, trees, selected, sites, scorers, acc, trained, key_holder,
+            model = self._refinement(one_round, trees, selected, sites, scorers, acc, f1, trained, key_holder,
                                      stats, server_test, result, abort_signal, fl_ctx)
             one_round.save_json(run_dir / "global_tree_one_round.json")
         model.save_json(run_dir / "global_tree.json")
@@ -164,7 +164,7 @@ class ICDTA4FLController(ResultWorkflow):
             self._server_metrics(result, model, trees, sites, server_test)
 
     # -- refinement --------------------------------------------------------------------------
-    def _refinement(self, one_round, trees, selected, sites, scorers, acc, trained, key_holder, stats,
+    def _refinement(self, one_round, trees, selected, sites, scorers, acc, f1, trained, key_holder, stats,
                     server_test, result, abort_signal, fl_ctx) -> GlobalTree:
         """Never worse than the pieces, then grown on protected summed counts. Returns the final model."""
         timings = result["timings_s"]
@@ -176,16 +176,14 @@ class ICDTA4FLController(ResultWorkflow):
         checked = self._ask(SCORE_GLOBAL, {"tree": one_round.tree_.to_dict()}, sites, result, abort_signal,
                             fl_ctx, check_global_reply, required=1)
         common = [i for i, s in enumerate(scorers) if s in checked]
-        merged_score = float(np.mean([checked[scorers[i]]["accuracy"] for i in common])) if common else -1.0
-        local_scores = {j: float(np.nanmean(acc[common, j])) if common else -1.0 for j in selected}
-        # ties: the higher mean accuracy, then the lower site in natural order
-        best = max(selected, key=lambda j: (local_scores[j], -j))
-        info["validation_accuracy"] = {"one_round": merged_score, "best_selected_local": local_scores[best],
-                                       "best_selected_site": sites[best]}
-        if merged_score < local_scores[best]:
-            start, info["start"] = trees[best], f"best selected local tree ({sites[best]})"
+        merged = {m: float(np.mean([checked[scorers[i]][m] for i in common])) if common else -1.0
+                  for m in ("accuracy", "macro_f1")}
+        best, why = refine.choose_start(merged, acc[common], f1[common], selected, capped=bool(stats["capped_steps"]))
+        info["validation"] = {"one_round": merged}
+        if best is None:
+            start, info["start"] = one_round.tree_, f"one-round tree ({why})"
         else:
-            start, info["start"] = one_round.tree_, "one-round tree"
+            start, info["start"] = trees[best], f"best selected local tree, {sites[best]} ({why})"
         timings["refine_check"] = time.perf_counter() - t
         model = GlobalTree(start, list(self._schema.classes), self.names, self.category_names)
 

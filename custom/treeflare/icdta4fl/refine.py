@@ -33,13 +33,34 @@ from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_int, check_list, check_number
 from .simplify import collapse_same_class
 
-__all__ = ["SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round", "count_vector",
+__all__ = ["choose_start", "SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round", "count_vector",
            "refine_tree", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES"]
 
 MAX_THRESHOLDS_PER_FEATURE = 32
 # values in one site's reply: at 20-bit slots and 2048-bit keys, 1M values are ~10k ciphertexts (5 MB)
 MAX_REFINE_VALUES = 1_000_000
 _PSEUDO = 1e-6  # weight of the parent's distribution given to a node no training row reaches
+
+
+def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bool) -> tuple[int | None, str]:
+    """Never worse than the pieces: which tree the refinement starts from.
+
+    ``merged`` holds the one-round tree's mean validation ``accuracy`` and ``macro_f1`` over the sites;
+    ``local_accuracy``/``local_f1`` the peer-score matrices (sites x trees, same sites). The best selected
+    local tree has the highest mean accuracy, then macro-F1, then the lowest index. Returns (None, why)
+    to start from the one-round tree, or (index, why) to fall back to that local tree: when the merge hit
+    the rule cap, or the one-round tree scores lower than it on either metric.
+    """
+    with np.errstate(invalid="ignore"):
+        acc = np.nanmean(np.asarray(local_accuracy, dtype=np.float64), axis=0)
+        f1 = np.nanmean(np.asarray(local_f1, dtype=np.float64), axis=0)
+    best = max(selected, key=lambda j: (acc[j], f1[j], -j))
+    worse = [m for m, v in (("accuracy", acc[best]), ("macro_f1", f1[best])) if merged[m] < v]
+    if capped:
+        return best, "the merge hit the rule cap"
+    if worse:
+        return best, f"the one-round tree had lower validation {' and '.join(worse)}"
+    return None, "the one-round tree is at least as good as every selected local tree"
 
 
 @dataclass(frozen=True)
