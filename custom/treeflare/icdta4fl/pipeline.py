@@ -31,6 +31,7 @@ from .simplify import collapse_same_class, onehot_groups_from_names, simplify_ru
 
 __all__ = [
     "train_local_tree", "score_trees", "select_trees", "aggregate", "check_aggregate_params", "run_in_process",
+    "refine_in_process", "tree_digest",
     "macro_f1", "DEFAULT_LOCAL_PARAMS", "DEFAULT_AGGREGATE_PARAMS", "UnusableTreeError",
 ]
 
@@ -242,14 +243,49 @@ def aggregate(trees, selected, *, classes, feature_names=None, category_names=No
     return model, stats
 
 
+def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, bounds=None,
+                      X_global_test=None, y_global_test=None) -> dict:
+    """The refinement rounds on plaintext sums of the sites' counts (what the encrypted protocol computes).
+
+    Same steps as the FLARE controller: the one-round tree scored on each site's test rows, the start
+    tree chosen by ``refine.choose_start``, candidates from all local trees, then ``rounds`` rounds.
+    Returns the final tree, the start choice and per-round history (global-test accuracy when given).
+    """
+    from . import refine
+
+    merged = {"accuracy": float(np.mean([np.mean(model.tree_.predict(s["X_test"]) == s["y_test"]) for s in sites])),
+              "macro_f1": float(np.mean([macro_f1(s["y_test"], model.tree_.predict(s["X_test"])) for s in sites]))}
+    best, why = refine.choose_start(merged, acc, f1, selected, capped=bool(stats["capped_steps"]))
+    tree = model.tree_ if best is None else _as_tree(trees[best])
+    first = _as_tree(trees[0])
+    candidates = refine.candidates_from_trees([_as_tree(t) for t in trees], feature_kinds=first.feature_kinds,
+                                              n_categories=first.n_categories, bounds=bounds)
+    budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
+    history = []
+    for r in range(1, rounds + 1):
+        t = time.perf_counter()
+        plan = refine.plan_round(tree, candidates, budget["max_depth"])
+        summed = np.sum([refine.count_vector(tree, candidates, plan, s["X_train"], s["y_train"]) for s in sites], axis=0)
+        tree, st = refine.refine_tree(tree, candidates, plan, summed, **budget)
+        entry = {"round": r, "n_values": plan.n_values, "seconds": time.perf_counter() - t, **st}
+        if X_global_test is not None:
+            pred = tree.predict(X_global_test)
+            entry["accuracy"] = float(np.mean(pred == y_global_test))
+            entry["macro_f1"] = macro_f1(y_global_test, pred)
+        history.append(entry)
+    return {"tree": tree, "start": "one_round" if best is None else int(best), "why": why, "history": history}
+
+
 def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None,
                    n_categories=None, category_names=None, local_params=None, statistic="percentile",
-                   q=75.0, aggregate_params=None, X_global_test=None, y_global_test=None) -> dict:
+                   q=75.0, aggregate_params=None, X_global_test=None, y_global_test=None,
+                   refine_rounds=0, bounds=None) -> dict:
     """All steps in one process.
 
     ``sites`` is a list of dicts with ``X_train, y_train, X_test, y_test`` (global codes).
     Returns a dict with the tree dicts, score matrices, selection, global model and stats, and
-    (if a global test set is given) the global/local scores on it.
+    (if a global test set is given) the global/local scores on it; with ``refine_rounds``, also
+    ``refined`` (see ``refine_in_process``; ``bounds`` are the schema's threshold ranges).
     """
     C = len(classes)
     t0 = time.perf_counter()
@@ -277,4 +313,10 @@ def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_nam
         pred = model.predict_codes(X_global_test)
         out["global"] = {"accuracy": float(np.mean(pred == y)), "macro_f1": macro_f1(y, pred)}
         out["local_on_global_test"] = local
+    if refine_rounds:
+        t = time.perf_counter()
+        out["refined"] = refine_in_process(model, objects, selected, stats, sites, acc=np.array(acc, dtype=float),
+                                           f1=np.array(f1, dtype=float), rounds=refine_rounds, bounds=bounds,
+                                           X_global_test=X_global_test, y_global_test=y_global_test)
+        out["timings_s"]["refine"] = time.perf_counter() - t
     return out

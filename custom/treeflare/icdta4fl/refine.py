@@ -39,6 +39,7 @@ __all__ = ["choose_start", "SplitCandidates", "candidates_from_trees", "RefinePl
 MAX_THRESHOLDS_PER_FEATURE = 32
 # values in one site's reply: at 20-bit slots and 2048-bit keys, 1M values are ~10k ciphertexts (5 MB)
 MAX_REFINE_VALUES = 1_000_000
+DEFAULT_ROUND_VALUES = 100_000  # what the server asks per round: ~0.5 MB of ciphertexts per site at 2048 bits
 _PSEUDO = 1e-6  # weight of the parent's distribution given to a node no training row reaches
 
 
@@ -206,14 +207,26 @@ class RefinePlan:
         return plan
 
 
-def plan_round(tree: Tree, candidates: SplitCandidates, max_depth) -> RefinePlan:
-    """Full histograms for leaves that may still split (depth < max_depth), counts only for the others."""
+def plan_round(tree: Tree, candidates: SplitCandidates, max_depth, max_values: int = DEFAULT_ROUND_VALUES) -> RefinePlan:
+    """Full histograms for leaves that may still split (depth < max_depth), counts only for the others.
+
+    At most ``max_values`` counts per reply (about 0.5 MB of ciphertexts at 2048 bits): when the leaves
+    below the depth budget would need more, those with the most estimated impurity (count x Gini of the
+    tree's own counts) get histograms first; the rest send their class counts only this round.
+    """
     depth = tree.node_depths()
     leaves = np.flatnonzero(tree.kind == LEAF)
     limit = np.inf if max_depth is None else max_depth
-    split = tuple(int(v) for v in leaves if depth[v] < limit)
-    count = tuple(int(v) for v in leaves if depth[v] >= limit)
-    return RefinePlan(split, count, tree.n_classes, int(candidates.offsets[-1]))
+    open_leaves = [int(v) for v in leaves if depth[v] < limit]
+    cells, C = int(candidates.offsets[-1]), tree.n_classes
+    room = (max_values - len(leaves) * C) // max((cells - 1) * C, 1)  # each histogram replaces a count block
+    if len(open_leaves) > room:
+        weight = tree.counts[open_leaves].sum(axis=1) * _gini(tree.counts[open_leaves])
+        order = sorted(range(len(open_leaves)), key=lambda i: (-round(float(weight[i]), 9), open_leaves[i]))
+        open_leaves = sorted(open_leaves[i] for i in order[:max(room, 0)])
+    chosen = set(open_leaves)
+    count = tuple(int(v) for v in leaves if int(v) not in chosen)
+    return RefinePlan(tuple(open_leaves), count, C, cells)
 
 
 def count_vector(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, X, y) -> np.ndarray:
