@@ -24,7 +24,7 @@ from nvflare.apis.shareable import Shareable
 from ..crypto import secure_sum
 from ..data import DataError, Schema, read_site_csv
 from ..icdta4fl import pipeline, refine
-from ..icdta4fl.encoding import encode, feature_space, threshold_bounds, tree_limits
+from ..icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
 from ..icdta4fl.model import GlobalTree
 from ..icdta4fl.payloads import (check_counts_reply, check_global_reply, check_scores_reply, check_sums_reply,
                                  check_train_reply)
@@ -85,9 +85,8 @@ class ICDTA4FLController(ResultWorkflow):
         self.limits = tree_limits(self._schema, algorithm, max_depth=int(local["max_depth"]),
                                   n_bins=int(local["n_bins"]))
         pipeline.check_aggregate_params(self.aggregation)  # a bad budget fails here, before any task
-        # ID3 splits on category codes; the rules text shows their names
-        self.category_names = ([list(f.categories) if f.kind == "categorical" else None for f in self._schema.features]
-                               if algorithm == "id3" else None)
+        # codes (ID3's categories, ordinal columns) are shown by their names in rules text and pictures
+        self.category_names = category_names(self._schema, algorithm)
 
     def initial_result(self) -> dict:
         return {**super().initial_result(), "algorithm": self.algorithm, **self.job_info, "dropped_sites": {}}

@@ -77,6 +77,21 @@ def tree_limits(schema: Schema, algorithm: str, *, max_depth: int, n_bins: int =
             "max_nodes": max_tree_nodes(schema, algorithm, max_depth, n_bins), "max_depth": int(max_depth)}
 
 
+def category_names(schema: Schema, algorithm: str) -> list | None:
+    """Per encoded column, the category names its codes stand for (for rules text and pictures): ID3's
+    categorical and ordinal columns, CART's ordinal columns; None elsewhere (and None if no column has any)."""
+    out = []
+    for f in schema.features:
+        kind = _kind(f)
+        if kind == "ordinal" or (kind == "categorical" and algorithm == "id3"):
+            out.append(list(f.categories))
+        elif kind == "categorical":  # one 0/1 column per category, named "attribute=value"
+            out.extend([None] * len(f.categories))
+        else:
+            out.append(None)
+    return out if any(c is not None for c in out) else None
+
+
 def encode(table: Table, algorithm: str) -> np.ndarray:
     if algorithm == "cart":
         return table.onehot()[0]

@@ -179,6 +179,9 @@ def _condition(tree, node, pos, names, category_names, decimals) -> str:
     if "=" in name and len(points) == 1 and 0.0 <= points[0] < 1.0:
         attr, value = name.split("=", 1)  # one-hot column
         return f"{attr} {'!=' if pos == 0 else '='} {value}"
+    cats = category_names[j] if category_names and category_names[j] else None
+    if cats is not None:  # an ordinal column: thresholds fall between the codes of ordered categories
+        return _ordinal_condition(name, cats, points, pos)
     if len(points) == 1:
         return f"{name} {'<=' if pos == 0 else '>'} {_fmt(points[0], decimals)}"
     if pos == 0:
@@ -186,6 +189,21 @@ def _condition(tree, node, pos, names, category_names, decimals) -> str:
     if pos == len(points):
         return f"{name} > {_fmt(points[-1], decimals)}"
     return f"{_fmt(points[pos - 1], decimals)} < {name} <= {_fmt(points[pos], decimals)}"
+
+
+def _ordinal_condition(name, cats, points, pos) -> str:
+    """'size <= med', 'size >= big', 'med < size <= big' for codes 0..k-1 of ordered categories."""
+    def last_at_or_below(t):  # the highest code <= t, clipped to the category list
+        return cats[int(min(max(np.floor(t), 0), len(cats) - 1))]
+
+    def first_above(t):
+        return cats[int(min(max(np.floor(t) + 1, 0), len(cats) - 1))]
+
+    if pos == 0:
+        return f"{name} <= {last_at_or_below(points[0])}"
+    if pos == len(points):
+        return f"{name} >= {first_above(points[-1])}"
+    return f"{last_at_or_below(points[pos - 1])} < {name} <= {last_at_or_below(points[pos])}"
 
 
 def format_tree_text(tree: Tree, classes, feature_names, category_names=None, max_depth=None,

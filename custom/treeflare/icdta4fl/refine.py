@@ -1,45 +1,32 @@
-"""The refinement round: grow the global tree on class counts summed over every site's training rows.
+"""The refinement round, server side: grow the global tree on class counts summed over every site's rows.
 
 The one-round method (merge the selected trees' rules, rebuild one tree) can only recombine what the local
 trees already say, so the global tree is about as good as the best local tree. One more federated round fixes
 that: the server sends the current tree; every site returns, for each leaf, class counts per cell of every
-candidate split; the server sums them, relabels the leaves with the true counts and splits the best leaves.
+candidate split (``refine_counts``); the server sums them (encrypted: ``crypto.secure_sum``), relabels the
+leaves with the true counts and re-splits where the sums say it pays, within the leaf and depth budget.
 
-* Candidates reveal nothing new (``candidates_from_trees``): numeric thresholds are those that already appear
-  in the local trees every site was sent for peer scoring; ordinal codes and one-hot indicators split between
-  the schema's codes; categorical features (ID3) split into the schema's categories.
-* A site's reply is one vector of non-negative integer counts (``count_vector``): per split leaf and feature,
-  a histogram over the feature's cells (between thresholds, or one per code, plus one for missing values) and
-  classes; per count-only leaf (at the depth budget), its class counts. Sums of such vectors are the vector of
-  the union of the rows, so summing encrypted vectors (see ``crypto.secure_sum``) and growing on the sum is the
-  same as growing on the pooled rows, which no one holds.
-* ``refine_tree`` relabels the leaves, then picks, within the leaf and depth budget, which splits to keep
-  and which nodes to re-split by their best candidate (a tree knapsack); every new node's counts are exact
-  (read off the histograms).
-* ``add_noise`` adds clipped two-sided geometric noise (discrete Laplace) to a site's counts for
-  ``--refine-epsilon``; a row changes one cell per feature in its leaf, so the L1 sensitivity is the number of
-  features.
+* ``choose_start``: never worse than the pieces; a capped merge, or a one-round tree that scores lower on
+  the sites' validation rows than the best selected local tree, starts the refinement from that local tree.
+* ``refine_tree``: relabel, then a tree knapsack picks, within budget, which splits to keep and which nodes to
+  re-split by their best candidate; every new node's counts are exact (read off the histograms).
 """
 
 from __future__ import annotations
 
-import math
-import secrets
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
-from ..trees.validate import PayloadError, check_int, check_list, check_number
+from .refine_counts import (DEFAULT_ROUND_VALUES, MAX_REFINE_VALUES, MAX_THRESHOLDS_PER_FEATURE, RefinePlan,
+                            SplitCandidates, add_noise, candidates_from_trees, count_vector, gini, noise_bound,
+                            plan_round)
 from .simplify import collapse_same_class
 
-__all__ = ["choose_start", "SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round", "count_vector",
-           "refine_tree", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES"]
+# the wire-side names are re-exported so callers use one module for the round
+__all__ = ["choose_start", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round",
+           "count_vector", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES",
+           "DEFAULT_ROUND_VALUES"]
 
-MAX_THRESHOLDS_PER_FEATURE = 32
-# values in one site's reply: at 20-bit slots and 2048-bit keys, 1M values are ~10k ciphertexts (5 MB)
-MAX_REFINE_VALUES = 1_000_000
-DEFAULT_ROUND_VALUES = 100_000  # what the server asks per round: ~0.5 MB of ciphertexts per site at 2048 bits
 _PSEUDO = 1e-6  # weight of the parent's distribution given to a node no training row reaches
 
 
@@ -64,231 +51,9 @@ def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bo
     return None, "the one-round tree is at least as good as every selected local tree"
 
 
-@dataclass(frozen=True)
-class SplitCandidates:
-    """Per feature of the tree's matrix: sorted numeric thresholds, or the number of category codes.
-
-    ``thresholds[j]`` is an array for numeric features (possibly empty: no candidate), None for categorical
-    ones; ``n_codes[j]`` is the code count of categorical features, None for numeric ones. Feature j has
-    ``n_cells(j)`` cells: one per interval between thresholds (or per code), and one for missing values.
-    """
-
-    thresholds: tuple
-    n_codes: tuple
-
-    @property
-    def n_features(self) -> int:
-        return len(self.thresholds)
-
-    def n_cells(self, j: int) -> int:
-        if self.thresholds[j] is not None:
-            return len(self.thresholds[j]) + 2
-        return int(self.n_codes[j]) + 1
-
-    @property
-    def offsets(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([self.n_cells(j) for j in range(self.n_features)])]).astype(np.int64)
-
-    def cells(self, X: np.ndarray) -> np.ndarray:
-        """(n, d) cell index of each value; the last cell of a feature holds missing (and unknown) values."""
-        X = np.asarray(X, dtype=np.float64)
-        out = np.empty(X.shape, dtype=np.int64)
-        for j in range(self.n_features):
-            x, missing = X[:, j], np.isnan(X[:, j])
-            if self.thresholds[j] is not None:
-                cell = np.searchsorted(self.thresholds[j], x, side="left")  # x <= t_0 -> 0
-            else:
-                k = int(self.n_codes[j])
-                ok = ~missing & (x >= 0) & (x < k) & (x == np.round(x))
-                cell = np.where(ok, np.nan_to_num(x, nan=0.0), k).astype(np.int64)
-                missing = missing | ~ok
-            out[:, j] = np.where(missing, self.n_cells(j) - 1, cell)
-        return out
-
-    def to_dict(self) -> dict:
-        return {"thresholds": [None if t is None else [float(v) for v in t] for t in self.thresholds],
-                "n_codes": [None if k is None else int(k) for k in self.n_codes]}
-
-    @classmethod
-    def from_dict(cls, payload, *, feature_kinds) -> "SplitCandidates":
-        if not isinstance(payload, dict):
-            raise PayloadError("candidates", f"expected a dict, got {type(payload).__name__}")
-        d = len(feature_kinds)
-        thr = check_list(payload.get("thresholds"), "candidates.thresholds", length=d)
-        codes = check_list(payload.get("n_codes"), "candidates.n_codes", length=d)
-        out_t, out_k = [], []
-        for j, kind in enumerate(feature_kinds):
-            if kind == "categorical":
-                if thr[j] is not None:
-                    raise PayloadError(f"candidates.thresholds[{j}]", "thresholds on a categorical feature")
-                out_t.append(None)
-                out_k.append(check_int(codes[j], f"candidates.n_codes[{j}]", lo=1, hi=10_000))
-            else:
-                if codes[j] is not None:
-                    raise PayloadError(f"candidates.n_codes[{j}]", "codes on a numeric feature")
-                values = check_list(thr[j], f"candidates.thresholds[{j}]", max_len=MAX_THRESHOLDS_PER_FEATURE)
-                values = np.array([check_number(v, f"candidates.thresholds[{j}][{i}]") for i, v in enumerate(values)])
-                if np.any(np.diff(values) <= 0):
-                    raise PayloadError(f"candidates.thresholds[{j}]", "must be strictly increasing")
-                out_t.append(values)
-                out_k.append(None)
-        return cls(tuple(out_t), tuple(out_k))
-
-
-def _spread(values: np.ndarray, k: int) -> np.ndarray:
-    """At most k of the sorted values, evenly spaced in rank (always the outermost)."""
-    if len(values) <= k:
-        return values
-    return values[np.unique(np.round(np.linspace(0, len(values) - 1, k)).astype(np.int64))]
-
-
-def candidates_from_trees(trees, *, feature_kinds, n_categories, bounds,
-                          max_thresholds=MAX_THRESHOLDS_PER_FEATURE) -> SplitCandidates:
-    """Candidate splits that reveal nothing beyond what every site has already seen.
-
-    Numeric features: the thresholds of the local ``trees`` (every site received them all for peer scoring)
-    on that feature, at most ``max_thresholds`` of them evenly spaced in rank. Columns whose schema range is
-    a small set of codes (``bounds`` (0, K-1) with K <= 64: ordinal codes, one-hot 0/1 indicators) also
-    split between every pair of adjacent codes. Categorical features: the schema's ``n_categories``.
-    """
-    d = len(feature_kinds)
-    found = [[] for _ in range(d)]
-    for tree in trees:
-        for node in np.flatnonzero(tree.kind == NUMERIC):
-            found[tree.feature[node]].append(np.asarray(tree.split_points[node], dtype=np.float64))
-    thresholds, codes = [], []
-    for j, kind in enumerate(feature_kinds):
-        if kind == "categorical":
-            thresholds.append(None)
-            codes.append(int(n_categories[j]))
-            continue
-        values = np.unique(np.concatenate(found[j])) if found[j] else np.empty(0)
-        b = bounds[j] if bounds is not None else None
-        if b is not None and b[0] == 0.0 and float(b[1]).is_integer() and 1 <= b[1] < 64:
-            values = np.arange(int(b[1])) + 0.5  # between adjacent codes: all a threshold can mean here
-        thresholds.append(_spread(values[np.isfinite(values)], max_thresholds))
-        codes.append(None)
-    return SplitCandidates(tuple(thresholds), tuple(codes))
-
-
-@dataclass(frozen=True)
-class RefinePlan:
-    """Which leaves get full histograms (``split_leaves``: below the depth budget) and which only their class
-    counts (``count_leaves``), and where each block sits in the count vector."""
-
-    split_leaves: tuple
-    count_leaves: tuple
-    n_classes: int
-    n_cells: int  # cells per split leaf, summed over features
-
-    @property
-    def n_values(self) -> int:
-        return (len(self.split_leaves) * self.n_cells + len(self.count_leaves)) * self.n_classes
-
-    def to_dict(self) -> dict:
-        return {"split_leaves": [int(v) for v in self.split_leaves],
-                "count_leaves": [int(v) for v in self.count_leaves]}
-
-    @classmethod
-    def from_dict(cls, payload, *, tree: Tree, candidates: SplitCandidates) -> "RefinePlan":
-        """The plan a server sent, checked against the tree it sent: every leaf exactly once."""
-        if not isinstance(payload, dict):
-            raise PayloadError("plan", f"expected a dict, got {type(payload).__name__}")
-        leaves = set(np.flatnonzero(tree.kind == LEAF).tolist())
-        lists = []
-        for key in ("split_leaves", "count_leaves"):
-            values = check_list(payload.get(key), f"plan.{key}", max_len=tree.n_nodes)
-            lists.append(tuple(check_int(v, f"plan.{key}[{i}]", lo=0, hi=tree.n_nodes - 1) for i, v in enumerate(values)))
-        if sorted(lists[0] + lists[1]) != sorted(leaves):
-            raise PayloadError("plan", "must list every leaf of the tree exactly once")
-        plan = cls(lists[0], lists[1], tree.n_classes, int(candidates.offsets[-1]))
-        if plan.n_values > MAX_REFINE_VALUES:
-            raise PayloadError("plan", f"{plan.n_values} counts exceed the limit of {MAX_REFINE_VALUES}")
-        return plan
-
-
-def plan_round(tree: Tree, candidates: SplitCandidates, max_depth, max_values: int = DEFAULT_ROUND_VALUES) -> RefinePlan:
-    """Full histograms for leaves that may still split (depth < max_depth), counts only for the others.
-
-    At most ``max_values`` counts per reply (about 0.5 MB of ciphertexts at 2048 bits): when the leaves
-    below the depth budget would need more, those with the most estimated impurity (count x Gini of the
-    tree's own counts) get histograms first; the rest send their class counts only this round.
-    """
-    depth = tree.node_depths()
-    leaves = np.flatnonzero(tree.kind == LEAF)
-    limit = np.inf if max_depth is None else max_depth
-    open_leaves = [int(v) for v in leaves if depth[v] < limit]
-    cells, C = int(candidates.offsets[-1]), tree.n_classes
-    room = (max_values - len(leaves) * C) // max((cells - 1) * C, 1)  # each histogram replaces a count block
-    if len(open_leaves) > room:
-        weight = tree.counts[open_leaves].sum(axis=1) * _gini(tree.counts[open_leaves])
-        order = sorted(range(len(open_leaves)), key=lambda i: (-round(float(weight[i]), 9), open_leaves[i]))
-        open_leaves = sorted(open_leaves[i] for i in order[:max(room, 0)])
-    chosen = set(open_leaves)
-    count = tuple(int(v) for v in leaves if int(v) not in chosen)
-    return RefinePlan(tuple(open_leaves), count, C, cells)
-
-
-def count_vector(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, X, y) -> np.ndarray:
-    """A site's counts for one round (int64, length ``plan.n_values``): what it encrypts and sends.
-
-    Rows that stop at an internal node (a missing value or unseen category on the path) count nowhere.
-    """
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.int64)
-    C, cells_per_leaf = plan.n_classes, plan.n_cells
-    node = tree.apply(X)
-    split_pos = np.full(tree.n_nodes, -1, dtype=np.int64)
-    split_pos[list(plan.split_leaves)] = np.arange(len(plan.split_leaves))
-    count_pos = np.full(tree.n_nodes, -1, dtype=np.int64)
-    count_pos[list(plan.count_leaves)] = np.arange(len(plan.count_leaves))
-    hist_size = len(plan.split_leaves) * cells_per_leaf * C
-    out = np.zeros(plan.n_values, dtype=np.int64)
-    rows = split_pos[node] >= 0
-    if rows.any():
-        leaf, cls = split_pos[node[rows]], y[rows]
-        cell = candidates.cells(X[rows]) + candidates.offsets[:-1][None, :]
-        index = ((leaf[:, None] * cells_per_leaf + cell) * C + cls[:, None]).ravel()
-        out[:hist_size] = np.bincount(index, minlength=hist_size)
-    rows = count_pos[node] >= 0
-    if rows.any():
-        index = count_pos[node[rows]] * C + y[rows]
-        out[hist_size:] = np.bincount(index, minlength=len(plan.count_leaves) * C)
-    return out
-
-
-# ---------------------------------------------------------------------------------------- noise
-def noise_bound(epsilon: float, sensitivity: int, tail: float = 20.0) -> int:
-    """Clip of the per-value noise: P(|noise| > bound) is about exp(-tail) (the delta of the guarantee)."""
-    return int(math.ceil(tail * sensitivity / epsilon))
-
-
-def add_noise(counts: np.ndarray, *, epsilon: float, sensitivity: int) -> np.ndarray:
-    """counts + two-sided geometric noise of scale sensitivity/epsilon, clipped at ``noise_bound``.
-
-    Discrete Laplace: the difference of two geometric variables with p = 1 - exp(-epsilon/sensitivity) is
-    epsilon-differentially private for integer counts with that L1 sensitivity (Ghosh et al. 2009). Drawn
-    from the OS's randomness, not a seeded generator.
-    """
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
-    p = 1.0 - math.exp(-epsilon / sensitivity)
-    rng = np.random.default_rng(secrets.randbits(128))
-    noise = rng.geometric(p, counts.shape) - rng.geometric(p, counts.shape)
-    bound = noise_bound(epsilon, sensitivity)
-    return counts + np.clip(noise, -bound, bound)
-
-
-# ---------------------------------------------------------------------------------------- growth
-def _gini(mass: np.ndarray) -> np.ndarray:
-    total = mass.sum(axis=-1)
-    safe = np.where(total > 0, total, 1.0)
-    return np.where(total > 0, 1.0 - np.sum((mass / safe[..., None]) ** 2, axis=-1), 0.0)
-
-
 def _weighted_impurity(groups: np.ndarray) -> float:
     """Sum over groups of weight x Gini (groups: (g, C))."""
-    return float(np.sum(groups.sum(axis=1) * _gini(groups)))
+    return float(np.sum(groups.sum(axis=1) * gini(groups)))
 
 
 def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: float):
@@ -298,7 +63,7 @@ def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: 
     W = float(total.sum())
     if W <= 0:
         return None
-    parent = W * float(_gini(total))
+    parent = W * float(gini(total))
     best = None
     for j in range(candidates.n_features):
         h = hist[offsets[j]:offsets[j + 1]]
@@ -309,7 +74,7 @@ def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: 
             left = np.cumsum(known, axis=0)[:-1]            # after threshold k: cells 0..k
             right = known.sum(axis=0)[None, :] - left
             wl, wr = left.sum(axis=1), right.sum(axis=1)
-            score = wl * _gini(left) + wr * _gini(right) + missing.sum() * _gini(missing)
+            score = wl * gini(left) + wr * gini(right) + missing.sum() * gini(missing)
             score = np.where((wl >= min_child) & (wr >= min_child), score, np.inf)
             k = int(np.argmin(score))
             if not np.isfinite(score[k]):
