@@ -27,7 +27,9 @@ class InProcessRun:
 
     def __init__(self, data_root: Path, sites: list[str], executors: dict | None = None):
         self.sites = list(sites)
-        self.executors = {s: (executors or {}).get(s) or ICDTA4FLExecutor(data_root=str(data_root)) for s in sites}
+        # no background randomness: all sites share this one process
+        self.executors = {s: (executors or {}).get(s) or ICDTA4FLExecutor(data_root=str(data_root), precompute_rn=0)
+                          for s in sites}
         self.messages = []  # (direction, site, task name, Shareable as received)
 
     def _broadcast(self, task, fl_ctx, targets=None, min_responses=0, abort_signal=None, **kw):

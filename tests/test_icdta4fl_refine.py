@@ -128,6 +128,13 @@ def test_secure_sum_round_trip_and_refusals():
         secure_sum.public_key_from_array(np.frombuffer((2 ** 1023 + 1).to_bytes(128, "big"), dtype=np.uint8))
     with pytest.raises(ValueError):
         secure_sum.SumKeyHolder(1024)
+    # randomness made ahead is handed out once, and encrypts as well as fresh randomness
+    pool = secure_sum.RandomnessPool(pk, target=6)
+    pool._thread.join(timeout=30)
+    first, second = pool.take(4), pool.take(4)
+    assert len(set(map(int, first + second))) == 8
+    pooled = secure_sum.encrypt_counts(pk, vectors[1], bits, pool)
+    assert np.array_equal(holder.decrypt_round(2, pooled, 700, bits), vectors[1])
 
 
 # -------------------------------------------------------------------------- protocol, in process
@@ -146,7 +153,9 @@ def _controller(fed, root, **refine_params):
 
 def test_protocol_server_sees_ciphertexts_and_sums_never_one_sites_counts(car_federation, tmp_path):
     fed, root = car_federation
-    run = InProcessRun(root, fed.site_names)
+    # site-2 makes encryption randomness ahead, as sites do by default
+    run = InProcessRun(root, fed.site_names,
+                       executors={"site-2": ICDTA4FLExecutor(data_root=str(root), precompute_rn=8)})
     controller = _controller(fed, root, rounds=2)
     result = run.run(controller, tmp_path / "run")
     assert result["status"] == "completed", result.get("error")
@@ -221,7 +230,7 @@ def test_a_key_holder_that_fails_leaves_the_one_round_result(car_federation, tmp
         def _refine_decrypt(self, task):
             raise ValueError("disk full")
 
-    run = InProcessRun(root, fed.site_names, executors={"site-1": Broken(data_root=str(root))})
+    run = InProcessRun(root, fed.site_names, executors={"site-1": Broken(data_root=str(root), precompute_rn=0)})
     result = run.run(_controller(fed, root), tmp_path / "run")
     assert result["status"] == "completed"
     assert result["refinement"]["status"].startswith("stopped at round 1: the key holder did not decrypt")

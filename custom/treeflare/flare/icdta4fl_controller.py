@@ -113,7 +113,15 @@ class ICDTA4FLController(ResultWorkflow):
 
         t = time.perf_counter()
         tree_dicts = [tr.to_dict() for tr in trees]
-        scores = self._ask(SCORE_TREES, {"trees": tree_dicts, "owners": sites}, sites, result, abort_signal, fl_ctx,
+        score_task = {"trees": tree_dicts, "owners": sites}
+        public_key = trained.get(key_holder, {}).get("public_key") if rounds else None
+        try:
+            if public_key is not None:  # sites start their encryption randomness while they score
+                secure_sum.public_key_from_array(public_key)
+                score_task["refine_public_key"] = public_key
+        except ValueError:
+            pass  # the refinement step reports why it is skipped
+        scores = self._ask(SCORE_TREES, score_task, sites, result, abort_signal, fl_ctx,
                            lambda r: check_scores_reply(r, len(trees)))
         timings["peer_evaluation"] = time.perf_counter() - t
         scorers = sorted(scores, key=natural_key)

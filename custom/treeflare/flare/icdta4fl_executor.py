@@ -27,16 +27,22 @@ from .site_config import DATA_ROOT_ENV, load_binding
 TRAIN, SCORE_TREES, SCORE_GLOBAL = "icdta4fl_train", "icdta4fl_score_trees", "icdta4fl_score_global"
 REFINE_COUNTS, REFINE_DECRYPT = "icdta4fl_refine_counts", "icdta4fl_refine_decrypt"
 TASKS = [TRAIN, SCORE_TREES, SCORE_GLOBAL, REFINE_COUNTS, REFINE_DECRYPT]
+# r^n values a site computes ahead once it knows the refinement key (about 2 s of one core at 2048 bits):
+# enough for a first round of ~25k counts
+PRECOMPUTED_RN = 256
 __all__ = ["ICDTA4FLExecutor", "TRAIN", "SCORE_TREES", "SCORE_GLOBAL", "REFINE_COUNTS", "REFINE_DECRYPT", "TASKS",
            "DATA_ROOT_ENV"]
 
 
 class ICDTA4FLExecutor(Executor):
-    def __init__(self, data_root: str = ""):
+    def __init__(self, data_root: str = "", precompute_rn: int = PRECOMPUTED_RN):
         """``data_root``: folder holding ``<site>/train.csv``; a site's own binding (its
-        ``local/treeflare_site.json`` or ``$TREEFLARE_DATA_ROOT``) overrides it."""
+        ``local/treeflare_site.json`` or ``$TREEFLARE_DATA_ROOT``) overrides it. ``precompute_rn``: encryption
+        randomness made ahead in the background once the refinement key is known (0: none)."""
         super().__init__()
         self.data_root = data_root
+        self.precompute_rn = int(precompute_rn)
+        self._public_key_error = None
         self._test = None  # (X_test, y_test) kept between tasks of one run
         self._train_data = None  # (X_train, y_train, feature kinds): for refinement rounds
         self._key_holder = None  # this site's SumKeyHolder, when the server named it key holder
@@ -98,6 +104,11 @@ class ICDTA4FLExecutor(Executor):
         return self._test
 
     def _score_trees(self, task: Shareable) -> Shareable:
+        if task.get("refine_public_key") is not None and self.precompute_rn > 0:
+            try:
+                self._use_public_key(task["refine_public_key"], precompute=self.precompute_rn)
+            except (PayloadError, ValueError) as exc:  # the refinement round will refuse it; scoring goes on
+                self._public_key_error = str(exc)
         trees = [Tree.from_dict(t) for t in task["trees"]]
         scores = pipeline.score_trees(trees, *self._require_test())
         reply = make_reply(ReturnCode.OK)
@@ -121,13 +132,7 @@ class ICDTA4FLExecutor(Executor):
         tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds)
         candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds)
         plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=candidates)
-        pk = secure_sum.public_key_from_array(task["public_key"])
-        if self._public_key is None:
-            self._public_key = pk
-            # the r^n for this and later rounds, computed while the server is busy elsewhere
-            self._pool = secure_sum.RandomnessPool(pk, target=2 * secure_sum.n_ciphertexts(plan.n_values, pk.bits, 16))
-        elif pk.n != self._public_key.n:
-            raise PayloadError("public_key", "differs from the key of the first refinement round")
+        pk = self._use_public_key(task["public_key"])
         slot_bits = check_int(task["slot_bits"], "slot_bits", lo=2, hi=64)
         counts = refine.count_vector(tree, candidates, plan, X, y)
         epsilon = task.get("epsilon")
@@ -145,6 +150,17 @@ class ICDTA4FLExecutor(Executor):
         reply["round"] = check_int(task["round"], "round", lo=1)
         reply["encrypt_s"] = time.perf_counter() - t
         return reply
+
+    def _use_public_key(self, arr, precompute: int = 0):
+        """The key holder's public key, the same in every task of this run; ``precompute`` r^n values are
+        made in the background while the server works (aggregation, other sites)."""
+        pk = secure_sum.public_key_from_array(arr)
+        if self._public_key is None:
+            self._public_key = pk
+            self._pool = secure_sum.RandomnessPool(pk, target=precompute)
+        elif pk.n != self._public_key.n:
+            raise PayloadError("public_key", "differs from the key this site was sent first in this run")
+        return pk
 
     def _refine_decrypt(self, task: Shareable) -> Shareable:
         """The key holder decrypts the round's summed counts, once per round and only from enough sites."""
