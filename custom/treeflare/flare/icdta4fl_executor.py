@@ -59,7 +59,10 @@ class ICDTA4FLExecutor(Executor):
             if task_name == SCORE_GLOBAL:
                 return self._score_global(shareable)
             if task_name == REFINE_COUNTS:
-                return self._refine_counts(shareable)
+                reply = self._refine_counts(shareable)
+                self.log_info(fl_ctx, f"{site} sent encrypted counts for refinement round {reply['round']} under the "
+                                      f"key with fingerprint {self._public_key.fingerprint()}")
+                return reply
             if task_name == REFINE_DECRYPT:
                 return self._refine_decrypt(shareable)
             return make_reply(ReturnCode.TASK_UNKNOWN)
