@@ -21,9 +21,9 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
     """Read every cell as a string. Raises DataError for a missing or empty file."""
     path = Path(path)
     if opener is None and not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise DataError(f"{path}: file not found", problem="file not found", file=path)
     if opener is None and path.stat().st_size == 0:
-        raise DataError(f"{path}: file is empty")
+        raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
     try:
         source = opener() if opener else path
         frame = pd.read_csv(
@@ -31,11 +31,14 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
             skiprows=skiprows, skipinitialspace=skipinitialspace, skip_blank_lines=True,
         )
     except pd.errors.EmptyDataError:
-        raise DataError(f"{path}: file is empty") from None
+        raise DataError(f"{path}: file is empty", problem="file is empty", file=path) from None
     except pd.errors.ParserError as exc:
-        raise DataError(f"{path}: cannot parse as CSV ({exc})") from None
+        raise DataError(f"{path}: cannot parse as CSV ({exc})", problem="cannot parse as CSV", file=path) from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", problem="not UTF-8 text",
+                        file=path) from None
     if frame.shape[0] == 0:
-        raise DataError(f"{path}: no data rows")
+        raise DataError(f"{path}: no data rows", problem="no data rows", file=path)
     frame.columns = [str(c).strip() for c in frame.columns]
     return frame
 
@@ -58,17 +61,19 @@ def parse_numeric(col: pd.Series, *, file, column, site=None, allow_missing=Fals
         i = int(np.argmax(bad))
         raise DataError(
             f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is not a number "
-            f"(column {column!r} is numeric)"
+            f"(column {column!r} is numeric)",
+            problem="not a number (the column is numeric)", file=file, column=column, line=i + 2, site=site,
         )
     return values
 
 
-def normalise_labels(raw: pd.Series, *, file, column) -> np.ndarray:
+def normalise_labels(raw: pd.Series, *, file, column, site=None) -> np.ndarray:
     """Labels as class-name strings; '1.0' and '1' are the same class."""
     miss = _is_missing(raw)
     if miss.any():
         i = int(np.argmax(miss))
-        raise DataError(f"{where(file, column, i + 2)}: missing label")
+        raise DataError(f"{where(file, column, i + 2, site)}: missing label", problem="missing label", file=file,
+                        column=column, line=i + 2, site=site)
     stripped = raw.str.strip()
     values = pd.to_numeric(stripped, errors="coerce").to_numpy(np.float64)
     if not np.isnan(values).any() and np.all(values == np.round(values)):
@@ -132,12 +137,13 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     present = set(frame.columns)
     missing = [c for c in expected if c not in present]
     if missing:
-        raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema")
+        raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema",
+                        problem=f"missing column(s) {missing} expected by the schema", file=file, site=site)
     allowed = set(expected) | {schema.label} | ({schema.id_column} if schema.id_column else set())
     extra = [c for c in frame.columns if c not in allowed]
     if extra and strict_columns:
         raise DataError(f"{where(file, site=site)}: unexpected column(s) {extra}; this site's columns disagree "
-                        f"with the schema {expected}")
+                        f"with the schema {expected}", problem=f"unexpected column(s) {extra}", file=file, site=site)
     out = pd.DataFrame(index=range(len(frame)))
     for f in schema.features:
         col = frame[f.name].reset_index(drop=True)
@@ -149,25 +155,29 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
             out[f.name] = s.where(~_is_missing(col), np.nan)
     y = None
     if schema.label in frame.columns:
-        y = normalise_labels(frame[schema.label].reset_index(drop=True), file=file, column=schema.label)
+        y = normalise_labels(frame[schema.label].reset_index(drop=True), file=file, column=schema.label, site=site)
         if schema.classes:
             known = set(schema.classes)
             unknown = np.array([v not in known for v in y])
             if unknown.any():
                 i = int(np.argmax(unknown))
                 raise DataError(f"{where(file, schema.label, i + 2, site)}: unknown class {y[i]!r}; "
-                                f"known classes are {list(schema.classes)}")
+                                f"known classes are {list(schema.classes)}", problem="unknown class",
+                                file=file, column=schema.label, line=i + 2, site=site)
     elif require_label:
-        raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found")
+        raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found",
+                        problem=f"label column {schema.label!r} not found", file=file, site=site)
     ids = None
     if schema.id_column:
         if schema.id_column not in frame.columns:
-            raise DataError(f"{where(file, site=site)}: id column {schema.id_column!r} not found")
+            raise DataError(f"{where(file, site=site)}: id column {schema.id_column!r} not found",
+                            problem=f"id column {schema.id_column!r} not found", file=file, site=site)
         ids = frame[schema.id_column].str.strip().to_numpy(dtype=object)
         dup = pd.Series(ids).duplicated().to_numpy()
         if dup.any():
             i = int(np.argmax(dup))
-            raise DataError(f"{where(file, schema.id_column, i + 2, site)}: duplicate id {ids[i]!r}")
+            raise DataError(f"{where(file, schema.id_column, i + 2, site)}: duplicate id {ids[i]!r}",
+                            problem="duplicate id", file=file, column=schema.id_column, line=i + 2, site=site)
     return Table(out, y, schema, ids, name)
 
 

@@ -160,11 +160,12 @@ def _fresh_sibling(out: Path) -> Path:
 def read_partition(root) -> dict:
     path = Path(root) / "partition.json"
     if not path.is_file():
-        raise DataError(f"{path}: not found (write it with scripts/prepare_data.py)")
+        raise DataError(f"{path}: not found (write it with scripts/prepare_data.py)", file=path,
+                        problem="file not found")
     try:
         summary = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from None
+        raise DataError(f"{path}: not valid JSON ({exc})", file=path, problem="not valid JSON") from None
     return summary
 
 
@@ -176,7 +177,8 @@ def read_site(root, site: str, schema: Schema | None = None) -> SiteData:
         schema = Schema.from_dict(summary["schema"])
         info = summary["sites"].get(site)
         if info is None:
-            raise DataError(f"{root}: no site {site!r} in partition.json (sites: {list(summary['sites'])})")
+            raise DataError(f"{root}: no site {site!r} in partition.json (sites: {list(summary['sites'])})",
+                            site=site, file="partition.json", problem="this site is not in partition.json")
         keep_label = schema.label in (read_site_header(root / site / "train.csv"))
         schema = schema.select(info["columns"], keep_label)
     return SiteData(read_site_csv(root / site / "train.csv", schema, site=site),
@@ -186,6 +188,6 @@ def read_site(root, site: str, schema: Schema | None = None) -> SiteData:
 def read_site_header(path) -> list[str]:
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise DataError(f"{path}: file not found", file=path, problem="file not found")
     with path.open() as fh:
         return [c.strip() for c in fh.readline().rstrip("\r\n").split(",")]

@@ -15,6 +15,11 @@ SCHEMA_VERSION = 1
 KINDS = ("numeric", "categorical")
 
 
+def _schema_error(message: str) -> DataError:
+    # About the schema itself (names and kinds everyone shares), so the whole message may leave a site.
+    return DataError(message, problem=message)
+
+
 @dataclass(frozen=True)
 class Feature:
     name: str
@@ -23,9 +28,9 @@ class Feature:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise DataError(f"feature {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+            raise _schema_error(f"feature {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.kind == "categorical" and len(set(self.categories)) != len(self.categories):
-            raise DataError(f"feature {self.name!r}: duplicate categories")
+            raise _schema_error(f"feature {self.name!r}: duplicate categories")
 
 
 @dataclass(frozen=True)
@@ -40,11 +45,11 @@ class Schema:
         names = [f.name for f in self.features]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
-            raise DataError(f"duplicate feature columns: {dup}")
+            raise _schema_error(f"duplicate feature columns: {dup}")
         if self.label in names:
-            raise DataError(f"label column {self.label!r} is also listed as a feature")
+            raise _schema_error(f"label column {self.label!r} is also listed as a feature")
         if len(self.classes) != len(set(self.classes)):
-            raise DataError("duplicate class names in schema")
+            raise _schema_error("duplicate class names in schema")
         self._index.update({n: i for i, n in enumerate(names)})
 
     # -- lookups -------------------------------------------------------------------------
@@ -101,9 +106,9 @@ class Schema:
     @classmethod
     def from_dict(cls, d: dict) -> "Schema":
         if not isinstance(d, dict):
-            raise DataError("schema: expected a JSON object")
+            raise _schema_error("schema: expected a JSON object")
         if d.get("version") != SCHEMA_VERSION:
-            raise DataError(f"schema: unsupported version {d.get('version')!r} (expected {SCHEMA_VERSION})")
+            raise _schema_error(f"schema: unsupported version {d.get('version')!r} (expected {SCHEMA_VERSION})")
         try:
             feats = tuple(
                 Feature(str(f["name"]), str(f["kind"]), tuple(str(c) for c in f.get("categories", ())))
@@ -111,4 +116,4 @@ class Schema:
             )
             return cls(feats, str(d["label"]), tuple(str(c) for c in d["classes"]), d.get("id_column"))
         except (KeyError, TypeError) as exc:
-            raise DataError(f"schema: malformed field ({exc})") from None
+            raise _schema_error(f"schema: malformed field ({exc})") from None

@@ -80,7 +80,8 @@ class Table:
             return np.fromiter((index[v] for v in self.y), dtype=np.int64, count=len(self.y))
         except KeyError as exc:
             raise DataError(f"{self.name or 'table'}: label {exc.args[0]!r} is not a known class "
-                            f"{list(self.schema.classes)}") from None
+                            f"{list(self.schema.classes)}", problem="a label is not a known class",
+                            column=self.schema.label) from None
 
     def codes(self) -> tuple[np.ndarray, list[str], list[str]]:
         """(X, names, kinds): numeric columns as floats, categorical columns as category codes.
