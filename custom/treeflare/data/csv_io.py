@@ -68,7 +68,8 @@ def parse_numeric(col: pd.Series, *, file, column, site=None, allow_missing=Fals
 
 
 def normalise_labels(raw: pd.Series, *, file, column, site=None) -> np.ndarray:
-    """Labels as class-name strings; '1.0' and '1' are the same class."""
+    """Labels as class-name strings. A label that reads as a number is named by its value, cell by cell, so
+    '1', '1.0' and ' 1 ' are one class ("1") and '2.50' is "2.5", whatever the other labels are."""
     miss = _is_missing(raw)
     if miss.any():
         i = int(np.argmax(miss))
@@ -76,9 +77,18 @@ def normalise_labels(raw: pd.Series, *, file, column, site=None) -> np.ndarray:
                         column=column, line=i + 2, site=site)
     stripped = raw.str.strip()
     values = pd.to_numeric(stripped, errors="coerce").to_numpy(np.float64)
-    if not np.isnan(values).any() and np.all(values == np.round(values)):
-        return np.array([str(int(v)) for v in values], dtype=object)
-    return stripped.to_numpy(dtype=object)
+    infinite = np.isinf(values)
+    if infinite.any():
+        i = int(np.argmax(infinite))
+        raise DataError(f"{where(file, column, i + 2, site)}: label {raw.iloc[i]!r} is not a finite number",
+                        problem="label is not a finite number", file=file, column=column, line=i + 2, site=site)
+    out = stripped.to_numpy(dtype=object).copy()
+    numeric = ~np.isnan(values)
+    integral = numeric & (values == np.round(values)) & (np.abs(values) < 2.0 ** 62)
+    out[integral] = values[integral].astype(np.int64).astype(str)
+    other = numeric & ~integral
+    out[other] = [repr(float(v)) for v in values[other]]
+    return out
 
 
 def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column=None, file="data") -> Schema:

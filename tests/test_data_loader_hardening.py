@@ -1,0 +1,38 @@
+"""Issue 14 items 7-13: CSV files the loader used to misread, or fail on with a traceback. Each is now read
+correctly or refused with a DataError naming the file, column and line."""
+
+from __future__ import annotations
+
+import pytest
+
+from treeflare.data import DataError, load_csv, prepare_federation, read_site, write_federation
+
+
+# -- item 7: labels that are the same number are one class ------------------------------------------
+def test_labels_1_and_1_0_are_one_class(make_csv):
+    t = load_csv(make_csv("x,y\n1,1\n2,1.0\n3,0\n4, 1 \n5,2.50\n6,2.5\n"), label="y")
+    assert t.schema.classes == ("0", "1", "2.5")
+    assert list(t.y) == ["1", "1", "0", "1", "2.5", "2.5"]
+
+
+def test_numeric_labels_mixed_with_names(make_csv):
+    t = load_csv(make_csv("x,y\n1,1\n2,1.0\n3,yes\n4,yes\n"), label="y")
+    assert t.schema.classes == ("1", "yes")
+
+
+def test_site_file_writing_1_0_reads_as_class_1(make_csv, tmp_path):
+    t = load_csv(make_csv("x,y\n" + "".join(f"{i},{i % 2}\n" for i in range(40))), label="y")
+    root = write_federation(prepare_federation(t, 2, seed=0), tmp_path / "fed")
+    path = root / "site-1" / "train.csv"
+    path.write_text(path.read_text().replace(",1\n", ",1.0\n"))
+    assert set(read_site(root, "site-1").train.y) == {"0", "1"}
+
+
+# -- item 9: an infinite label ----------------------------------------------------------------------
+@pytest.mark.parametrize("cell", ["inf", "-Infinity", "1e999"])
+def test_infinite_label_is_refused(make_csv, cell):
+    path = make_csv(f"x,y\n1,0\n2,1\n3,{cell}\n")
+    with pytest.raises(DataError) as e:
+        load_csv(path, label="y")
+    assert (e.value.column, e.value.line) == ("y", 4)
+    assert "not a finite number" in str(e.value) and str(path) in str(e.value)
