@@ -36,3 +36,34 @@ def test_infinite_label_is_refused(make_csv, cell):
         load_csv(path, label="y")
     assert (e.value.column, e.value.line) == ("y", 4)
     assert "not a finite number" in str(e.value) and str(path) in str(e.value)
+
+
+# -- item 8: duplicate column names ---------------------------------------------------------------
+@pytest.mark.parametrize("header, second", [("x,x,y", 2), ("x, x,y", 2), ("x,y,x ", 3), ('"x",x,y', 2)])
+def test_duplicate_column_names_are_refused(make_csv, header, second):
+    path = make_csv(f"{header}\n1,2,a\n2,3,b\n")
+    with pytest.raises(DataError) as e:
+        load_csv(path, label="y")
+    assert (e.value.column, e.value.line) == ("x", 1)
+    assert f"duplicate column name (columns 1 and {second})" in str(e.value) and str(path) in str(e.value)
+
+
+def test_pandas_style_suffix_is_just_a_name(make_csv):
+    t = load_csv(make_csv("x,x.1,y\n1,2,a\n2,3,b\n"), label="y")  # a real column called x.1 is fine
+    assert t.schema.feature_names == ["x", "x.1"]
+
+
+def test_nameless_column_is_refused(make_csv):
+    with pytest.raises(DataError, match="column 2 of the header has no name"):
+        load_csv(make_csv("x,,y\n1,2,a\n2,3,b\n"), label="y")
+
+
+def test_site_file_with_a_duplicated_column(make_csv, tmp_path):
+    t = load_csv(make_csv("x,z,y\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(40))), label="y")
+    root = write_federation(prepare_federation(t, 2, seed=0), tmp_path / "fed")
+    path = root / "site-2" / "test.csv"
+    path.write_text(path.read_text().replace("x,z,y", "x,x,y", 1))
+    with pytest.raises(DataError) as e:
+        read_site(root, "site-2")
+    assert e.value.redacted() == "test.csv, column 'x', line 1: duplicate column name"
+

@@ -26,8 +26,9 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
         raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
     try:
         source = opener() if opener else path
+        # The header is read as a row of its own: pandas would silently rename a second "x" to "x.1".
         frame = pd.read_csv(
-            source, sep=sep, header=0 if header else None, names=names, dtype=str, keep_default_na=False,
+            source, sep=sep, header=None, names=names, dtype=str, keep_default_na=False,
             skiprows=skiprows, skipinitialspace=skipinitialspace, skip_blank_lines=True,
         )
     except pd.errors.EmptyDataError:
@@ -37,10 +38,31 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", problem="not UTF-8 text",
                         file=path) from None
+    if header and names is None and len(frame):
+        frame.columns = [c if isinstance(c, str) else "" for c in frame.iloc[0]]
+        frame = frame.iloc[1:].reset_index(drop=True)
     if frame.shape[0] == 0:
         raise DataError(f"{path}: no data rows", problem="no data rows", file=path)
-    frame.columns = [str(c).strip() for c in frame.columns]
+    frame.columns = check_column_names([str(c).strip() for c in frame.columns], path)
     return frame
+
+
+def check_column_names(names: list[str], file) -> list[str]:
+    """Column names as given, if each is non-empty and appears once (names are compared after stripping spaces,
+    as they are used)."""
+    for i, name in enumerate(names):
+        if not name:
+            raise DataError(f"{file}: column {i + 1} of the header has no name", problem="a column has no name",
+                            file=file, line=1)
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise DataError(f"{where(file, name, 1)}: duplicate column name (columns {seen[name] + 1} and {i + 1}); "
+                            "every column needs its own name", problem="duplicate column name", file=file,
+                            column=name, line=1)
+        seen[name] = i
+    return names
+
 
 
 def _is_missing(col: pd.Series) -> np.ndarray:
