@@ -67,3 +67,20 @@ def test_site_file_with_a_duplicated_column(make_csv, tmp_path):
         read_site(root, "site-2")
     assert e.value.redacted() == "test.csv, column 'x', line 1: duplicate column name"
 
+
+# -- item 13: names are read by the CSV reader everywhere -------------------------------------------
+def test_vertical_split_with_a_comma_in_the_label_name(make_csv, tmp_path):
+    rows = "".join(f"{i},{i * 2},{i % 3},{'ja' if i % 2 else 'nein'}\n" for i in range(60))
+    t = load_csv(make_csv('id,a,"b,c","ü,y"\n' + rows), label="ü,y", id_column="id")
+    root = write_federation(prepare_federation(t, 2, seed=0, vertical=True, n_passive=1), tmp_path / "fed")
+    active, passive = read_site(root, "site-1"), read_site(root, "site-2")
+    assert active.train.y is not None and passive.train.y is None
+    assert active.train.schema.feature_names + passive.train.schema.feature_names == ["a", "b,c"]
+
+
+def test_read_header_uses_the_csv_reader(make_csv):
+    from treeflare.data.federation import read_site_header
+
+    assert read_site_header(make_csv('"a,b", c ,"d""e"\n1,2,3\n')) == ["a,b", "c", 'd"e']
+    with pytest.raises(DataError, match="duplicate column name"):
+        read_site_header(make_csv("a,b,a\n"))

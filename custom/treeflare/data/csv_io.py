@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
@@ -63,6 +64,21 @@ def check_column_names(names: list[str], file) -> list[str]:
         seen[name] = i
     return names
 
+
+def read_header(path) -> list[str]:
+    """The column names of a CSV file's first line, read by the CSV reader (a quoted name may hold a comma)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found", problem="file not found", file=path)
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        try:
+            first = next(csv.reader(fh), None)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise DataError(f"{path}: cannot read the header ({exc})", problem="cannot read the header",
+                            file=path) from None
+    if not first:
+        raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
+    return check_column_names([c.strip() for c in first], path)
 
 
 def _is_missing(col: pd.Series) -> np.ndarray:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .csv_io import read_site_csv
+from .csv_io import read_header, read_site_csv
 from .errors import DataError
 from .partition import partition_rows, stratified_split, vertical_columns
 from .schema import Schema
@@ -186,8 +186,5 @@ def read_site(root, site: str, schema: Schema | None = None) -> SiteData:
 
 
 def read_site_header(path) -> list[str]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found", file=path, problem="file not found")
-    with path.open() as fh:
-        return [c.strip() for c in fh.readline().rstrip("\r\n").split(",")]
+    """The column names of a site file (by the CSV reader: a quoted name may hold a comma)."""
+    return read_header(path)
