@@ -84,3 +84,33 @@ def test_read_header_uses_the_csv_reader(make_csv):
     assert read_site_header(make_csv('"a,b", c ,"d""e"\n1,2,3\n')) == ["a,b", "c", 'd"e']
     with pytest.raises(DataError, match="duplicate column name"):
         read_site_header(make_csv("a,b,a\n"))
+
+
+# -- item 10: numbers beyond float32 ----------------------------------------------------------------
+@pytest.mark.parametrize("cell", ["1e308", "-3.5e38", "1e39"])
+def test_number_beyond_float32_is_refused_at_load(make_csv, cell):
+    path = make_csv(f"x,z,y\n1,1,a\n2,{cell},b\n3,3,a\n")
+    with pytest.raises(DataError) as e:
+        load_csv(path, label="y")
+    assert (e.value.column, e.value.line) == ("z", 3)
+    assert "float32" in str(e.value) and str(path) in str(e.value)
+    assert e.value.redacted() == "data.csv, column 'z', line 3: number beyond the float32 range"
+
+
+def test_float32_limit_itself_is_fine(make_csv):
+    import numpy as np
+
+    t = load_csv(make_csv("x,y\n3.4e38,a\n-3.4e38,b\n1e-60,a\n"), label="y")
+    assert np.isfinite(t.frame["x"].to_numpy(np.float32)).all()
+
+
+def test_site_file_beyond_float32_is_refused(make_csv, tmp_path):
+    t = load_csv(make_csv("x,z,y\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(40))), label="y")
+    root = write_federation(prepare_federation(t, 2, seed=0), tmp_path / "fed")
+    path = root / "site-1" / "train.csv"
+    lines = path.read_text().splitlines()
+    lines[2] = "1e300," + lines[2].split(",", 1)[1]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as e:
+        read_site(root, "site-1")
+    assert (e.value.site, e.value.column, e.value.line) == ("site-1", "x", 3)

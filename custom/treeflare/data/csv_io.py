@@ -14,6 +14,8 @@ from .schema import Feature, Schema
 from .table import Table
 
 MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "None")
+# sklearn's trees and XGBoost compute in float32: a larger magnitude becomes infinity there.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A column this numeric (share of parseable cells) with a few bad cells is a typo, not a category.
 _MOSTLY_NUMERIC = 0.9
 
@@ -101,6 +103,15 @@ def parse_numeric(col: pd.Series, *, file, column, site=None, allow_missing=Fals
             f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is not a number "
             f"(column {column!r} is numeric)",
             problem="not a number (the column is numeric)", file=file, column=column, line=i + 2, site=site,
+        )
+    with np.errstate(invalid="ignore"):
+        huge = np.abs(values) > FLOAT32_MAX
+    if huge.any():
+        i = int(np.argmax(huge))
+        raise DataError(
+            f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is beyond the float32 range the learners "
+            f"use (magnitude at most {FLOAT32_MAX:.4g}); rescale column {column!r}",
+            problem="number beyond the float32 range", file=file, column=column, line=i + 2, site=site,
         )
     return values
 
