@@ -114,3 +114,63 @@ def test_site_file_beyond_float32_is_refused(make_csv, tmp_path):
     with pytest.raises(DataError) as e:
         read_site(root, "site-1")
     assert (e.value.site, e.value.column, e.value.line) == ("site-1", "x", 3)
+
+
+# -- item 11: a column with no values at all --------------------------------------------------------
+def _with_empty_column(n=60):
+    return "x,m,c,y\n" + "".join(f"{i},{'?' if i % 2 else ''},{'ab'[i % 2]},{i % 2}\n" for i in range(n))
+
+
+def test_all_missing_column_is_left_out_with_a_warning(make_csv):
+    from treeflare.data import DataWarning
+
+    path = make_csv(_with_empty_column())
+    with pytest.warns(DataWarning, match=r"column\(s\) \['m'\] hold no values"):
+        t = load_csv(path, label="y", categorical=["m", "c"])
+    assert t.schema.feature_names == ["x", "c"]
+
+
+@pytest.mark.parametrize("algorithm", ["id3", "cart"])
+def test_every_algorithm_trains_without_the_empty_column(make_csv, algorithm):
+    import warnings
+
+    from treeflare.icdta4fl import pipeline
+    from treeflare.icdta4fl.encoding import encode, feature_space
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = load_csv(make_csv(_with_empty_column()), label="y")
+    _, kinds, n_categories = feature_space(t.schema, algorithm)
+    tree = pipeline.train_local_tree(encode(t, algorithm), t.y_codes(), algorithm=algorithm, n_classes=2,
+                                     feature_kinds=kinds, n_categories=n_categories, params={"max_depth": 2})
+    from treeflare.trees.tree import Tree
+
+    assert Tree.from_dict(tree).n_leaves >= 2  # it learned from x and c
+
+
+def test_only_empty_feature_columns_is_an_error(make_csv):
+    with pytest.warns(Warning), pytest.raises(DataError, match="no feature columns"):
+        load_csv(make_csv("m,y\n,a\n?,b\n"), label="y")
+
+
+def test_infer_schema_refuses_an_empty_column_clearly():
+    import pandas as pd
+
+    from treeflare.data.csv_io import infer_schema
+
+    with pytest.raises(DataError, match="column 'm': the column holds no values"):
+        infer_schema(pd.DataFrame({"m": ["", "?"], "y": ["a", "b"]}), label="y", file="f.csv")
+
+
+def test_cli_prints_the_warning_plainly(make_csv, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "prepare_data_script_w", Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--csv", str(make_csv(_with_empty_column())), "--label", "y", "--sites", "2",
+                     "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "['m'] hold no values" in err and "Warning" not in err

@@ -26,8 +26,9 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import warnings
 
-from .data import DATASETS, PARTITIONS, DataError, Table, load_csv, load_dataset, prepare_federation
+from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
 
 USAGE_ERROR = 2
 
@@ -135,7 +136,9 @@ def main_guard(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                return fn(*args, **kwargs)
         except DataError as exc:
             _fail(str(exc))
         except OSError as exc:
@@ -143,6 +146,13 @@ def main_guard(fn):
             _fail(detail)
 
     return wrapper
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, DataWarning):  # meant for the user: no source location
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        print(warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
 
 
 def _fail(message: str):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .errors import DataError, where
+from .errors import DataError, DataWarning, where
 from .schema import Feature, Schema
 from .table import Table
 
@@ -158,6 +159,9 @@ def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column
             continue
         col = frame[c]
         present = ~_is_missing(col)
+        if not present.any():  # load_csv drops these first (drop_empty_columns)
+            raise DataError(f"{where(file, c)}: the column holds no values", problem="column holds no values",
+                            file=file, column=c)
         if c not in forced:
             values = _to_float(col)
             ok = ~np.isnan(values) & present
@@ -245,8 +249,20 @@ def load_csv(path, label: str, categorical=None, id_column=None, schema: Schema 
     """Load your own CSV (with a header row). Kinds are inferred unless a schema is given."""
     raw = read_raw(path, sep=sep)
     if schema is None:
+        raw, dropped = drop_empty_columns(raw, keep=(label, id_column), file=str(path))
+        categorical = [c for c in (categorical or []) if c not in dropped]
         schema = infer_schema(raw, label=label, categorical=categorical, id_column=id_column, file=str(path))
     return frame_to_table(raw, schema, file=str(path), name=name or Path(path).stem)
+
+
+def drop_empty_columns(raw: pd.DataFrame, *, keep=(), file="data") -> tuple[pd.DataFrame, list[str]]:
+    """Drop feature columns with no value at all (every algorithm would have nothing to learn from them, and
+    a category list of none breaks the categorical learners), with a :class:`DataWarning`."""
+    empty = [c for c in raw.columns if c not in keep and _is_missing(raw[c]).all()]
+    if empty:
+        warnings.warn(DataWarning(f"{file}: column(s) {empty} hold no values (every cell is missing); "
+                                  "left out of the features"), stacklevel=2)
+    return raw.drop(columns=empty), empty
 
 
 def read_site_csv(path, schema: Schema, *, site=None, require_label=None) -> Table:

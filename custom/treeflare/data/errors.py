@@ -50,6 +50,11 @@ class DataError(ValueError):
         return f"{text}: {problem}" if text else problem
 
 
+class DataWarning(UserWarning):
+    """Data the loader changed rather than refused (e.g. an all-missing column left out); the command-line
+    scripts print it as ``warning: <message>``."""
+
+
 def where(file=None, column=None, line=None, site=None) -> str:
     """Render a location such as "site-2: train.csv, column 'age', line 17"."""
     parts = []
