@@ -174,3 +174,25 @@ def test_cli_prints_the_warning_plainly(make_csv, tmp_path, capsys):
                      "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "['m'] hold no values" in err and "Warning" not in err
+
+
+# -- item 12: missing ids ---------------------------------------------------------------------------
+@pytest.mark.parametrize("cell", ["", "NaN", " ", "?", "null"])
+def test_missing_id_is_refused(make_csv, cell):
+    path = make_csv(f"id,x,y\n1,1,a\n2,2,b\n{cell},3,a\n4,4,b\n")
+    with pytest.raises(DataError) as e:
+        load_csv(path, label="y", id_column="id")
+    assert (e.value.column, e.value.line) == ("id", 4) and "missing id" in str(e.value)
+
+
+def test_site_file_with_a_missing_id(make_csv, tmp_path):
+    t = load_csv(make_csv("id,x,z,y\n" + "".join(f"r{i},{i},{i % 3},{i % 2}\n" for i in range(40))), label="y",
+                 id_column="id")
+    root = write_federation(prepare_federation(t, 2, seed=0, vertical=True, n_passive=1), tmp_path / "fed")
+    path = root / "site-2" / "train.csv"
+    lines = path.read_text().splitlines()
+    lines[3] = "," + lines[3].split(",", 1)[1]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as e:
+        read_site(root, "site-2")
+    assert e.value.redacted() == "site-2: train.csv, column 'id', line 4: missing id"

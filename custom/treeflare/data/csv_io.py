@@ -235,6 +235,12 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
         if schema.id_column not in frame.columns:
             raise DataError(f"{where(file, site=site)}: id column {schema.id_column!r} not found",
                             problem=f"id column {schema.id_column!r} not found", file=file, site=site)
+        missing_id = _is_missing(frame[schema.id_column])
+        if missing_id.any():
+            i = int(np.argmax(missing_id))
+            raise DataError(f"{where(file, schema.id_column, i + 2, site)}: missing id "
+                            f"({frame[schema.id_column].iloc[i]!r}); every row needs its own id",
+                            problem="missing id", file=file, column=schema.id_column, line=i + 2, site=site)
         ids = frame[schema.id_column].str.strip().to_numpy(dtype=object)
         dup = pd.Series(ids).duplicated().to_numpy()
         if dup.any():
