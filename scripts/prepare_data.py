@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_partition_args(parser)
     add_vertical_args(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (must be new or empty)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing federation in --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing federation in --out (only one this script wrote, holding nothing "
+                             "else; any other folder is refused)")
     return parser
 
 

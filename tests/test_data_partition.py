@@ -215,7 +215,8 @@ def test_summary_sizes_and_counts(car):
 def test_write_and_read_back(car, tmp_path):
     fed = prepare_federation(car, 3, "label", 1.0, seed=2)
     out = write_federation(fed, tmp_path / "fed")
-    assert sorted(p.name for p in out.iterdir()) == ["partition.json", "server", "site-1", "site-2", "site-3"]
+    assert sorted(p.name for p in out.iterdir()) == [".treeflare-federation.json", "partition.json", "server", "site-1", "site-2",
+                                                      "site-3"]
     assert json.loads((out / "partition.json").read_text()) == json.loads(json.dumps(fed.summary))
     assert read_partition(out)["n_sites"] == 3
     header = (out / "site-2" / "train.csv").read_text().splitlines()[0]
