@@ -124,7 +124,7 @@ def test_label_skew_that_cannot_fill_every_site_fails_clearly():
 def test_min_site_rows():
     assert min_site_rows(10000, 5) == 20
     assert min_site_rows(100, 5) == 10
-    assert min_site_rows(3, 3) == 1
+    assert min_site_rows(3, 3) == 2
 
 
 # -- holdout ----------------------------------------------------------------------------------------
@@ -293,3 +293,16 @@ def test_vertical_federation(tmp_path, n_passive):
     assert back.train.y is None and back.train.ids.tolist() == active.train.ids.tolist()
     back1 = read_site(out, "site-1")
     assert back1.train.y.tolist() == active.train.y.tolist()
+
+
+# -- issue 14 item 16: every site gets training and test rows ---------------------------------------
+@pytest.mark.parametrize("kind, alpha", [("iid", None), ("quantity", 0.5), ("label", 5.0)])
+def test_site_count_that_starves_a_site_is_refused(car, kind, alpha):
+    with pytest.raises(DataError, match=r"--sites 1000: the 1382 rows .* fewer than 2 rows .* at most 691 sites"):
+        prepare_federation(car, 1000, kind, alpha, seed=0)
+
+
+@pytest.mark.parametrize("kind, alpha", [("iid", None), ("quantity", 0.5)])
+def test_the_largest_allowed_site_count_gives_every_site_train_and_test_rows(car, kind, alpha):
+    fed = prepare_federation(car, 691, kind, alpha, seed=0)
+    assert min(min(len(s.train), len(s.test)) for s in fed.sites.values()) >= 1

@@ -82,6 +82,8 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
             shard = rest.subset(rows)
             tr, te = stratified_split(shard.y_codes(), local_test_size, seed + 1 + i)
             name = site_name(i)
+            if len(tr) == 0 or len(te) == 0:  # the partitioners give every site 2 rows or more; never ship less
+                raise DataError(f"{name}: {len(tr)} training and {len(te)} test rows; use fewer --sites")
             sites[name] = SiteData(shard.subset(tr, name=name), shard.subset(te, name=name))
     summary = {
         "dataset": table.name,
