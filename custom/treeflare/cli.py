@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import sys
 import warnings
 
@@ -126,6 +127,72 @@ def prepare_from_args(table: Table, args: argparse.Namespace):
                                   n_passive=args.passive)
     alpha = None if args.partition == "iid" else args.alpha  # iid ignores alpha; don't record it
     return prepare_federation(table, n_sites=args.sites, kind=args.partition, alpha=alpha, seed=args.seed)
+
+
+# -- argument checks (every job script, before FLARE starts) -------------------------------------------
+def _integer(lo: int, hi: int | None = None):
+    def ok(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+    return ok, (f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]")
+
+
+def _number(lo: float, *, above: bool = False, hi: float | None = None):
+    def ok(v) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        return (v > lo if above else v >= lo) and (hi is None or v <= hi)
+    if hi is not None:
+        text = f"in [{lo:g}, {hi:g}]"
+    else:
+        text = "a positive number" if (above and lo == 0) else f"a number {'>' if above else '>='} {lo:g}"
+    return ok, text
+
+
+def _one_of(*values):
+    return (lambda v: v in values), "one of " + ", ".join(values)
+
+
+# Keyed by argparse ``dest``; a script checks the ones it has. None is allowed where it means "the default".
+ARG_RULES = {
+    # partition and run
+    "sites": _integer(1), "alpha": _number(0, above=True), "seed": _integer(0, 2**32 - 1),
+    "passive": _integer(1), "min_clients": _integer(1), "task_timeout": _number(0, above=True),
+    "timeout": _number(0, above=True),
+    # trees
+    "max_depth": _integer(1), "global_max_depth": _integer(1), "max_leaves": _integer(1),
+    "criterion": _one_of("gini", "entropy"), "percentile": _number(0, hi=100),
+    # boosting (XGBoost, vertical GBDT)
+    "rounds": _integer(1), "eta": _number(0, above=True), "nthread": _integer(1),
+    "early_stopping_rounds": _integer(0), "trees": _integer(1), "bins": _integer(2, 1024),
+    "learning_rate": _number(0, above=True), "reg_lambda": _number(0), "min_child_weight": _number(0),
+    "precision": _integer(8, 60), "workers": _integer(0),
+}
+OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees"}
+OPTION_NAMES = {"reg_lambda": "--lambda"}
+
+
+def option_name(dest: str) -> str:
+    return OPTION_NAMES.get(dest, "--" + dest.replace("_", "-"))
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The one check of the job scripts' arguments, run before anything is written or FLARE starts.
+
+    Every argument in :data:`ARG_RULES` that ``args`` has is checked, then the ones that depend on each other
+    (``--min-clients`` <= ``--sites``). Raises DataError naming the argument (``main_guard`` prints it, exit 2).
+    """
+    for dest, (ok, requirement) in ARG_RULES.items():
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if value is None and dest in OPTIONAL_ARGS:
+            continue
+        if not ok(value):
+            raise DataError(f"{option_name(dest)} must be {requirement}, got {value!r}")
+    sites, min_clients = getattr(args, "sites", None), getattr(args, "min_clients", None)
+    if sites is not None and min_clients is not None and min_clients > sites:
+        raise DataError(f"--min-clients {min_clients} is more than --sites {sites}: the job could never go on")
+    return args
 
 
 # -- entry points --------------------------------------------------------------------------------

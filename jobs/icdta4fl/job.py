@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from treeflare.cli import add_data_args, add_partition_args, load_table, main_guard, prepare_from_args
+from treeflare.cli import add_data_args, add_partition_args, check_args, load_table, main_guard, prepare_from_args
 from treeflare.data import Schema, read_site, read_site_csv, write_federation
 from treeflare.icdta4fl import pipeline
 from treeflare.icdta4fl.encoding import encode, feature_space
@@ -49,12 +49,7 @@ def parse_args(argv=None):
     g.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_run_args(p)
-    args = p.parse_args(argv)
-    if not 0 <= args.percentile <= 100:
-        p.error("--percentile must be in [0, 100]")
-    if args.max_depth < 1:
-        p.error("--max-depth must be at least 1")
-    return args
+    return check_args(p.parse_args(argv))
 
 
 def build_job(args, fed_summary: dict, data_root: Path, sites: list[str]):

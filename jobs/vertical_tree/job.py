@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from treeflare.cli import add_data_args, add_vertical_args, load_table, main_guard
+from treeflare.cli import add_data_args, add_vertical_args, check_args, load_table, main_guard
 from treeflare.data import DataError, prepare_federation, read_site, write_federation
 from treeflare.reporting import format_table, write_json_atomic
 
@@ -69,7 +69,7 @@ def parse_args(argv=None):
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_run_args(p)
-    args = p.parse_args(argv)
+    args = check_args(p.parse_args(argv))
     if args.trees is None:
         args.trees = 3 if args.model == "gbdt" else 1
     if args.model == "tree" and args.trees != 1:
