@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -83,6 +84,41 @@ def export_job(job, export_dir: Path) -> Path:
     return out
 
 
+def _shell_unsafe(path) -> bool:
+    # NVFlare's simulator joins its command lines as text and splits them with shlex.
+    return any(c.isspace() or c in "'\"\\$`;&|<>()*?[]#~!" for c in str(path))
+
+
+@contextlib.contextmanager
+def shell_safe_paths(root: Path):
+    """``root`` as the simulator may see it: itself, or (when it, this Python or the temporary folder holds a
+    space or another character a shell would split on) a symlink to it from a fresh folder whose path holds none.
+    This Python is reached the same way (a link to its environment), and NVFlare's temporary job folder is made
+    there too. Everything is written into ``root``; the links are removed afterwards."""
+    python, tmp = Path(sys.executable), Path(tempfile.gettempdir())
+    if not any(_shell_unsafe(p) for p in (root, python, tmp)):
+        yield root
+        return
+    base = next((Path(d) for d in (tmp, "/tmp", "/var/tmp") if Path(d).is_dir() and not _shell_unsafe(d)), None)
+    if base is None:
+        raise SystemExit(f"error: no temporary folder without spaces for the simulator (TMPDIR={tmp})")
+    alias = Path(tempfile.mkdtemp(prefix="treeflare-sim-", dir=base))
+    saved = sys.executable, tempfile.tempdir
+    try:
+        (alias / "flare").symlink_to(root, target_is_directory=True)
+        if _shell_unsafe(python):
+            prefix = Path(sys.prefix)
+            (alias / "env").symlink_to(prefix, target_is_directory=True)
+            sys.executable = str(alias / "env" / python.relative_to(prefix)) if python.is_relative_to(prefix) \
+                else sys.executable
+        (alias / "tmp").mkdir()
+        tempfile.tempdir = str(alias / "tmp")
+        yield alias / "flare"
+    finally:
+        sys.executable, tempfile.tempdir = saved
+        shutil.rmtree(alias, ignore_errors=True)  # the links only: rmtree does not follow them
+
+
 def run_job(job, args, sites: list[str]) -> Path:
     """Run ``job`` where ``args.env`` says and return the server's run folder (its artifacts)."""
     if getattr(args, "export", None):
@@ -94,13 +130,16 @@ def run_job(job, args, sites: list[str]) -> Path:
         from nvflare.recipe.sim_env import SimEnv
 
         root = workspace / "flare"
-        env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(root), log_config=args.log_level)
-        try:
-            env.deploy(job)
-        except RuntimeError as exc:
-            # A controller that fails cleanly ends the run with a system panic, which SimEnv turns into
-            # an exception; the job's result file in the run folder says why.
-            print(f"warning: {exc}", file=sys.stderr)
+        root.mkdir(parents=True, exist_ok=True)
+        with shell_safe_paths(root) as sim_root:
+            env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(sim_root),
+                         log_config=args.log_level)
+            try:
+                env.deploy(job)
+            except RuntimeError as exc:
+                # A controller that fails cleanly ends the run with a system panic, which SimEnv turns into
+                # an exception; the job's result file in the run folder says why.
+                print(f"warning: {exc}", file=sys.stderr)
         return root / job.name / "server" / "simulate_job"
     if args.env == "poc":
         return _run_poc(job, args, sites, workspace)
