@@ -1,6 +1,6 @@
 """jobs/icdta4fl/job.py with site-3 replaced by a hostile site (tests/hostile_site), everything else unchanged.
 
-    python tests/hostile_job.py [--hostile-mode nan_threshold|wrong_type] <job.py arguments>
+    python tests/hostile_job.py [--hostile-mode nan_threshold|wrong_type|sleep] <job.py arguments>
 """
 
 from __future__ import annotations

@@ -11,11 +11,21 @@ from pathlib import Path
 from treeflare.flare.runner import shell_safe_paths
 
 
-def test_a_safe_path_is_used_as_it_is(tmp_path):
+def test_a_safe_path_is_used_as_it_is_with_a_short_private_tmpdir(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     root = tmp_path / "flare"
     root.mkdir()
     with shell_safe_paths(root) as seen:
         assert seen == root
+        private = Path(os.environ["TMPDIR"])
+        assert tempfile.gettempdir() == str(private) and private.parent.name.startswith("tf-sim-")
+        assert len(str(private)) < 30  # multiprocessing's socket paths must stay under 108 bytes
+        (private / "left-behind").mkdir()  # what a killed simulator process leaves
+    assert not private.parent.exists()
+    assert os.environ["TMPDIR"] == str(tmp_path) and sorted(p.name for p in tmp_path.iterdir()) == ["flare"]
 
 
 def test_workspace_with_a_space_is_reached_through_a_link(tmp_path):

@@ -24,9 +24,12 @@ Bad input surfaces as :class:`treeflare.data.DataError`; :func:`main_guard` prin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
+import signal
 import sys
+import threading
 import warnings
 
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
@@ -198,12 +201,16 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
 # -- entry points --------------------------------------------------------------------------------
 def main_guard(fn):
     """Decorate a ``main``: DataError (bad data or arguments) and OSError (unreadable/unwritable paths)
-    print ``error: <message>`` to stderr and exit with status 2, without a traceback."""
+    print ``error: <message>`` to stderr and exit with status 2, without a traceback.
+
+    SIGTERM is turned into the same unwinding as Ctrl-C (KeyboardInterrupt), so every ``finally`` runs: the
+    runner ends the processes it started and temporary folders are removed; the script then exits with
+    128 + the signal's number."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), interruptible():
                 warnings.showwarning = _show_warning
                 return fn(*args, **kwargs)
         except DataError as exc:
@@ -211,8 +218,41 @@ def main_guard(fn):
         except OSError as exc:
             detail = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
             _fail(detail)
+        except KeyboardInterrupt:
+            signum = _INTERRUPT["signal"] or signal.SIGINT
+            print(f"error: interrupted ({signal.Signals(signum).name}); the processes this job started were "
+                  "ended", file=sys.stderr)
+            sys.exit(128 + int(signum))
 
     return wrapper
+
+
+_INTERRUPT: dict = {"signal": None}
+
+
+def interrupted_by() -> int | None:
+    """The signal (SIGINT or SIGTERM) that interrupted this script, if any (see :func:`interruptible`)."""
+    return _INTERRUPT["signal"]
+
+
+def _on_signal(signum, frame):
+    _INTERRUPT["signal"] = signum
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGINT and SIGTERM raise KeyboardInterrupt (and are remembered, :func:`interrupted_by`) while inside."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _INTERRUPT["signal"] = None
+    saved = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

@@ -1,4 +1,4 @@
-"""A site that trains normally, then sends the server a corrupted tree (test only)."""
+"""A site that trains normally, then sends the server a corrupted tree, or never answers (test only)."""
 
 from __future__ import annotations
 
@@ -24,4 +24,8 @@ class HostileExecutor(ICDTA4FLExecutor):
                 tree["nodes"][0]["counts"] = [math.nan] * len(tree["nodes"][0]["counts"])
         elif self.mode == "wrong_type":
             reply["tree"] = "DROP TABLE trees;"
+        elif self.mode == "sleep":  # a site that never answers (the job must still end on a signal)
+            import time
+
+            time.sleep(3600)
         return reply
