@@ -103,3 +103,8 @@ def test_good_arguments_pass(jobs):
     args = jobs["icdta4fl"].parse_args(["--dataset", "car", "--sites", "3", "--min-clients", "3", "--max-leaves",
                                         "1", "--global-max-depth", "1", "--criterion", "entropy", "--workspace", "w"])
     assert (args.min_clients, args.max_leaves) == (3, 1)
+
+
+def test_vertical_gbdt_on_a_multiclass_label_is_refused_before_flare(jobs, tmp_path, capsys):
+    err = refused(jobs["vertical_tree"], ["--dataset", "car", "--model", "gbdt"], tmp_path / "ws", capsys)
+    assert "--model gbdt needs a binary label; car has 4 classes" in err, err

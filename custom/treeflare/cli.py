@@ -33,13 +33,14 @@ import threading
 import warnings
 
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
+from .data.csv_io import check_levels
 
 USAGE_ERROR = 2
 
 
 # -- data source ---------------------------------------------------------------------------------
 def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | None = None) -> argparse._ArgumentGroup:
-    """Add ``--dataset NAME | --csv PATH --label COL [--categorical a,b] [--id COL]``.
+    """Add ``--dataset NAME | --csv PATH --label COL [--categorical a,b] [--id COL] [--ordinal COL=a<b<c ...]``.
 
     ``default_dataset`` is used when neither --dataset nor --csv is given (None: one is required).
     Validation of the combination happens in :func:`load_table`.
@@ -55,6 +56,9 @@ def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | Non
                    help="comma-separated --csv columns to treat as categorical (other types are inferred)")
     g.add_argument("--id", metavar="COL", default=None, dest="id",
                    help="--csv column of unique row ids (needed to join vertical parties); not a feature")
+    g.add_argument("--ordinal", metavar="COL=a<b<c", action="append", default=None,
+                   help="an --csv column whose values are ordered, with its levels lowest first (repeatable); "
+                        "trees split it by threshold on that order; a value not listed is an error")
     parser.set_defaults(_default_dataset=default_dataset)
     return g
 
@@ -66,15 +70,30 @@ def parse_categorical(text: str | None) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+def parse_ordinal(specs: list[str] | None) -> dict[str, list[str]]:
+    """``["size=S<M<L", "grade = 1 < 2 < 3"]`` -> ``{"size": ["S", "M", "L"], "grade": ["1", "2", "3"]}``."""
+    out: dict[str, list[str]] = {}
+    for spec in specs or []:
+        column, eq, levels = spec.partition("=")
+        column = column.strip()
+        if not eq or not column:
+            raise DataError(f"--ordinal {spec!r}: expected COL=low<...<high, e.g. size=S<M<L")
+        if column in out:
+            raise DataError(f"--ordinal: column {column!r} is given twice")
+        out[column] = list(check_levels(column, [v.strip() for v in levels.split("<")]))
+    return out
+
+
 def load_table(args: argparse.Namespace) -> Table:
     """The :class:`Table` that :func:`add_data_args`' options describe.
 
     Exactly one of --dataset/--csv (or the parser's ``default_dataset``); --label is required with --csv;
-    --label/--categorical/--id only apply to --csv. Raises DataError otherwise.
+    --label/--categorical/--id/--ordinal only apply to --csv. Raises DataError otherwise.
     """
     dataset, csv = getattr(args, "dataset", None), getattr(args, "csv", None)
     label, categorical, id_column = getattr(args, "label", None), getattr(args, "categorical", None), \
         getattr(args, "id", None)
+    ordinal = getattr(args, "ordinal", None)
     if dataset and csv:
         raise DataError("give either --dataset or --csv, not both")
     if not dataset and not csv:
@@ -82,7 +101,8 @@ def load_table(args: argparse.Namespace) -> Table:
         if not dataset:
             raise DataError(f"give --dataset NAME (one of {', '.join(DATASETS)}) or --csv PATH --label COL")
     if dataset:
-        given = [opt for opt, v in (("--label", label), ("--categorical", categorical), ("--id", id_column)) if v]
+        given = [opt for opt, v in (("--label", label), ("--categorical", categorical), ("--id", id_column),
+                                    ("--ordinal", ordinal)) if v]
         if given:
             raise DataError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to --csv; "
                             f"embedded dataset {dataset!r} has its own label and column types")
@@ -90,7 +110,7 @@ def load_table(args: argparse.Namespace) -> Table:
     if not label:
         raise DataError(f"--csv {csv}: --label COL is required (the name of the label column)")
     return load_csv(csv, label=label.strip(), categorical=parse_categorical(categorical),
-                    id_column=id_column.strip() if id_column else None)
+                    id_column=id_column.strip() if id_column else None, ordinal=parse_ordinal(ordinal))
 
 
 # -- partitioning --------------------------------------------------------------------------------

@@ -171,6 +171,9 @@ def main(argv=None) -> int:
     timings = {}
     t = time.perf_counter()
     table = load_table(args)  # the data layer gives it row ids if it has none
+    if args.model == "gbdt" and len(table.schema.classes) != 2:  # else the active site fails once FLARE runs
+        raise DataError(f"--model gbdt needs a binary label; {table.name or 'the data'} has "
+                        f"{len(table.schema.classes)} classes (use --model tree)")
     fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive)
     data_dir = write_federation(fed, workspace / "data", overwrite=True)
     timings["prepare_data"] = time.perf_counter() - t

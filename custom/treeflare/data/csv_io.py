@@ -141,21 +141,34 @@ def normalise_labels(raw: pd.Series, *, file, column, site=None) -> np.ndarray:
     return out
 
 
-def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column=None, file="data") -> Schema:
-    """Decide feature kinds: numeric if every present cell parses as a number, else categorical."""
+def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column=None, file="data",
+                 ordinal: dict | None = None) -> Schema:
+    """Decide feature kinds: numeric if every present cell parses as a number, else categorical; ``ordinal``
+    maps a column to its ordered levels (lowest first), which its values are then checked against."""
     columns = list(frame.columns)
     if label not in columns:
         raise DataError(f"{file}: label column {label!r} not found; columns are {columns}")
     if id_column is not None and id_column not in columns:
         raise DataError(f"{file}: id column {id_column!r} not found; columns are {columns}")
+    feature_columns = [x for x in columns if x not in (label, id_column)]
     forced = list(categorical or [])
     for c in forced:
-        if c not in columns or c in (label, id_column):
+        if c not in feature_columns:
             raise DataError(f"{file}: --categorical column {c!r} is not a feature column; features are "
-                            f"{[x for x in columns if x not in (label, id_column)]}")
+                            f"{feature_columns}")
+    ordinal = dict(ordinal or {})
+    for c, levels in ordinal.items():
+        if c not in feature_columns:
+            raise DataError(f"{file}: --ordinal column {c!r} is not a feature column; features are {feature_columns}")
+        if c in forced:
+            raise DataError(f"{file}: column {c!r} is given both as --categorical and as --ordinal")
+        check_levels(c, levels)
     features = []
     for c in columns:
         if c in (label, id_column):
+            continue
+        if c in ordinal:
+            features.append(Feature(c, "ordinal", tuple(ordinal[c])))
             continue
         col = frame[c]
         present = ~_is_missing(col)
@@ -184,6 +197,19 @@ def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column
     if len(classes) < 2:
         raise DataError(f"{file}: label column {label!r} has a single class {classes[0]!r}; need at least 2")
     return Schema(tuple(features), label, classes, id_column)
+
+
+def check_levels(column: str, levels) -> tuple[str, ...]:
+    """An ordinal column's levels: non-empty, distinct strings, none of which reads as a missing value."""
+    levels = tuple(levels)
+    if not levels or any(not isinstance(v, str) or not v.strip() for v in levels):
+        raise DataError(f"--ordinal {column}: give its levels, lowest first, e.g. {column}=low<mid<high")
+    if len(set(levels)) != len(levels):
+        raise DataError(f"--ordinal {column}: a level is listed twice in {' < '.join(levels)}")
+    missing = [v for v in levels if v in MISSING]
+    if missing:
+        raise DataError(f"--ordinal {column}: level {missing[0]!r} reads as a missing value")
+    return levels
 
 
 def _class_sort_key(c: str):
@@ -215,7 +241,17 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
             out[f.name] = parse_numeric(col, file=file, column=f.name, site=site, allow_missing=True)
         else:
             s = col.str.strip()
-            out[f.name] = s.where(~_is_missing(col), np.nan)
+            missing = _is_missing(col)
+            if f.kind == "ordinal":  # an unknown level has no place in the order: refuse it
+                unknown = ~missing & ~s.isin(f.categories).to_numpy()
+                if unknown.any():
+                    i = int(np.argmax(unknown))
+                    raise DataError(
+                        f"{where(file, f.name, i + 2, site)}: {col.iloc[i]!r} is not one of the levels "
+                        f"{' < '.join(f.categories)} of ordinal column {f.name!r}",
+                        problem="value is not a level of the ordinal column", file=file, column=f.name,
+                        line=i + 2, site=site)
+            out[f.name] = s.where(~missing, np.nan)
     y = None
     if schema.label in frame.columns:
         y = normalise_labels(frame[schema.label].reset_index(drop=True), file=file, column=schema.label, site=site)
@@ -251,13 +287,16 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
 
 
 def load_csv(path, label: str, categorical=None, id_column=None, schema: Schema | None = None,
-             sep=",", name: str | None = None) -> Table:
-    """Load your own CSV (with a header row). Kinds are inferred unless a schema is given."""
+             sep=",", name: str | None = None, ordinal: dict | None = None) -> Table:
+    """Load your own CSV (with a header row). Kinds are inferred unless a schema is given; ``ordinal`` maps a
+    column to its ordered levels, lowest first."""
     raw = read_raw(path, sep=sep)
     if schema is None:
         raw, dropped = drop_empty_columns(raw, keep=(label, id_column), file=str(path))
         categorical = [c for c in (categorical or []) if c not in dropped]
-        schema = infer_schema(raw, label=label, categorical=categorical, id_column=id_column, file=str(path))
+        ordinal = {c: levels for c, levels in (ordinal or {}).items() if c not in dropped}
+        schema = infer_schema(raw, label=label, categorical=categorical, id_column=id_column, file=str(path),
+                              ordinal=ordinal)
     return frame_to_table(raw, schema, file=str(path), name=name or Path(path).stem)
 
 
