@@ -196,3 +196,12 @@ def test_site_file_with_a_missing_id(make_csv, tmp_path):
     with pytest.raises(DataError) as e:
         read_site(root, "site-2")
     assert e.value.redacted() == "site-2: train.csv, column 'id', line 4: missing id"
+
+
+def test_categorical_option_reads_quoted_names(make_csv):
+    from treeflare import cli
+
+    assert cli.parse_categorical("a, b,,c") == ["a", "b", "c"]
+    assert cli.parse_categorical('"ü,y", b') == ["ü,y", "b"]
+    t = load_csv(make_csv('"x,1",z,y\n1,2,a\n2,3,b\n'), label="y", categorical=cli.parse_categorical('"x,1"'))
+    assert t.schema.feature("x,1").kind == "categorical" and t.schema.feature("z").kind == "numeric"

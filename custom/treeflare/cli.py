@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import functools
 import math
 import signal
@@ -64,10 +65,15 @@ def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | Non
 
 
 def parse_categorical(text: str | None) -> list[str]:
-    """``"a, b,,c"`` -> ``["a", "b", "c"]``; None or blank -> ``[]``."""
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; a name holding a comma is quoted, as in the CSV header:
+    ``'"ü,y",b'`` -> ``["ü,y", "b"]``; None or blank -> ``[]``."""
     if not text:
         return []
-    return [c.strip() for c in text.split(",") if c.strip()]
+    try:
+        names = next(csv.reader([text], skipinitialspace=True), [])
+    except csv.Error as exc:
+        raise DataError(f"--categorical {text!r}: cannot read the list ({exc})") from None
+    return [c.strip() for c in names if c.strip()]
 
 
 def parse_ordinal(specs: list[str] | None) -> dict[str, list[str]]:
