@@ -20,7 +20,7 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "custom"))
 
-from treeflare.cli import add_data_args, add_partition_args, add_vertical_args, load_table, main_guard, \
+from treeflare.cli import add_data_args, add_partition_args, add_vertical_args, check_args, load_table, main_guard, \
     prepare_from_args
 from treeflare.data import write_federation
 
@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_partition_args(parser)
     add_vertical_args(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (must be new or empty)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing federation in --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing federation in --out (only one this script wrote, holding nothing "
+                             "else; any other folder is refused)")
     return parser
 
 
@@ -59,7 +61,7 @@ def summary_lines(summary: dict, out: Path) -> list[str]:
 
 @main_guard
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = check_args(build_parser().parse_args(argv))
     table = load_table(args)
     fed = prepare_from_args(table, args)
     out = write_federation(fed, args.out, overwrite=args.overwrite)

@@ -276,18 +276,27 @@ def digest(root):
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_refuses_non_empty_out_without_overwrite(car, tmp_path):
+def test_refuses_a_folder_it_did_not_write_even_with_overwrite(car, tmp_path):
     out = tmp_path / "fed"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     fed = prepare_federation(car, 2, "iid", None, seed=0)
-    with pytest.raises(DataError, match=r"already exists and is not empty.*--overwrite") as e:
-        write_federation(fed, out)
-    assert str(out) in str(e.value)
-    assert digest(out) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fed"]
-    write_federation(fed, out, overwrite=True)
-    assert not (out / "notes.txt").exists() and (out / "partition.json").is_file()
+    for overwrite in (False, True):
+        with pytest.raises(DataError, match=r"was not written by treeflare .*left as it is") as e:
+            write_federation(fed, out, overwrite=overwrite)
+        assert str(out) in str(e.value)
+        assert digest(out) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["fed"]
+
+
+def test_replaces_its_own_folder_only_with_overwrite(car, tmp_path):
+    out = write_federation(prepare_federation(car, 2, "iid", None, seed=0), tmp_path / "fed")
+    before = digest(out)
+    with pytest.raises(DataError, match=r"already exists and is not empty.*--overwrite"):
+        write_federation(prepare_federation(car, 3, "iid", None, seed=0), out)
+    assert digest(out) == before
+    write_federation(prepare_federation(car, 3, "iid", None, seed=0), out, overwrite=True)
+    assert read_partition(out)["n_sites"] == 3 and not (out / "site-3").is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fed"]
 
 

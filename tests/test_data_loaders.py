@@ -18,11 +18,12 @@ def load(name, part="train") -> Table:
     return load_dataset(name, part)
 
 
-# name, part, rows, label, class counts, numeric features, categorical features
+# name, part, rows, label, class counts, numeric features, categorical features (+ ordinal: ORDINAL_COUNT)
+ORDINAL_COUNT = {"nursery": 7, "car": 6}
 EXPECTED = [
     ("nursery", "train", 12960, "class",
-     {"not_recom": 4320, "priority": 4266, "recommend": 2, "spec_prior": 4044, "very_recom": 328}, 0, 8),
-    ("car", "train", 1728, "class", {"unacc": 1210, "acc": 384, "good": 69, "vgood": 65}, 0, 6),
+     {"not_recom": 4320, "priority": 4266, "recommend": 2, "spec_prior": 4044, "very_recom": 328}, 0, 1),
+    ("car", "train", 1728, "class", {"unacc": 1210, "acc": 384, "good": 69, "vgood": 65}, 0, 0),
     ("adult", "train", 32561, "income", {"<=50K": 24720, ">50K": 7841}, 6, 8),
     ("adult", "test", 16281, "income", {"<=50K": 12435, ">50K": 3846}, 6, 8),
     ("default_credit_card", "train", 30000, "default", {"0": 23364, "1": 6636}, 23, 0),
@@ -44,9 +45,10 @@ def test_loader_counts(name, part, rows, label, counts, n_num, n_cat):
     assert t.schema.label == label
     assert t.class_counts() == counts
     assert sorted(t.schema.classes) == sorted(counts)
-    assert t.n_features == n_num + n_cat
+    assert t.n_features == n_num + n_cat + ORDINAL_COUNT.get(name, 0)
     assert len(t.schema.numeric) == n_num
     assert len(t.schema.categorical) == n_cat
+    assert len(t.schema.ordinal) == ORDINAL_COUNT.get(name, 0)
     assert list(t.frame.columns) == t.schema.feature_names
     assert label not in t.frame.columns
     for f in t.schema.numeric:
@@ -81,10 +83,23 @@ def test_categorical_datasets_columns_and_categories(name, values):
     t = load(name)
     assert t.schema.feature_names == list(values)
     for f in t.schema.features:
-        assert f.kind == "categorical"
+        assert f.kind == ("categorical" if f.name == "form" else "ordinal")
         assert set(f.categories) == values[f.name]
         assert set(t.frame[f.name]) == values[f.name]  # no missing values, nothing unexpected
     assert t.schema.id_column is None
+
+
+def test_ordinal_levels_of_the_embedded_datasets():
+    """Car's graded scales, lowest first; nursery's UCI value lists in their order (form is not ordered)."""
+    car = {f.name: f.categories for f in load("car").schema.features}
+    assert car == {"buying": ("low", "med", "high", "vhigh"), "maint": ("low", "med", "high", "vhigh"),
+                   "doors": ("2", "3", "4", "5more"), "persons": ("2", "4", "more"),
+                   "lug_boot": ("small", "med", "big"), "safety": ("low", "med", "high")}
+    nursery = load("nursery").schema
+    assert nursery.ordinal == ["parents", "has_nurs", "children", "housing", "finance", "social", "health"]
+    assert nursery.feature("has_nurs").categories == ("proper", "less_proper", "improper", "critical", "very_crit")
+    assert nursery.feature("form").kind == "categorical"
+    assert nursery.feature("form").categories == ("complete", "completed", "foster", "incomplete")
 
 
 def test_car_is_the_full_factorial_design():
@@ -142,7 +157,7 @@ def test_codes_index_the_schema_categories():
     t = load("car")
     X, names, kinds = t.codes()
     assert X.shape == (1728, 6)
-    assert names == t.schema.feature_names and kinds == ["categorical"] * 6
+    assert names == t.schema.feature_names and kinds == ["ordinal"] * 6
     assert not np.isnan(X).any()
     for j, f in enumerate(t.schema.features):
         decoded = np.asarray(f.categories, dtype=object)[X[:, j].astype(int)]
@@ -150,15 +165,17 @@ def test_codes_index_the_schema_categories():
 
 
 def test_onehot_shape_names_and_rows():
-    t = load("car")
+    t = load("nursery")
     X, names = t.onehot()
-    assert X.shape == (1728, 4 + 4 + 4 + 3 + 3 + 3)
-    assert names[:4] == ["buying=high", "buying=low", "buying=med", "buying=vhigh"]
+    assert X.shape == (12960, 7 + 4)  # seven ordinal columns as they are, four for the categorical form
+    assert names[:6] == ["parents", "has_nurs", "form=complete", "form=completed", "form=foster", "form=incomplete"]
     assert names == t.schema.onehot_names()
-    assert set(np.unique(X)) == {0.0, 1.0}
-    assert np.all(X.sum(axis=1) == 6)  # one hot per categorical feature
-    j = names.index("safety=low")
-    assert X[:, j].sum() == (t.frame["safety"] == "low").sum()
+    form = X[:, 2:6]
+    assert set(np.unique(form)) == {0.0, 1.0} and np.all(form.sum(axis=1) == 1)  # one hot
+    j = names.index("form=foster")
+    assert X[:, j].sum() == (t.frame["form"] == "foster").sum()
+    codes = t.codes()[0]
+    assert np.array_equal(X[:, 0], codes[:, 0]) and np.array_equal(X[:, 6:], codes[:, 3:])  # ordinal: its codes
 
 
 def test_onehot_mixed_numeric_and_missing():
@@ -175,15 +192,15 @@ def test_onehot_mixed_numeric_and_missing():
 
 
 def test_unseen_category_is_nan_code_and_all_zero_onehot():
-    car = load("car")
-    frame = car.frame.iloc[:3].copy().reset_index(drop=True)
-    frame.loc[1, "buying"] = "ultra"  # not in the schema's categories
-    t = Table(frame, car.y[:3], car.schema)
+    nursery = load("nursery")
+    frame = nursery.frame.iloc[:3].copy().reset_index(drop=True)
+    frame.loc[1, "form"] = "ultra"  # not in the schema's categories
+    t = Table(frame, nursery.y[:3], nursery.schema)
     X, _, _ = t.codes()
-    assert np.isnan(X[1, 0]) and not np.isnan(X[0, 0]) and not np.isnan(X[1, 1:]).any()
+    assert np.isnan(X[1, 2]) and not np.isnan(X[0, 2]) and not np.isnan(np.delete(X[1], 2)).any()
     H, names = t.onehot()
-    buying = [i for i, n in enumerate(names) if n.startswith("buying=")]
-    assert H[1, buying].sum() == 0 and H[0, buying].sum() == 1
+    form = [i for i, n in enumerate(names) if n.startswith("form=")]
+    assert H[1, form].sum() == 0 and H[0, form].sum() == 1
 
 
 # -- your own CSV -----------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def test_label_skew_that_cannot_fill_every_site_fails_clearly():
 def test_min_site_rows():
     assert min_site_rows(10000, 5) == 20
     assert min_site_rows(100, 5) == 10
-    assert min_site_rows(3, 3) == 1
+    assert min_site_rows(3, 3) == 2
 
 
 # -- holdout ----------------------------------------------------------------------------------------
@@ -215,7 +215,8 @@ def test_summary_sizes_and_counts(car):
 def test_write_and_read_back(car, tmp_path):
     fed = prepare_federation(car, 3, "label", 1.0, seed=2)
     out = write_federation(fed, tmp_path / "fed")
-    assert sorted(p.name for p in out.iterdir()) == ["partition.json", "server", "site-1", "site-2", "site-3"]
+    assert sorted(p.name for p in out.iterdir()) == [".treeflare-federation.json", "partition.json", "server", "site-1", "site-2",
+                                                      "site-3"]
     assert json.loads((out / "partition.json").read_text()) == json.loads(json.dumps(fed.summary))
     assert read_partition(out)["n_sites"] == 3
     header = (out / "site-2" / "train.csv").read_text().splitlines()[0]
@@ -292,3 +293,16 @@ def test_vertical_federation(tmp_path, n_passive):
     assert back.train.y is None and back.train.ids.tolist() == active.train.ids.tolist()
     back1 = read_site(out, "site-1")
     assert back1.train.y.tolist() == active.train.y.tolist()
+
+
+# -- issue 14 item 16: every site gets training and test rows ---------------------------------------
+@pytest.mark.parametrize("kind, alpha", [("iid", None), ("quantity", 0.5), ("label", 5.0)])
+def test_site_count_that_starves_a_site_is_refused(car, kind, alpha):
+    with pytest.raises(DataError, match=r"--sites 1000: the 1382 rows .* fewer than 2 rows .* at most 691 sites"):
+        prepare_federation(car, 1000, kind, alpha, seed=0)
+
+
+@pytest.mark.parametrize("kind, alpha", [("iid", None), ("quantity", 0.5)])
+def test_the_largest_allowed_site_count_gives_every_site_train_and_test_rows(car, kind, alpha):
+    fed = prepare_federation(car, 691, kind, alpha, seed=0)
+    assert min(min(len(s.train), len(s.test)) for s in fed.sites.values()) >= 1

@@ -167,7 +167,7 @@ def _job(mod, args, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, match", [
     (["--dataset", "car", "--percentile", "150"], "--percentile must be in"),
-    (["--dataset", "car", "--max-depth", "0"], "--max-depth must be at least 1"),
+    (["--dataset", "car", "--max-depth", "0"], "--max-depth must be an integer >= 1, got 0"),
     (["--dataset", "car", "--algorithm", "c4.5"], "invalid choice"),
     (["--dataset", "car", "--env", "cloud"], "invalid choice"),
     (["--dataset", "no_such_dataset"], "no_such_dataset"),

@@ -1,33 +1,79 @@
-"""A real simulator run in which site-3 is hostile: it trains, then sends the server a tree with a NaN threshold.
-The job completes on the other sites, the report names site-3 and why it was dropped, the server logged the reason
-and did not crash."""
+"""Real simulator runs with misbehaving sites, sharing one run (four sites, in a workspace whose path holds a
+space, issue 14 item 14):
+
+* site-3 is hostile: it trains, then sends the server a tree with a NaN threshold;
+* site-4 holds a social-security-like value ``123-45-6789`` in a numeric column of its train.csv (issue 14
+  item 5): it is dropped with a reason naming the column and line, and neither the value nor the site's local
+  path reaches the server's log, its result file or report.json. The site's own log keeps the whole message.
+
+The job completes on the other sites, the report names both dropped sites and why, and the server did not crash."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from flare_helpers import flare_lock, run_script
 
 pytestmark = pytest.mark.flare
 
+SECRET = "123-45-6789"
+BAD_LINE = 7  # of site-4/train.csv
 
-def test_hostile_site_is_dropped_and_named(tmp_path):
-    ws = tmp_path / "ws"
+
+def synthetic_csv(path):
+    """Numeric and categorical columns and a learnable label (CART finds it in a few splits)."""
+    rng = np.random.default_rng(0)
+    n = 800
+    a, b = rng.uniform(0, 100, n).round(2), rng.normal(0, 1, n).round(3)
+    colour = rng.choice(["red", "green", "blue"], n)
+    y = np.where(a + np.where(colour == "red", 15, 0) > 55, "high", "low")
+    lines = ["a,b,colour,y"] + [f"{a[i]},{b[i]},{colour[i]},{y[i]}" for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory):
+    from treeflare.data import load_csv, prepare_federation, write_federation
+
+    tmp = tmp_path_factory.mktemp("hostile")
+    csv = synthetic_csv(tmp / "people.csv")
+    # The sites' data, as the job would write it, with site-4's file then corrupted at the site.
+    site_data = write_federation(prepare_federation(load_csv(csv, label="y"), 4, "iid", None, seed=1),
+                                 tmp / "site data" / "fed")
+    bad = site_data / "site-4" / "train.csv"
+    lines = bad.read_text().splitlines()
+    lines[BAD_LINE - 1] = SECRET + "," + lines[BAD_LINE - 1].split(",", 1)[1]
+    bad.write_text("\n".join(lines) + "\n")
+    ws = tmp / "work space"
     with flare_lock():
         proc = run_script("tests/hostile_job.py",
-                          ["--algorithm", "cart", "--dataset", "car", "--sites", "3", "--partition", "iid",
-                           "--seed", "1", "--max-depth", "4", "--min-clients", "2", "--workspace", str(ws)],
-                          tmp_path, timeout=240)
+                          ["--algorithm", "cart", "--csv", str(csv), "--label", "y", "--sites", "4",
+                           "--partition", "iid", "--seed", "1", "--max-depth", "4", "--min-clients", "2",
+                           "--data-root", str(site_data), "--workspace", str(ws)],
+                          tmp, timeout=300)
+    return proc, ws, site_data
+
+
+def _server_files(ws, logs_only=False):
+    server = ws / "flare" / "icdta4fl" / "server"
+    files = server.rglob("log*.txt") if logs_only else (p for p in server.rglob("*") if p.is_file())
+    return "".join(p.read_text(errors="replace") for p in files)
+
+
+def test_hostile_site_is_dropped_and_named(hostile_run):
+    proc, ws, _ = hostile_run
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     report = json.loads((ws / "report.json").read_text())
     assert report["n_sites"] == 2 and set(report["sites"]) == {"site-1", "site-2"}
     reason = report["dropped_sites"]["site-3"]
     assert reason.startswith("icdta4fl_train: invalid payload") and "not finite" in reason, reason
     assert "site-3" not in report["selected_sites"]
-    assert report["global"]["n_leaves"] >= 2 and 0.7 < report["global"]["accuracy"] <= 1
-    assert "dropped sites: {'site-3'" in proc.stdout
+    assert report["global"]["n_leaves"] >= 2 and 0.8 < report["global"]["accuracy"] <= 1
+    assert "dropped sites: {" in proc.stdout and "'site-3'" in proc.stdout
     # the server logged the reason and went on to the end of the protocol
     server = ws / "flare" / "icdta4fl" / "server"
     log = "".join(p.read_text(errors="replace") for p in server.rglob("log.txt"))
@@ -37,3 +83,23 @@ def test_hostile_site_is_dropped_and_named(tmp_path):
     # site-3 really ran the hostile code (and only site-3)
     assert (ws / "flare" / "icdta4fl" / "site-3" / "simulate_job" / "app_site-3" / "custom" / "treeflare_hostile").is_dir()
     assert not (ws / "flare" / "icdta4fl" / "site-1" / "simulate_job" / "app_site-1" / "custom" / "treeflare_hostile").exists()
+
+
+def test_bad_cell_is_named_but_never_shown_to_the_server(hostile_run):
+    proc, ws, site_data = hostile_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((ws / "report.json").read_text())
+    reason = report["dropped_sites"]["site-4"]
+    assert reason == ("icdta4fl_train: return code EXECUTION_EXCEPTION: DataError: site-4: train.csv, column 'a', "
+                      f"line {BAD_LINE}: not a number (the column is numeric)"), reason
+    result = (ws / "flare" / "icdta4fl" / "server" / "simulate_job" / "icdta4fl_result.json").read_text()
+    server_logs = _server_files(ws, logs_only=True)
+    for name, text in (("report.json", (ws / "report.json").read_text()), ("result", result),
+                       ("server logs", server_logs)):
+        assert SECRET not in text, name
+        assert str(site_data) not in text and str(site_data.parent) not in text, name
+    assert SECRET not in _server_files(ws)  # nor anywhere else on the server (its config names the data root)
+    assert "column 'a'" in server_logs  # the server's log does say where
+    # the whole story stays at the site
+    site_log = "".join(p.read_text(errors="replace") for p in (ws / "flare" / "icdta4fl" / "site-4").rglob("log.txt"))
+    assert SECRET in site_log and str(site_data) in site_log

@@ -41,7 +41,7 @@ def test_car_federation_files(car_runs):
     out = tmp / "a"
     expected = {"partition.json", "server/test.csv"} | {f"site-{i}/{f}" for i in (1, 2, 3)
                                                         for f in ("train.csv", "test.csv")}
-    assert set(files(out)) == expected
+    assert set(files(out)) == expected | {".treeflare-federation.json"}
     n_rows = 0
     for name in expected - {"partition.json"}:
         lines = (out / name).read_text().splitlines()

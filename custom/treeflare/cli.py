@@ -24,17 +24,24 @@ Bad input surfaces as :class:`treeflare.data.DataError`; :func:`main_guard` prin
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import functools
+import math
+import signal
 import sys
+import threading
+import warnings
 
-from .data import DATASETS, PARTITIONS, DataError, Table, load_csv, load_dataset, prepare_federation
+from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
+from .data.csv_io import check_levels
 
 USAGE_ERROR = 2
 
 
 # -- data source ---------------------------------------------------------------------------------
 def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | None = None) -> argparse._ArgumentGroup:
-    """Add ``--dataset NAME | --csv PATH --label COL [--categorical a,b] [--id COL]``.
+    """Add ``--dataset NAME | --csv PATH --label COL [--categorical a,b] [--id COL] [--ordinal COL=a<b<c ...]``.
 
     ``default_dataset`` is used when neither --dataset nor --csv is given (None: one is required).
     Validation of the combination happens in :func:`load_table`.
@@ -50,26 +57,49 @@ def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | Non
                    help="comma-separated --csv columns to treat as categorical (other types are inferred)")
     g.add_argument("--id", metavar="COL", default=None, dest="id",
                    help="--csv column of unique row ids (needed to join vertical parties); not a feature")
+    g.add_argument("--ordinal", metavar="COL=a<b<c", action="append", default=None,
+                   help="an --csv column whose values are ordered, with its levels lowest first (repeatable); "
+                        "trees split it by threshold on that order; a value not listed is an error")
     parser.set_defaults(_default_dataset=default_dataset)
     return g
 
 
 def parse_categorical(text: str | None) -> list[str]:
-    """``"a, b,,c"`` -> ``["a", "b", "c"]``; None or blank -> ``[]``."""
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; a name holding a comma is quoted, as in the CSV header:
+    ``'"ü,y",b'`` -> ``["ü,y", "b"]``; None or blank -> ``[]``."""
     if not text:
         return []
-    return [c.strip() for c in text.split(",") if c.strip()]
+    try:
+        names = next(csv.reader([text], skipinitialspace=True), [])
+    except csv.Error as exc:
+        raise DataError(f"--categorical {text!r}: cannot read the list ({exc})") from None
+    return [c.strip() for c in names if c.strip()]
+
+
+def parse_ordinal(specs: list[str] | None) -> dict[str, list[str]]:
+    """``["size=S<M<L", "grade = 1 < 2 < 3"]`` -> ``{"size": ["S", "M", "L"], "grade": ["1", "2", "3"]}``."""
+    out: dict[str, list[str]] = {}
+    for spec in specs or []:
+        column, eq, levels = spec.partition("=")
+        column = column.strip()
+        if not eq or not column:
+            raise DataError(f"--ordinal {spec!r}: expected COL=low<...<high, e.g. size=S<M<L")
+        if column in out:
+            raise DataError(f"--ordinal: column {column!r} is given twice")
+        out[column] = list(check_levels(column, [v.strip() for v in levels.split("<")]))
+    return out
 
 
 def load_table(args: argparse.Namespace) -> Table:
     """The :class:`Table` that :func:`add_data_args`' options describe.
 
     Exactly one of --dataset/--csv (or the parser's ``default_dataset``); --label is required with --csv;
-    --label/--categorical/--id only apply to --csv. Raises DataError otherwise.
+    --label/--categorical/--id/--ordinal only apply to --csv. Raises DataError otherwise.
     """
     dataset, csv = getattr(args, "dataset", None), getattr(args, "csv", None)
     label, categorical, id_column = getattr(args, "label", None), getattr(args, "categorical", None), \
         getattr(args, "id", None)
+    ordinal = getattr(args, "ordinal", None)
     if dataset and csv:
         raise DataError("give either --dataset or --csv, not both")
     if not dataset and not csv:
@@ -77,7 +107,8 @@ def load_table(args: argparse.Namespace) -> Table:
         if not dataset:
             raise DataError(f"give --dataset NAME (one of {', '.join(DATASETS)}) or --csv PATH --label COL")
     if dataset:
-        given = [opt for opt, v in (("--label", label), ("--categorical", categorical), ("--id", id_column)) if v]
+        given = [opt for opt, v in (("--label", label), ("--categorical", categorical), ("--id", id_column),
+                                    ("--ordinal", ordinal)) if v]
         if given:
             raise DataError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to --csv; "
                             f"embedded dataset {dataset!r} has its own label and column types")
@@ -85,7 +116,7 @@ def load_table(args: argparse.Namespace) -> Table:
     if not label:
         raise DataError(f"--csv {csv}: --label COL is required (the name of the label column)")
     return load_csv(csv, label=label.strip(), categorical=parse_categorical(categorical),
-                    id_column=id_column.strip() if id_column else None)
+                    id_column=id_column.strip() if id_column else None, ordinal=parse_ordinal(ordinal))
 
 
 # -- partitioning --------------------------------------------------------------------------------
@@ -127,22 +158,138 @@ def prepare_from_args(table: Table, args: argparse.Namespace):
     return prepare_federation(table, n_sites=args.sites, kind=args.partition, alpha=alpha, seed=args.seed)
 
 
+# -- argument checks (every job script, before FLARE starts) -------------------------------------------
+def _integer(lo: int, hi: int | None = None):
+    def ok(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+    return ok, (f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]")
+
+
+def _number(lo: float, *, above: bool = False, hi: float | None = None):
+    def ok(v) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        return (v > lo if above else v >= lo) and (hi is None or v <= hi)
+    if hi is not None:
+        text = f"in [{lo:g}, {hi:g}]"
+    else:
+        text = "a positive number" if (above and lo == 0) else f"a number {'>' if above else '>='} {lo:g}"
+    return ok, text
+
+
+def _one_of(*values):
+    return (lambda v: v in values), "one of " + ", ".join(values)
+
+
+# Keyed by argparse ``dest``; a script checks the ones it has. None is allowed where it means "the default".
+ARG_RULES = {
+    # partition and run
+    "sites": _integer(1), "alpha": _number(0, above=True), "seed": _integer(0, 2**32 - 1),
+    "passive": _integer(1), "min_clients": _integer(1), "task_timeout": _number(0, above=True),
+    "timeout": _number(0, above=True),
+    # trees
+    "max_depth": _integer(1), "global_max_depth": _integer(1), "max_leaves": _integer(1),
+    "criterion": _one_of("gini", "entropy"), "percentile": _number(0, hi=100),
+    # boosting (XGBoost, vertical GBDT)
+    "rounds": _integer(1), "eta": _number(0, above=True), "nthread": _integer(1),
+    "early_stopping_rounds": _integer(0), "trees": _integer(1), "bins": _integer(2, 1024),
+    "learning_rate": _number(0, above=True), "reg_lambda": _number(0), "min_child_weight": _number(0),
+    "precision": _integer(8, 60), "workers": _integer(0),
+    # ICDTA4FL refinement
+    "refine_rounds": _integer(0, 10), "refine_epsilon": _number(0, above=True),
+    "refine_key_bits": ((lambda v: _integer(2048, 4096)[0](v) and v % 2 == 0),
+                        "an even integer in [2048, 4096] (4096-bit keys take about a minute to generate)"),
+}
+OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees", "refine_epsilon"}
+OPTION_NAMES = {"reg_lambda": "--lambda"}
+
+
+def option_name(dest: str) -> str:
+    return OPTION_NAMES.get(dest, "--" + dest.replace("_", "-"))
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The one check of the job scripts' arguments, run before anything is written or FLARE starts.
+
+    Every argument in :data:`ARG_RULES` that ``args`` has is checked, then the ones that depend on each other
+    (``--min-clients`` <= ``--sites``). Raises DataError naming the argument (``main_guard`` prints it, exit 2).
+    """
+    for dest, (ok, requirement) in ARG_RULES.items():
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if value is None and dest in OPTIONAL_ARGS:
+            continue
+        if not ok(value):
+            raise DataError(f"{option_name(dest)} must be {requirement}, got {value!r}")
+    sites, min_clients = getattr(args, "sites", None), getattr(args, "min_clients", None)
+    if sites is not None and min_clients is not None and min_clients > sites:
+        raise DataError(f"--min-clients {min_clients} is more than --sites {sites}: the job could never go on")
+    return args
+
+
 # -- entry points --------------------------------------------------------------------------------
 def main_guard(fn):
     """Decorate a ``main``: DataError (bad data or arguments) and OSError (unreadable/unwritable paths)
-    print ``error: <message>`` to stderr and exit with status 2, without a traceback."""
+    print ``error: <message>`` to stderr and exit with status 2, without a traceback.
+
+    SIGTERM is turned into the same unwinding as Ctrl-C (KeyboardInterrupt), so every ``finally`` runs: the
+    runner ends the processes it started and temporary folders are removed; the script then exits with
+    128 + the signal's number."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings(), interruptible():
+                warnings.showwarning = _show_warning
+                return fn(*args, **kwargs)
         except DataError as exc:
             _fail(str(exc))
         except OSError as exc:
             detail = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
             _fail(detail)
+        except KeyboardInterrupt:
+            signum = _INTERRUPT["signal"] or signal.SIGINT
+            print(f"error: interrupted ({signal.Signals(signum).name}); the processes this job started were "
+                  "ended", file=sys.stderr)
+            sys.exit(128 + int(signum))
 
     return wrapper
+
+
+_INTERRUPT: dict = {"signal": None}
+
+
+def interrupted_by() -> int | None:
+    """The signal (SIGINT or SIGTERM) that interrupted this script, if any (see :func:`interruptible`)."""
+    return _INTERRUPT["signal"]
+
+
+def _on_signal(signum, frame):
+    _INTERRUPT["signal"] = signum
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGINT and SIGTERM raise KeyboardInterrupt (and are remembered, :func:`interrupted_by`) while inside."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _INTERRUPT["signal"] = None
+    saved = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, DataWarning):  # meant for the user: no source location
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        print(warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
 
 
 def _fail(message: str):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from treeflare.cli import add_data_args, add_partition_args, load_table, main_guard, prepare_from_args
-from treeflare.data import Schema, read_site, read_site_csv, write_federation
+from treeflare.cli import add_data_args, add_partition_args, check_args, load_table, main_guard, prepare_from_args
+from treeflare.data import DataError, Schema, read_site, read_site_csv, write_federation
 from treeflare.icdta4fl import pipeline
 from treeflare.icdta4fl.encoding import encode, feature_space
 from treeflare.reporting import format_table, write_json_atomic
@@ -62,18 +62,7 @@ def parse_args(argv=None):
     g.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_run_args(p)
-    args = p.parse_args(argv)
-    if not 0 <= args.percentile <= 100:
-        p.error("--percentile must be in [0, 100]")
-    if args.max_depth < 1:
-        p.error("--max-depth must be at least 1")
-    if not 0 <= args.refine_rounds <= 10:
-        p.error("--refine-rounds must be in [0, 10]")
-    if args.refine_epsilon is not None and not args.refine_epsilon > 0:
-        p.error("--refine-epsilon must be a positive number")
-    if args.refine_key_bits % 2 or not 2048 <= args.refine_key_bits <= 4096:
-        p.error("--refine-key-bits must be even and in [2048, 4096] (4096-bit keys take ~1 min to generate)")
-    return args
+    return check_args(p.parse_args(argv))
 
 
 def build_job(args, fed_summary: dict, data_root: Path, sites: list[str]):
@@ -189,6 +178,9 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     table = load_table(args)
     fed = prepare_from_args(table, args)
+    if args.refine_rounds and args.refine_key_holder and args.refine_key_holder not in fed.site_names:
+        raise DataError(f"--refine-key-holder {args.refine_key_holder!r} is not one of the sites "
+                        f"({', '.join(fed.site_names)})")
     data_dir = write_federation(fed, workspace / "data", overwrite=True)
     timings["prepare_data"] = time.perf_counter() - t
     sites = fed.site_names

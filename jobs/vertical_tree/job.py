@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from treeflare.cli import add_data_args, add_vertical_args, load_table, main_guard
+from treeflare.cli import add_data_args, add_vertical_args, check_args, load_table, main_guard
 from treeflare.data import DataError, prepare_federation, read_site, write_federation
 from treeflare.reporting import format_table, write_json_atomic
 
@@ -69,7 +69,7 @@ def parse_args(argv=None):
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_run_args(p)
-    args = p.parse_args(argv)
+    args = check_args(p.parse_args(argv))
     if args.trees is None:
         args.trees = 3 if args.model == "gbdt" else 1
     if args.model == "tree" and args.trees != 1:
@@ -171,6 +171,9 @@ def main(argv=None) -> int:
     timings = {}
     t = time.perf_counter()
     table = load_table(args)  # the data layer gives it row ids if it has none
+    if args.model == "gbdt" and len(table.schema.classes) != 2:  # else the active site fails once FLARE runs
+        raise DataError(f"--model gbdt needs a binary label; {table.name or 'the data'} has "
+                        f"{len(table.schema.classes)} classes (use --model tree)")
     fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive)
     data_dir = write_federation(fed, workspace / "data", overwrite=True)
     timings["prepare_data"] = time.perf_counter() - t

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from treeflare.cli import add_data_args, add_partition_args, load_table, main_guard, prepare_from_args
+from treeflare.cli import check_args as shared_check_args
 from treeflare.data import write_federation
 from treeflare.flare.runner import add_run_args, recipe_job, run_job, ship_package
 from treeflare.reporting import format_table, write_json_atomic
@@ -65,11 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args) -> None:
     if args.encrypt:
         raise SystemExit(f"error: {ENCRYPT_MESSAGE}")
-    for name in ("rounds", "max_depth", "nthread", "sites"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
-    if args.early_stopping_rounds < 0 or not args.eta > 0:
-        raise SystemExit("error: --eta must be > 0 and --early-stopping-rounds >= 0")
+    shared_check_args(args)  # every numeric argument, as the other jobs check theirs (DataError: exit 2)
     if args.mode == "vertical" and args.sites < 2:
         raise SystemExit("error: --mode vertical needs --sites >= 2 (site-1 holds the label, the others columns)")
     unknown = [b for b in parse_baselines(args.baselines) if b not in BASELINES]

@@ -6,7 +6,7 @@
 
 from .csv_io import load_csv, read_site_csv
 from .embedded import DATASETS, data_root, load_dataset
-from .errors import DataError
+from .errors import DataError, DataWarning
 from .federation import (Federation, SiteData, prepare_federation, read_partition, read_site, site_name,
                          write_federation)
 from .partition import PARTITIONS, iid, label_skew, partition_rows, quantity_skew, stratified_split, vertical_columns
@@ -14,7 +14,7 @@ from .schema import Feature, Schema
 from .table import Table
 
 __all__ = [
-    "DATASETS", "DataError", "Feature", "Federation", "PARTITIONS", "Schema", "SiteData", "Table", "data_root",
+    "DATASETS", "DataError", "DataWarning", "Feature", "Federation", "PARTITIONS", "Schema", "SiteData", "Table", "data_root",
     "iid", "label_skew", "load_csv", "load_dataset", "partition_rows", "prepare_federation", "quantity_skew",
     "read_partition", "read_site", "read_site_csv", "site_name", "stratified_split", "vertical_columns",
     "write_federation",

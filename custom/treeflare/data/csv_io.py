@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import csv
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .errors import DataError, where
+from .errors import DataError, DataWarning, where
 from .schema import Feature, Schema
 from .table import Table
 
 MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "None")
+# sklearn's trees and XGBoost compute in float32: a larger magnitude becomes infinity there.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A column this numeric (share of parseable cells) with a few bad cells is a typo, not a category.
 _MOSTLY_NUMERIC = 0.9
 
@@ -21,23 +25,63 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
     """Read every cell as a string. Raises DataError for a missing or empty file."""
     path = Path(path)
     if opener is None and not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise DataError(f"{path}: file not found", problem="file not found", file=path)
     if opener is None and path.stat().st_size == 0:
-        raise DataError(f"{path}: file is empty")
+        raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
     try:
         source = opener() if opener else path
+        # The header is read as a row of its own: pandas would silently rename a second "x" to "x.1".
         frame = pd.read_csv(
-            source, sep=sep, header=0 if header else None, names=names, dtype=str, keep_default_na=False,
+            source, sep=sep, header=None, names=names, dtype=str, keep_default_na=False,
             skiprows=skiprows, skipinitialspace=skipinitialspace, skip_blank_lines=True,
         )
     except pd.errors.EmptyDataError:
-        raise DataError(f"{path}: file is empty") from None
+        raise DataError(f"{path}: file is empty", problem="file is empty", file=path) from None
     except pd.errors.ParserError as exc:
-        raise DataError(f"{path}: cannot parse as CSV ({exc})") from None
+        raise DataError(f"{path}: cannot parse as CSV ({exc})", problem="cannot parse as CSV", file=path) from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", problem="not UTF-8 text",
+                        file=path) from None
+    if header and names is None and len(frame):
+        frame.columns = [c if isinstance(c, str) else "" for c in frame.iloc[0]]
+        frame = frame.iloc[1:].reset_index(drop=True)
     if frame.shape[0] == 0:
-        raise DataError(f"{path}: no data rows")
-    frame.columns = [str(c).strip() for c in frame.columns]
+        raise DataError(f"{path}: no data rows", problem="no data rows", file=path)
+    frame.columns = check_column_names([str(c).strip() for c in frame.columns], path)
     return frame
+
+
+def check_column_names(names: list[str], file) -> list[str]:
+    """Column names as given, if each is non-empty and appears once (names are compared after stripping spaces,
+    as they are used)."""
+    for i, name in enumerate(names):
+        if not name:
+            raise DataError(f"{file}: column {i + 1} of the header has no name", problem="a column has no name",
+                            file=file, line=1)
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise DataError(f"{where(file, name, 1)}: duplicate column name (columns {seen[name] + 1} and {i + 1}); "
+                            "every column needs its own name", problem="duplicate column name", file=file,
+                            column=name, line=1)
+        seen[name] = i
+    return names
+
+
+def read_header(path) -> list[str]:
+    """The column names of a CSV file's first line, read by the CSV reader (a quoted name may hold a comma)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found", problem="file not found", file=path)
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        try:
+            first = next(csv.reader(fh), None)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise DataError(f"{path}: cannot read the header ({exc})", problem="cannot read the header",
+                            file=path) from None
+    if not first:
+        raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
+    return check_column_names([c.strip() for c in first], path)
 
 
 def _is_missing(col: pd.Series) -> np.ndarray:
@@ -58,42 +102,79 @@ def parse_numeric(col: pd.Series, *, file, column, site=None, allow_missing=Fals
         i = int(np.argmax(bad))
         raise DataError(
             f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is not a number "
-            f"(column {column!r} is numeric)"
+            f"(column {column!r} is numeric)",
+            problem="not a number (the column is numeric)", file=file, column=column, line=i + 2, site=site,
+        )
+    with np.errstate(invalid="ignore"):
+        huge = np.abs(values) > FLOAT32_MAX
+    if huge.any():
+        i = int(np.argmax(huge))
+        raise DataError(
+            f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is beyond the float32 range the learners "
+            f"use (magnitude at most {FLOAT32_MAX:.4g}); rescale column {column!r}",
+            problem="number beyond the float32 range", file=file, column=column, line=i + 2, site=site,
         )
     return values
 
 
-def normalise_labels(raw: pd.Series, *, file, column) -> np.ndarray:
-    """Labels as class-name strings; '1.0' and '1' are the same class."""
+def normalise_labels(raw: pd.Series, *, file, column, site=None) -> np.ndarray:
+    """Labels as class-name strings. A label that reads as a number is named by its value, cell by cell, so
+    '1', '1.0' and ' 1 ' are one class ("1") and '2.50' is "2.5", whatever the other labels are."""
     miss = _is_missing(raw)
     if miss.any():
         i = int(np.argmax(miss))
-        raise DataError(f"{where(file, column, i + 2)}: missing label")
+        raise DataError(f"{where(file, column, i + 2, site)}: missing label", problem="missing label", file=file,
+                        column=column, line=i + 2, site=site)
     stripped = raw.str.strip()
     values = pd.to_numeric(stripped, errors="coerce").to_numpy(np.float64)
-    if not np.isnan(values).any() and np.all(values == np.round(values)):
-        return np.array([str(int(v)) for v in values], dtype=object)
-    return stripped.to_numpy(dtype=object)
+    infinite = np.isinf(values)
+    if infinite.any():
+        i = int(np.argmax(infinite))
+        raise DataError(f"{where(file, column, i + 2, site)}: label {raw.iloc[i]!r} is not a finite number",
+                        problem="label is not a finite number", file=file, column=column, line=i + 2, site=site)
+    out = stripped.to_numpy(dtype=object).copy()
+    numeric = ~np.isnan(values)
+    integral = numeric & (values == np.round(values)) & (np.abs(values) < 2.0 ** 62)
+    out[integral] = values[integral].astype(np.int64).astype(str)
+    other = numeric & ~integral
+    out[other] = [repr(float(v)) for v in values[other]]
+    return out
 
 
-def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column=None, file="data") -> Schema:
-    """Decide feature kinds: numeric if every present cell parses as a number, else categorical."""
+def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column=None, file="data",
+                 ordinal: dict | None = None) -> Schema:
+    """Decide feature kinds: numeric if every present cell parses as a number, else categorical; ``ordinal``
+    maps a column to its ordered levels (lowest first), which its values are then checked against."""
     columns = list(frame.columns)
     if label not in columns:
         raise DataError(f"{file}: label column {label!r} not found; columns are {columns}")
     if id_column is not None and id_column not in columns:
         raise DataError(f"{file}: id column {id_column!r} not found; columns are {columns}")
+    feature_columns = [x for x in columns if x not in (label, id_column)]
     forced = list(categorical or [])
     for c in forced:
-        if c not in columns or c in (label, id_column):
+        if c not in feature_columns:
             raise DataError(f"{file}: --categorical column {c!r} is not a feature column; features are "
-                            f"{[x for x in columns if x not in (label, id_column)]}")
+                            f"{feature_columns}")
+    ordinal = dict(ordinal or {})
+    for c, levels in ordinal.items():
+        if c not in feature_columns:
+            raise DataError(f"{file}: --ordinal column {c!r} is not a feature column; features are {feature_columns}")
+        if c in forced:
+            raise DataError(f"{file}: column {c!r} is given both as --categorical and as --ordinal")
+        check_levels(c, levels)
     features = []
     for c in columns:
         if c in (label, id_column):
             continue
+        if c in ordinal:
+            features.append(Feature(c, "ordinal", tuple(ordinal[c])))
+            continue
         col = frame[c]
         present = ~_is_missing(col)
+        if not present.any():  # load_csv drops these first (drop_empty_columns)
+            raise DataError(f"{where(file, c)}: the column holds no values", problem="column holds no values",
+                            file=file, column=c)
         if c not in forced:
             values = _to_float(col)
             ok = ~np.isnan(values) & present
@@ -118,6 +199,19 @@ def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column
     return Schema(tuple(features), label, classes, id_column)
 
 
+def check_levels(column: str, levels) -> tuple[str, ...]:
+    """An ordinal column's levels: non-empty, distinct strings, none of which reads as a missing value."""
+    levels = tuple(levels)
+    if not levels or any(not isinstance(v, str) or not v.strip() for v in levels):
+        raise DataError(f"--ordinal {column}: give its levels, lowest first, e.g. {column}=low<mid<high")
+    if len(set(levels)) != len(levels):
+        raise DataError(f"--ordinal {column}: a level is listed twice in {' < '.join(levels)}")
+    missing = [v for v in levels if v in MISSING]
+    if missing:
+        raise DataError(f"--ordinal {column}: level {missing[0]!r} reads as a missing value")
+    return levels
+
+
 def _class_sort_key(c: str):
     try:
         return (0, float(c), c)
@@ -132,12 +226,13 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     present = set(frame.columns)
     missing = [c for c in expected if c not in present]
     if missing:
-        raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema")
+        raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema",
+                        problem=f"missing column(s) {missing} expected by the schema", file=file, site=site)
     allowed = set(expected) | {schema.label} | ({schema.id_column} if schema.id_column else set())
     extra = [c for c in frame.columns if c not in allowed]
     if extra and strict_columns:
         raise DataError(f"{where(file, site=site)}: unexpected column(s) {extra}; this site's columns disagree "
-                        f"with the schema {expected}")
+                        f"with the schema {expected}", problem=f"unexpected column(s) {extra}", file=file, site=site)
     out = pd.DataFrame(index=range(len(frame)))
     for f in schema.features:
         col = frame[f.name].reset_index(drop=True)
@@ -146,38 +241,73 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
             out[f.name] = parse_numeric(col, file=file, column=f.name, site=site, allow_missing=True)
         else:
             s = col.str.strip()
-            out[f.name] = s.where(~_is_missing(col), np.nan)
+            missing = _is_missing(col)
+            if f.kind == "ordinal":  # an unknown level has no place in the order: refuse it
+                unknown = ~missing & ~s.isin(f.categories).to_numpy()
+                if unknown.any():
+                    i = int(np.argmax(unknown))
+                    raise DataError(
+                        f"{where(file, f.name, i + 2, site)}: {col.iloc[i]!r} is not one of the levels "
+                        f"{' < '.join(f.categories)} of ordinal column {f.name!r}",
+                        problem="value is not a level of the ordinal column", file=file, column=f.name,
+                        line=i + 2, site=site)
+            out[f.name] = s.where(~missing, np.nan)
     y = None
     if schema.label in frame.columns:
-        y = normalise_labels(frame[schema.label].reset_index(drop=True), file=file, column=schema.label)
+        y = normalise_labels(frame[schema.label].reset_index(drop=True), file=file, column=schema.label, site=site)
         if schema.classes:
             known = set(schema.classes)
             unknown = np.array([v not in known for v in y])
             if unknown.any():
                 i = int(np.argmax(unknown))
                 raise DataError(f"{where(file, schema.label, i + 2, site)}: unknown class {y[i]!r}; "
-                                f"known classes are {list(schema.classes)}")
+                                f"known classes are {list(schema.classes)}", problem="unknown class",
+                                file=file, column=schema.label, line=i + 2, site=site)
     elif require_label:
-        raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found")
+        raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found",
+                        problem=f"label column {schema.label!r} not found", file=file, site=site)
     ids = None
     if schema.id_column:
         if schema.id_column not in frame.columns:
-            raise DataError(f"{where(file, site=site)}: id column {schema.id_column!r} not found")
+            raise DataError(f"{where(file, site=site)}: id column {schema.id_column!r} not found",
+                            problem=f"id column {schema.id_column!r} not found", file=file, site=site)
+        missing_id = _is_missing(frame[schema.id_column])
+        if missing_id.any():
+            i = int(np.argmax(missing_id))
+            raise DataError(f"{where(file, schema.id_column, i + 2, site)}: missing id "
+                            f"({frame[schema.id_column].iloc[i]!r}); every row needs its own id",
+                            problem="missing id", file=file, column=schema.id_column, line=i + 2, site=site)
         ids = frame[schema.id_column].str.strip().to_numpy(dtype=object)
         dup = pd.Series(ids).duplicated().to_numpy()
         if dup.any():
             i = int(np.argmax(dup))
-            raise DataError(f"{where(file, schema.id_column, i + 2, site)}: duplicate id {ids[i]!r}")
+            raise DataError(f"{where(file, schema.id_column, i + 2, site)}: duplicate id {ids[i]!r}",
+                            problem="duplicate id", file=file, column=schema.id_column, line=i + 2, site=site)
     return Table(out, y, schema, ids, name)
 
 
 def load_csv(path, label: str, categorical=None, id_column=None, schema: Schema | None = None,
-             sep=",", name: str | None = None) -> Table:
-    """Load your own CSV (with a header row). Kinds are inferred unless a schema is given."""
+             sep=",", name: str | None = None, ordinal: dict | None = None) -> Table:
+    """Load your own CSV (with a header row). Kinds are inferred unless a schema is given; ``ordinal`` maps a
+    column to its ordered levels, lowest first."""
     raw = read_raw(path, sep=sep)
     if schema is None:
-        schema = infer_schema(raw, label=label, categorical=categorical, id_column=id_column, file=str(path))
+        raw, dropped = drop_empty_columns(raw, keep=(label, id_column), file=str(path))
+        categorical = [c for c in (categorical or []) if c not in dropped]
+        ordinal = {c: levels for c, levels in (ordinal or {}).items() if c not in dropped}
+        schema = infer_schema(raw, label=label, categorical=categorical, id_column=id_column, file=str(path),
+                              ordinal=ordinal)
     return frame_to_table(raw, schema, file=str(path), name=name or Path(path).stem)
+
+
+def drop_empty_columns(raw: pd.DataFrame, *, keep=(), file="data") -> tuple[pd.DataFrame, list[str]]:
+    """Drop feature columns with no value at all (every algorithm would have nothing to learn from them, and
+    a category list of none breaks the categorical learners), with a :class:`DataWarning`."""
+    empty = [c for c in raw.columns if c not in keep and _is_missing(raw[c]).all()]
+    if empty:
+        warnings.warn(DataWarning(f"{file}: column(s) {empty} hold no values (every cell is missing); "
+                                  "left out of the features"), stacklevel=2)
+    return raw.drop(columns=empty), empty
 
 
 def read_site_csv(path, schema: Schema, *, site=None, require_label=None) -> Table:

@@ -18,6 +18,22 @@ DATASETS = ("nursery", "car", "adult", "default_credit_card", "higgs_subset")
 
 _NURSERY = ["parents", "has_nurs", "form", "children", "housing", "finance", "social", "health"]
 _CAR = ["buying", "maint", "doors", "persons", "lug_boot", "safety"]
+# Ordered attributes, lowest first (see each SOURCE.md): car's six are graded scales; nursery's are the UCI
+# value lists in their given order, except `form` (family form), whose values name no evident order.
+ORDINAL = {
+    "car": {
+        "buying": ["low", "med", "high", "vhigh"], "maint": ["low", "med", "high", "vhigh"],
+        "doors": ["2", "3", "4", "5more"], "persons": ["2", "4", "more"], "lug_boot": ["small", "med", "big"],
+        "safety": ["low", "med", "high"],
+    },
+    "nursery": {
+        "parents": ["usual", "pretentious", "great_pret"],
+        "has_nurs": ["proper", "less_proper", "improper", "critical", "very_crit"],
+        "children": ["1", "2", "3", "more"], "housing": ["convenient", "less_conv", "critical"],
+        "finance": ["convenient", "inconv"], "social": ["nonprob", "slightly_prob", "problematic"],
+        "health": ["recommended", "priority", "not_recom"],
+    },
+}
 _ADULT = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
           "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country"]
 _ADULT_CATEGORICAL = ["workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
@@ -62,7 +78,9 @@ def load_dataset(name: str, part: str = "train") -> Table:
     if name in ("nursery", "car"):
         cols = (_NURSERY if name == "nursery" else _CAR) + ["class"]
         raw, src = _raw(name, f"{name}.data", header=False, names=cols)
-        schema = infer_schema(raw, label="class", categorical=cols[:-1], file=src)
+        ordinal = ORDINAL[name]
+        schema = infer_schema(raw, label="class", categorical=[c for c in cols[:-1] if c not in ordinal],
+                              ordinal=ordinal, file=src)
     elif name == "adult":
         raw, src = _adult_raw(part)
         # Category lists come from the training file, so that train and test share one encoding.

@@ -8,7 +8,8 @@ Layout written by :func:`write_federation` (and by ``scripts/prepare_data.py``):
     DIR/site-N/test.csv         ... and 20% (vertical: the site's columns of the global test rows)
 
 The folder is written to a temporary sibling and renamed into place, so a failure never leaves a
-half-written federation and an existing one is only replaced when asked.
+half-written federation. An existing folder is replaced only when asked and only when this module wrote it
+(a marker file, ``.treeflare-federation.json``, lists what it wrote) and it holds nothing else.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .csv_io import read_site_csv
+from .csv_io import read_header, read_site_csv
+from .embedded import data_root
 from .errors import DataError
 from .partition import partition_rows, stratified_split, vertical_columns
 from .schema import Schema
 from .table import Table
 
+# Written into every federation folder: only a folder holding it (and nothing it does not list) is replaced.
+MARKER = ".treeflare-federation.json"
+REPO_DATA = Path(__file__).resolve().parents[3] / "data"
 GLOBAL_TEST_SIZE = 0.2
 LOCAL_TEST_SIZE = 0.2
 
@@ -77,6 +82,8 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
             shard = rest.subset(rows)
             tr, te = stratified_split(shard.y_codes(), local_test_size, seed + 1 + i)
             name = site_name(i)
+            if len(tr) == 0 or len(te) == 0:  # the partitioners give every site 2 rows or more; never ship less
+                raise DataError(f"{name}: {len(tr)} training and {len(te)} test rows; use fewer --sites")
             sites[name] = SiteData(shard.subset(tr, name=name), shard.subset(te, name=name))
     summary = {
         "dataset": table.name,
@@ -114,11 +121,27 @@ def _vertical_sites(rest: Table, server_test: Table, n_passive: int) -> dict[str
 
 
 def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Path:
+    """Write ``fed`` to ``out_dir``, all or nothing.
+
+    An existing folder is replaced only when it is one this function wrote (it holds :data:`MARKER`, which
+    lists the files written), it holds nothing else, and ``overwrite`` is set; an empty folder is used. Any
+    other folder, the embedded datasets' folder above all, is refused and left as it is.
+    """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a folder; choose another --out")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise DataError(f"{out}: already exists and is not empty; choose another --out or pass --overwrite")
+    _refuse_embedded_data(out)
+    if out.exists() and any(out.iterdir()):
+        foreign = foreign_entries(out)
+        if foreign is None:
+            raise DataError(f"{out}: already exists and was not written by treeflare (no {MARKER} inside); it is "
+                            "left as it is: choose another folder, or move this one away yourself")
+        if foreign:
+            raise DataError(f"{out}: holds files treeflare did not write ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}); they are left as they are: move them away "
+                            "or choose another folder")
+        if not overwrite:
+            raise DataError(f"{out}: already exists and is not empty; choose another --out or pass --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _fresh_sibling(out)
     try:
@@ -126,15 +149,19 @@ def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Pa
         server = fed.server_test
         if fed.summary["partition"]["kind"] == "vertical":  # the server scores with labels only
             server = server.columns([], keep_label=True, name="server")
+        written = ["partition.json", "server/test.csv"]
         server.to_frame().to_csv(tmp / "server" / "test.csv", index=False)
         for name, site in fed.sites.items():
             (tmp / name).mkdir()
             site.train.to_frame().to_csv(tmp / name / "train.csv", index=False)
             site.test.to_frame().to_csv(tmp / name / "test.csv", index=False)
+            written += [f"{name}/train.csv", f"{name}/test.csv"]
         (tmp / "partition.json").write_text(json.dumps(fed.summary, indent=2))
+        (tmp / MARKER).write_text(json.dumps({"written_by": "treeflare write_federation", "files": written},
+                                             indent=1))
         if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+            old = _fresh_sibling(out, "old")
+            old.rmdir()
             out.rename(old)
             tmp.rename(out)
             shutil.rmtree(old, ignore_errors=True)
@@ -145,10 +172,39 @@ def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Pa
     return out
 
 
-def _fresh_sibling(out: Path) -> Path:
+def foreign_entries(folder: Path) -> list[str] | None:
+    """What in ``folder`` :func:`write_federation` did not write: None when the folder has no :data:`MARKER`
+    (not ours at all), else the unexpected paths (empty when the folder holds only what the marker lists)."""
+    folder = Path(folder)
+    try:
+        listed = json.loads((folder / MARKER).read_text())["files"]
+        expected = {MARKER} | {str(f) for f in listed}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    dirs = {str(Path(f).parent) for f in expected} - {"."}
+    foreign = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_dir() and not path.is_symlink() and rel in dirs:
+            continue
+        if rel not in expected or path.is_symlink() or not path.is_file():
+            foreign.append(rel)
+    return foreign
+
+
+def _refuse_embedded_data(out: Path) -> None:
+    """Never write over, around or into the embedded datasets (e.g. ``--workspace .`` at the repository root)."""
+    target = out.resolve()
+    for embedded in {data_root().resolve(), REPO_DATA.resolve()}:
+        if target == embedded or target in embedded.parents or embedded in target.parents:
+            raise DataError(f"{out}: this would write over or into the embedded datasets' folder ({embedded}), "
+                            "which is never replaced: choose another --workspace/--out")
+
+
+def _fresh_sibling(out: Path, kind: str = "tmp") -> Path:
     """An empty hidden folder beside ``out``, made with the umask's permissions (mkdtemp's are 0700)."""
     for _ in range(100):
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        tmp = out.with_name(f".{out.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
         try:
             tmp.mkdir()
             return tmp
@@ -160,11 +216,12 @@ def _fresh_sibling(out: Path) -> Path:
 def read_partition(root) -> dict:
     path = Path(root) / "partition.json"
     if not path.is_file():
-        raise DataError(f"{path}: not found (write it with scripts/prepare_data.py)")
+        raise DataError(f"{path}: not found (write it with scripts/prepare_data.py)", file=path,
+                        problem="file not found")
     try:
         summary = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from None
+        raise DataError(f"{path}: not valid JSON ({exc})", file=path, problem="not valid JSON") from None
     return summary
 
 
@@ -176,7 +233,8 @@ def read_site(root, site: str, schema: Schema | None = None) -> SiteData:
         schema = Schema.from_dict(summary["schema"])
         info = summary["sites"].get(site)
         if info is None:
-            raise DataError(f"{root}: no site {site!r} in partition.json (sites: {list(summary['sites'])})")
+            raise DataError(f"{root}: no site {site!r} in partition.json (sites: {list(summary['sites'])})",
+                            site=site, file="partition.json", problem="this site is not in partition.json")
         keep_label = schema.label in (read_site_header(root / site / "train.csv"))
         schema = schema.select(info["columns"], keep_label)
     return SiteData(read_site_csv(root / site / "train.csv", schema, site=site),
@@ -184,8 +242,5 @@ def read_site(root, site: str, schema: Schema | None = None) -> SiteData:
 
 
 def read_site_header(path) -> list[str]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    with path.open() as fh:
-        return [c.strip() for c in fh.readline().rstrip("\r\n").split(",")]
+    """The column names of a site file (by the CSV reader: a quoted name may hold a comma)."""
+    return read_header(path)

@@ -12,6 +12,8 @@ from .table import Table
 
 PARTITIONS = ("iid", "quantity", "label")
 _MAX_REDRAWS = 1000
+# A site needs a training row and a local test row.
+MIN_ROWS_PER_SITE = 2
 
 
 def check_partition_args(n_rows: int, n_sites: int, kind: str, alpha: float | None) -> None:
@@ -21,13 +23,17 @@ def check_partition_args(n_rows: int, n_sites: int, kind: str, alpha: float | No
         raise DataError(f"--sites must be a positive integer, got {n_sites!r}")
     if n_sites > n_rows:
         raise DataError(f"--sites {n_sites} is more than the {n_rows} rows available to partition")
+    if n_sites * MIN_ROWS_PER_SITE > n_rows:
+        raise DataError(f"--sites {n_sites}: the {n_rows} rows left after the global test set give some sites fewer "
+                        f"than {MIN_ROWS_PER_SITE} rows (one to train on, one to test); use at most "
+                        f"{n_rows // MIN_ROWS_PER_SITE} sites")
     if kind != "iid" and (alpha is None or not np.isfinite(alpha) or alpha <= 0):
         raise DataError(f"--alpha must be a positive number for the {kind!r} partition, got {alpha!r}")
 
 
 def min_site_rows(n_rows: int, n_sites: int) -> int:
     """Every site gets at least this many rows (enough for a local 80/20 split and a tree)."""
-    return max(1, min(20, n_rows // (2 * n_sites)))
+    return max(MIN_ROWS_PER_SITE, min(20, n_rows // (2 * n_sites)))
 
 
 def iid(n_rows: int, n_sites: int, seed: int) -> list[np.ndarray]:

@@ -3,6 +3,16 @@
 Every site must encode its data identically, so the schema (not a site's local values) decides the
 category codes, the one-hot columns and the class indices. It travels as plain JSON (in
 ``partition.json`` and in job configuration).
+
+Feature kinds:
+
+* ``numeric``: a float column;
+* ``categorical``: unordered categories (``categories`` lists them; codes index that list);
+* ``ordinal``: ordered categories (``categories`` lists them lowest first; code ``i`` is the i-th level, so
+  codes compare as the levels do). :meth:`Table.onehot` keeps an ordinal column as one numeric column of
+  its codes, so numeric learners split it by threshold on the order.
+
+JSON: ``{"name": "safety", "kind": "ordinal", "categories": ["low", "med", "high"]}``.
 """
 
 from __future__ import annotations
@@ -12,20 +22,30 @@ from dataclasses import dataclass, field
 from .errors import DataError
 
 SCHEMA_VERSION = 1
-KINDS = ("numeric", "categorical")
+KINDS = ("numeric", "categorical", "ordinal")
+LEVELED = ("categorical", "ordinal")  # kinds whose values are a list of categories
+
+
+def _schema_error(message: str) -> DataError:
+    # About the schema itself (names and kinds everyone shares), so the whole message may leave a site.
+    return DataError(message, problem=message)
 
 
 @dataclass(frozen=True)
 class Feature:
     name: str
-    kind: str  # "numeric" | "categorical"
-    categories: tuple[str, ...] = ()
+    kind: str  # "numeric" | "categorical" | "ordinal"
+    categories: tuple[str, ...] = ()  # categorical: the categories; ordinal: the levels, lowest first
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise DataError(f"feature {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
-        if self.kind == "categorical" and len(set(self.categories)) != len(self.categories):
-            raise DataError(f"feature {self.name!r}: duplicate categories")
+            raise _schema_error(f"feature {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind in LEVELED and len(set(self.categories)) != len(self.categories):
+            raise _schema_error(f"feature {self.name!r}: duplicate categories")
+        if self.kind == "ordinal" and not self.categories:
+            raise _schema_error(f"feature {self.name!r}: an ordinal feature needs its ordered levels")
+        if self.kind == "numeric" and self.categories:
+            raise _schema_error(f"feature {self.name!r}: a numeric feature has no categories")
 
 
 @dataclass(frozen=True)
@@ -40,11 +60,11 @@ class Schema:
         names = [f.name for f in self.features]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
-            raise DataError(f"duplicate feature columns: {dup}")
+            raise _schema_error(f"duplicate feature columns: {dup}")
         if self.label in names:
-            raise DataError(f"label column {self.label!r} is also listed as a feature")
+            raise _schema_error(f"label column {self.label!r} is also listed as a feature")
         if len(self.classes) != len(set(self.classes)):
-            raise DataError("duplicate class names in schema")
+            raise _schema_error("duplicate class names in schema")
         self._index.update({n: i for i, n in enumerate(names)})
 
     # -- lookups -------------------------------------------------------------------------
@@ -61,6 +81,10 @@ class Schema:
         return [f.name for f in self.features if f.kind == "categorical"]
 
     @property
+    def ordinal(self) -> list[str]:
+        return [f.name for f in self.features if f.kind == "ordinal"]
+
+    @property
     def numeric(self) -> list[str]:
         return [f.name for f in self.features if f.kind == "numeric"]
 
@@ -71,10 +95,11 @@ class Schema:
             raise DataError(f"unknown feature column {name!r}") from None
 
     def onehot_names(self) -> list[str]:
-        """Column names of :meth:`Table.onehot`: numeric columns as they are, ``name=value`` per category."""
+        """Column names of :meth:`Table.onehot`: numeric and ordinal columns as they are (an ordinal one holds
+        its codes), ``name=value`` per category of a categorical column."""
         out = []
         for f in self.features:
-            if f.kind == "numeric":
+            if f.kind in ("numeric", "ordinal"):
                 out.append(f.name)
             else:
                 out.extend(f"{f.name}={c}" for c in f.categories)
@@ -90,7 +115,7 @@ class Schema:
         return {
             "version": SCHEMA_VERSION,
             "features": [
-                {"name": f.name, "kind": f.kind, **({"categories": list(f.categories)} if f.kind == "categorical" else {})}
+                {"name": f.name, "kind": f.kind, **({"categories": list(f.categories)} if f.kind in LEVELED else {})}
                 for f in self.features
             ],
             "label": self.label,
@@ -101,14 +126,17 @@ class Schema:
     @classmethod
     def from_dict(cls, d: dict) -> "Schema":
         if not isinstance(d, dict):
-            raise DataError("schema: expected a JSON object")
+            raise _schema_error("schema: expected a JSON object")
         if d.get("version") != SCHEMA_VERSION:
-            raise DataError(f"schema: unsupported version {d.get('version')!r} (expected {SCHEMA_VERSION})")
+            raise _schema_error(f"schema: unsupported version {d.get('version')!r} (expected {SCHEMA_VERSION})")
         try:
+            for f in d["features"]:
+                if not isinstance(f.get("categories", []), list):
+                    raise _schema_error(f"schema: feature {f.get('name')!r}: categories must be a list")
             feats = tuple(
                 Feature(str(f["name"]), str(f["kind"]), tuple(str(c) for c in f.get("categories", ())))
                 for f in d["features"]
             )
             return cls(feats, str(d["label"]), tuple(str(c) for c in d["classes"]), d.get("id_column"))
         except (KeyError, TypeError) as exc:
-            raise DataError(f"schema: malformed field ({exc})") from None
+            raise _schema_error(f"schema: malformed field ({exc})") from None

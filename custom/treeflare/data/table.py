@@ -80,12 +80,14 @@ class Table:
             return np.fromiter((index[v] for v in self.y), dtype=np.int64, count=len(self.y))
         except KeyError as exc:
             raise DataError(f"{self.name or 'table'}: label {exc.args[0]!r} is not a known class "
-                            f"{list(self.schema.classes)}") from None
+                            f"{list(self.schema.classes)}", problem="a label is not a known class",
+                            column=self.schema.label) from None
 
     def codes(self) -> tuple[np.ndarray, list[str], list[str]]:
-        """(X, names, kinds): numeric columns as floats, categorical columns as category codes.
+        """(X, names, kinds): numeric columns as floats, categorical and ordinal columns as codes.
 
-        Codes index the schema's category list; a missing or unseen category is NaN.
+        Codes index the schema's category list (for an ordinal column, its levels lowest first: codes 0..k-1
+        in the declared order); a missing or unseen category is NaN.
         """
         X = np.empty((len(self.frame), self.n_features), dtype=np.float64)
         for j, f in enumerate(self.schema.features):
@@ -97,12 +99,15 @@ class Table:
         return X, self.schema.feature_names, self.schema.kinds
 
     def onehot(self) -> tuple[np.ndarray, list[str]]:
-        """(X, names): numeric columns as they are, one 0/1 column per category (schema order)."""
+        """(X, names): numeric columns as they are, an ordinal column as ONE numeric column of its codes (its
+        order is a number's), one 0/1 column per category of a categorical column (schema order)."""
         blocks = []
         for f in self.schema.features:
             col = self.frame[f.name]
             if f.kind == "numeric":
                 blocks.append(col.to_numpy(dtype=np.float64)[:, None])
+            elif f.kind == "ordinal":
+                blocks.append(_category_codes(col, f.categories)[:, None])
             else:
                 codes = _category_codes(col, f.categories)
                 block = np.zeros((len(col), len(f.categories)), dtype=np.float64)

@@ -18,6 +18,7 @@ import time
 from ..crypto import secure_sum
 from ..crypto.paillier import CiphertextError
 from ..data import DataError, Schema
+from ..data.errors import public_error
 from ..icdta4fl import pipeline, refine
 from ..icdta4fl.encoding import encode, feature_space
 from ..trees.tree import Tree
@@ -66,10 +67,11 @@ class ICDTA4FLExecutor(Executor):
             if task_name == REFINE_DECRYPT:
                 return self._refine_decrypt(shareable)
             return make_reply(ReturnCode.TASK_UNKNOWN)
-        except (DataError, PayloadError, CiphertextError, ValueError, KeyError, TypeError) as exc:
-            self.log_error(fl_ctx, f"{task_name} failed at {site}: {exc}")
+        except Exception as exc:  # noqa: BLE001 -- any failure becomes a reply, never a crash of the site
+            # The full error (cell values, local paths) stays in this site's log; the server gets the redacted form.
+            self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
-            reply["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            reply["error"] = public_error(exc, passthrough=(PayloadError, CiphertextError))
             return reply
 
     def _train(self, site: str, task: Shareable, fl_ctx=None) -> Shareable:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -17,11 +18,13 @@ from pathlib import Path
 
 from nvflare.apis.job_def import ALL_SITES
 
+from ..cli import interrupted_by
 from ..reporting import write_json_atomic
 
 CUSTOM_DIR = Path(__file__).resolve().parents[2]  # <repo>/custom, which holds treeflare/
 # Clients poll for tasks every 2 s by default; our workflows exchange a handful of short tasks.
 TASK_REQUEST_INTERVAL = 0.2
+SIM_TMP_PREFIX = "tf-sim-"
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +86,82 @@ def export_job(job, export_dir: Path) -> Path:
     return out
 
 
+def _shell_unsafe(path) -> bool:
+    # NVFlare's simulator joins its command lines as text and splits them with shlex.
+    return any(c.isspace() or c in "'\"\\$`;&|<>()*?[]#~!" for c in str(path))
+
+
+@contextlib.contextmanager
+def shell_safe_paths(root: Path):
+    """A private folder for one simulator run (``/tmp/tf-sim-*``), and ``root`` as the simulator may see it.
+
+    NVFlare's simulator joins its command lines as text and splits them with shlex, so ``root`` (and this
+    Python) are handed over as links from this folder, whose path holds no space, when theirs do. The
+    folder is also the temporary folder (``TMPDIR``) of this process and of every process the simulator
+    starts, so whatever they leave there (job folders, multiprocessing's ``pymp-*``), even when killed, is
+    removed with it afterwards. Everything the run writes lands in ``root``."""
+    python, tmp = Path(sys.executable), Path(tempfile.gettempdir())
+    # Short first: multiprocessing's sockets live in TMPDIR, and a socket path may hold at most 107 bytes.
+    base = next((Path(d) for d in ("/tmp", tmp, "/var/tmp")
+                 if Path(d).is_dir() and os.access(d, os.W_OK) and not _shell_unsafe(d)), None)
+    if base is None:
+        raise SystemExit(f"error: no writable temporary folder without spaces for the simulator (TMPDIR={tmp})")
+    private = Path(tempfile.mkdtemp(prefix=SIM_TMP_PREFIX, dir=base))
+    saved = sys.executable, tempfile.tempdir, os.environ.get("TMPDIR")
+    try:
+        seen = root
+        if _shell_unsafe(root):
+            seen = private / "flare"
+            seen.symlink_to(root, target_is_directory=True)
+        if _shell_unsafe(python) and python.is_relative_to(sys.prefix):
+            (private / "env").symlink_to(Path(sys.prefix), target_is_directory=True)
+            sys.executable = str(private / "env" / python.relative_to(sys.prefix))
+        (private / "t").mkdir()
+        tempfile.tempdir = os.environ["TMPDIR"] = str(private / "t")
+        yield seen
+    finally:
+        sys.executable, tempfile.tempdir = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[2]
+        shutil.rmtree(private, ignore_errors=True)  # links are removed, not followed
+
+
+def child_pids() -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process().children()}
+    except psutil.Error:
+        return set()
+
+
+def end_child_processes(keep: set[int] = frozenset(), grace: float = 5.0) -> list[int]:
+    """End the processes this one started (apart from the children in ``keep``, which were there before) and
+    everything below them: the simulator and the site processes it started, each in a session of its own, so
+    a process-group signal would miss them. SIGTERM, then SIGKILL after ``grace`` seconds. The whole tree is
+    listed before anything is signalled, since an orphan leaves it. Returns the pids."""
+    import psutil
+
+    procs = []
+    try:
+        for child in psutil.Process().children():
+            if child.pid not in keep:
+                procs += [child, *child.children(recursive=True)]
+    except psutil.Error:
+        pass
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    return [p.pid for p in procs]
+
+
 def run_job(job, args, sites: list[str]) -> Path:
     """Run ``job`` where ``args.env`` says and return the server's run folder (its artifacts)."""
     if getattr(args, "export", None):
@@ -94,13 +173,22 @@ def run_job(job, args, sites: list[str]) -> Path:
         from nvflare.recipe.sim_env import SimEnv
 
         root = workspace / "flare"
-        env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(root), log_config=args.log_level)
+        root.mkdir(parents=True, exist_ok=True)
+        before = child_pids()
         try:
-            env.deploy(job)
-        except RuntimeError as exc:
-            # A controller that fails cleanly ends the run with a system panic, which SimEnv turns into
-            # an exception; the job's result file in the run folder says why.
-            print(f"warning: {exc}", file=sys.stderr)
+            with shell_safe_paths(root) as sim_root:
+                env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(sim_root),
+                             log_config=args.log_level)
+                try:
+                    env.deploy(job)
+                except RuntimeError as exc:
+                    if interrupted_by():  # NVFlare caught our KeyboardInterrupt and reported a failed run
+                        raise KeyboardInterrupt from None
+                    # A controller that fails cleanly ends the run with a system panic, which SimEnv turns into
+                    # an exception; the job's result file in the run folder says why.
+                    print(f"warning: {exc}", file=sys.stderr)
+        finally:
+            end_child_processes(keep=before)
         return root / job.name / "server" / "simulate_job"
     if args.env == "poc":
         return _run_poc(job, args, sites, workspace)

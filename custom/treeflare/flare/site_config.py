@@ -60,7 +60,8 @@ class SiteBinding:
         for theirs in renames:
             if theirs not in raw.columns:
                 raise DataError(f"{site}: {path}: column {theirs!r} (set in {self.source}) not found; "
-                                f"columns are {list(raw.columns)}")
+                                f"columns are {list(raw.columns)}", site=site, file=path,
+                                problem=f"column {theirs!r} named in the site's configuration not found")
         raw = raw.rename(columns=renames)
         return frame_to_table(raw, schema, file=os.fspath(path), site=site, name=site,
                               require_label=bool(schema.classes))
@@ -110,12 +111,15 @@ def load_binding(site: str, fl_ctx=None, job_data_root: str = "") -> SiteBinding
     if path is not None:
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:
-                raise DataError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+                raise DataError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes", site=site, file=path,
+                                problem=f"site configuration larger than {MAX_CONFIG_BYTES} bytes")
             data = json.loads(path.read_text())
         except FileNotFoundError:
-            raise DataError(f"{site}: site config {path} (from ${SITE_CONFIG_ENV}) not found") from None
+            raise DataError(f"{site}: site config {path} (from ${SITE_CONFIG_ENV}) not found", site=site,
+                            problem="site configuration not found") from None
         except json.JSONDecodeError as exc:
-            raise DataError(f"{site}: {path} is not valid JSON: {exc}") from None
+            raise DataError(f"{site}: {path} is not valid JSON: {exc}", site=site, file=path,
+                            problem="site configuration is not valid JSON") from None
         return parse_binding(data, str(path))
     root = os.environ.get(DATA_ROOT_ENV)
     if root:
@@ -123,4 +127,4 @@ def load_binding(site: str, fl_ctx=None, job_data_root: str = "") -> SiteBinding
     if job_data_root:
         return SiteBinding(Path(job_data_root) / site, source="the job's data_root")
     raise DataError(f"{site}: no data configured: write <site kit>/local/{SITE_CONFIG_FILE}, "
-                    f"or set ${DATA_ROOT_ENV} on the site")
+                    f"or set ${DATA_ROOT_ENV} on the site", site=site, problem="no data configured at the site")

@@ -24,6 +24,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 import numpy as np
 
 from ..data import DataError, read_site
+from ..data.errors import public_error
 from ..reporting import write_json_atomic
 from ..vertical import ActiveParty, PassiveParty, ProtocolError, VerticalParams, crypto_report, metrics
 from ..vertical.packing import SlotOverflowError
@@ -115,11 +116,12 @@ class VerticalExecutor(Executor):
             if task_name == MSG:
                 return self._msg(site, shareable, fl_ctx)
             return make_reply(ReturnCode.TASK_UNKNOWN)
-        except (ProtocolError, DataError, SlotOverflowError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 -- any failure becomes a reply, never a crash of the site
+            # The full error (cell values, local paths) stays in this site's log; the server gets the redacted form.
             self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
             self.log_debug(fl_ctx, traceback.format_exc())
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
-            reply["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            reply["error"] = public_error(exc, passthrough=(ProtocolError, SlotOverflowError))
             return reply
 
     def _run_dir(self, fl_ctx) -> Path:

@@ -10,12 +10,16 @@ row i is the same entity at every party, and only the label owner (rank 0) has l
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
 from nvflare.app_opt.xgboost.data_loader import XGBDataLoader
 
+from treeflare.data import DataError
 from treeflare.xgb.encoding import dmatrix, load_site
+
+_log = logging.getLogger(__name__)
 
 
 class TreeflareXGBDataLoader(XGBDataLoader):
@@ -37,7 +41,13 @@ class TreeflareXGBDataLoader(XGBDataLoader):
         import xgboost as xgb
 
         t0 = time.time()
-        train, valid = load_site(self.folder, self.client_id, self.schema, vertical=self.vertical)
+        try:
+            train, valid = load_site(self.folder, self.client_id, self.schema, vertical=self.vertical)
+        except DataError as exc:
+            # The full message (cell value, local path) stays in this site's log; what XGBoost and FLARE pass on
+            # (to the server, too) is the redacted form.
+            _log.error("%s: %s", self.client_id, exc)
+            raise DataError(exc.redacted(), problem=exc.problem, **exc.location) from None
         if self.vertical:
             mode = xgb.core.DataSplitMode.COL
             if (train.y is not None) != (self.rank == 0):

@@ -1,4 +1,4 @@
-"""A site that trains normally, then sends the server a corrupted tree (test only)."""
+"""A site that trains normally, then sends the server a corrupted tree, or never answers (test only)."""
 
 from __future__ import annotations
 
@@ -30,4 +30,8 @@ class HostileExecutor(ICDTA4FLExecutor):
             node["values"][-1] = 2 ** 63
         elif self.mode == "many_categories":  # declares 10,000 categories per column: 1000s of fallback rules
             tree["n_categories"] = [None if k is None else 10_000 for k in tree["n_categories"]]
+        elif self.mode == "sleep":  # a site that never answers (the job must still end on a signal)
+            import time
+
+            time.sleep(3600)
         return reply
