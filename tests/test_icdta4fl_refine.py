@@ -234,7 +234,8 @@ def test_a_key_holder_that_fails_leaves_the_one_round_result(car_federation, tmp
     result = run.run(_controller(fed, root), tmp_path / "run")
     assert result["status"] == "completed"
     assert result["refinement"]["status"].startswith("stopped at round 1: the key holder did not decrypt")
-    assert "site-1" in result["dropped_sites"] and "disk full" in result["dropped_sites"]["site-1"]
+    reason = result["dropped_sites"]["site-1"]
+    assert "ValueError" in reason and "disk full" not in reason  # the detail stays in the site's own log
 
 
 def test_credit_case_no_longer_collapses_to_two_leaves(tmp_path):
@@ -258,3 +259,23 @@ def test_credit_case_no_longer_collapses_to_two_leaves(tmp_path):
     assert g["macro_f1"] >= refined["baselines"]["mean_local"]["macro_f1"]
     assert g["accuracy"] >= refined["baselines"]["best_local"]["accuracy"]
     assert g["n_leaves"] <= refined["aggregation"]["max_leaves"] and g["depth"] <= refined["aggregation"]["max_depth"]
+
+
+def test_ordinal_features_split_by_threshold_on_the_order_and_read_as_levels():
+    """Car's attributes are ordered: both learners split them by threshold on the code, rules name the levels."""
+    from treeflare.icdta4fl.encoding import category_names
+    from treeflare.icdta4fl.model import GlobalTree
+
+    table = load_dataset("car")
+    assert all(f.kind == "ordinal" for f in table.schema.features)
+    for algorithm in ("cart", "id3"):
+        names, kinds, n_cat = feature_space(table.schema, algorithm)
+        assert kinds == ["numeric"] * 6 and len(names) == 6  # one code column per attribute, no one-hot
+        tree = Tree.from_dict(train_local_tree(encode(table, algorithm), table.y_codes(), algorithm=algorithm,
+                                               n_classes=len(table.schema.classes), feature_kinds=kinds,
+                                               n_categories=n_cat, params={"max_depth": 2}))
+        assert set(tree.kind.tolist()) <= {LEAF, NUMERIC} and tree.n_leaves >= 3
+        text = GlobalTree(tree, table.schema.classes, names, category_names(table.schema, algorithm)).export_text()
+        assert "safety <= low" in text or "safety = low" in text, text
+        assert not any(f"{a} <= " in text and f"{a} <= 0.5" in text for a in names)  # levels, not codes
+        assert "persons <= 2" in text or "persons = 2" in text

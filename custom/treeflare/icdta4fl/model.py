@@ -192,18 +192,18 @@ def _condition(tree, node, pos, names, category_names, decimals) -> str:
 
 
 def _ordinal_condition(name, cats, points, pos) -> str:
-    """'size <= med', 'size >= big', 'med < size <= big' for codes 0..k-1 of ordered categories."""
-    def last_at_or_below(t):  # the highest code <= t, clipped to the category list
-        return cats[int(min(max(np.floor(t), 0), len(cats) - 1))]
-
-    def first_above(t):
-        return cats[int(min(max(np.floor(t) + 1, 0), len(cats) - 1))]
-
-    if pos == 0:
-        return f"{name} <= {last_at_or_below(points[0])}"
-    if pos == len(points):
-        return f"{name} >= {first_above(points[-1])}"
-    return f"{last_at_or_below(points[pos - 1])} < {name} <= {last_at_or_below(points[pos])}"
+    """'size <= med', 'size = med', 'size >= big', 'med <= size <= big' for codes 0..k-1 of ordered levels."""
+    k = len(cats)
+    clip = lambda c: int(min(max(c, 0), k - 1))  # noqa: E731
+    lo = 0 if pos == 0 else clip(np.floor(points[pos - 1]) + 1)
+    hi = k - 1 if pos == len(points) else clip(np.floor(points[pos]))
+    if lo == hi:
+        return f"{name} = {cats[lo]}"
+    if lo == 0:
+        return f"{name} <= {cats[hi]}"
+    if hi == k - 1:
+        return f"{name} >= {cats[lo]}"
+    return f"{cats[lo]} <= {name} <= {cats[hi]}"
 
 
 def format_tree_text(tree: Tree, classes, feature_names, category_names=None, max_depth=None,
