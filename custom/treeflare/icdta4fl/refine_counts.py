@@ -148,7 +148,7 @@ def candidates_from_trees(trees, *, feature_kinds, n_categories, bounds,
 
 @dataclass(frozen=True)
 class RefinePlan:
-    """Which leaves get full histograms (``split_leaves``: below the depth budget) and which only their class
+    """Which leaves send full histograms (``split_leaves``) and which only their class
     counts (``count_leaves``), and where each block sits in the count vector."""
 
     split_leaves: tuple
@@ -182,26 +182,29 @@ class RefinePlan:
         return plan
 
 
-def plan_round(tree: Tree, candidates: SplitCandidates, max_depth, max_values: int = DEFAULT_ROUND_VALUES) -> RefinePlan:
-    """Full histograms for leaves that may still split (depth < max_depth), counts only for the others.
+def plan_round(tree: Tree, candidates: SplitCandidates, max_depth=None,
+               max_values: int = DEFAULT_ROUND_VALUES) -> RefinePlan:
+    """Which leaves send full histograms this round, and which only their class counts.
 
-    At most ``max_values`` counts per reply (about 0.5 MB of ciphertexts at 2048 bits): when the leaves
-    below the depth budget would need more, those with the most estimated impurity (count x Gini of the
-    tree's own counts) get histograms first; the rest send their class counts only this round.
+    A leaf's histogram serves the leaf itself (if it is above the depth budget) and every ancestor (an
+    internal node's histogram is the sum of its leaves'), which the server may cut and re-split. So every
+    leaf sends one, as long as a reply stays within ``max_values`` counts (about 0.5 MB of ciphertexts at
+    2048 bits); beyond that the leaves with the most estimated impurity (count x Gini of the tree's own
+    counts), those above the depth budget first, get histograms and the rest send class counts only.
     """
     depth = tree.node_depths()
-    leaves = np.flatnonzero(tree.kind == LEAF)
+    leaves = [int(v) for v in np.flatnonzero(tree.kind == LEAF)]
     limit = np.inf if max_depth is None else max_depth
-    open_leaves = [int(v) for v in leaves if depth[v] < limit]
     cells, C = int(candidates.offsets[-1]), tree.n_classes
     room = (max_values - len(leaves) * C) // max((cells - 1) * C, 1)  # each histogram replaces a count block
-    if len(open_leaves) > room:
-        weight = tree.counts[open_leaves].sum(axis=1) * gini(tree.counts[open_leaves])
-        order = sorted(range(len(open_leaves)), key=lambda i: (-round(float(weight[i]), 9), open_leaves[i]))
-        open_leaves = sorted(open_leaves[i] for i in order[:max(room, 0)])
-    chosen = set(open_leaves)
-    count = tuple(int(v) for v in leaves if int(v) not in chosen)
-    return RefinePlan(tuple(open_leaves), count, C, cells)
+    if len(leaves) > room:
+        weight = tree.counts[leaves].sum(axis=1) * gini(tree.counts[leaves])
+        order = sorted(range(len(leaves)), key=lambda i: (depth[leaves[i]] >= limit, -round(float(weight[i]), 9),
+                                                          leaves[i]))
+        chosen = set(leaves[i] for i in order[:max(room, 0)])
+    else:
+        chosen = set(leaves)
+    return RefinePlan(tuple(v for v in leaves if v in chosen), tuple(v for v in leaves if v not in chosen), C, cells)
 
 
 def count_vector(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, X, y) -> np.ndarray:
