@@ -155,3 +155,39 @@ def test_unknown_parameters_are_rejected():
     tree = train_local_tree(sites[0]["X_train"], sites[0]["y_train"], algorithm="cart", n_classes=5)
     with pytest.raises(ValueError, match="rule_cap"):
         aggregate([tree], [0], classes=CLASSES, params={"rule_cap": 10})
+
+
+def test_global_tree_predicts_raw_rows_with_its_schema(tmp_path):
+    """A saved global tree takes a DataFrame of raw values named as in the schema, like the encoded rows."""
+    import pandas as pd
+
+    from treeflare.data import load_dataset
+    from treeflare.icdta4fl.encoding import category_names, encode, feature_space
+    from treeflare.icdta4fl.model import GlobalTree
+
+    table = load_dataset("adult").subset(np.arange(3000))
+    for algorithm in ("cart", "id3"):
+        names, kinds, n_cat = feature_space(table.schema, algorithm)
+        tree = Tree.from_dict(train_local_tree(encode(table, algorithm), table.y_codes(), algorithm=algorithm,
+                                               n_classes=2, feature_kinds=kinds, n_categories=n_cat,
+                                               params={"max_depth": 4}))
+        model = GlobalTree(tree, table.schema.classes, names, category_names(table.schema, algorithm),
+                           data_schema=table.schema, encoding=algorithm)
+        model.save_json(tmp_path / "m.json")
+        loaded = GlobalTree.load_json(tmp_path / "m.json")
+        raw = table.frame.copy()
+        expected = model.predict(encode(table, algorithm))
+        assert (loaded.predict(raw) == expected).all()
+        assert np.allclose(loaded.predict_proba(raw), model.predict_proba(encode(table, algorithm)))
+        assert loaded.score(raw, table.y) == model.score(encode(table, algorithm), table.y)
+        # column order does not matter; extra columns are ignored; an unknown category and a missing value
+        # stop at the node that tests them, as in training
+        shuffled = raw[list(reversed(raw.columns))].assign(extra=1)
+        assert (loaded.predict(shuffled) == expected).all()
+        odd = raw.head(2).copy()
+        odd.loc[0, "workclass"] = "Astronaut"
+        odd.loc[1, "age"] = None
+        assert loaded.predict(odd).shape == (2,)
+        assert loaded.explain(raw.head(1)) and isinstance(loaded.explain(raw.head(1))[0], str)
+        with pytest.raises(ValueError, match="age"):
+            loaded.predict(raw.drop(columns=["age"]))

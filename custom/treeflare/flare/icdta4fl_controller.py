@@ -131,6 +131,7 @@ class ICDTA4FLController(ResultWorkflow):
         t = time.perf_counter()
         selected, thresholds = pipeline.select_trees(acc, f1, **self.selection, trees=tree_dicts)
         model, stats = self._aggregate(trees, selected, sites, result, fl_ctx)
+        model.set_data_schema(self._schema, self.algorithm)  # so the saved model takes raw rows
         timings["aggregation"] = time.perf_counter() - t
         selected = stats["selected"]
 
@@ -192,7 +193,8 @@ class ICDTA4FLController(ResultWorkflow):
         else:
             start, info["start"] = trees[best], f"best selected local tree, {sites[best]} ({why})"
         timings["refine_check"] = time.perf_counter() - t
-        model = GlobalTree(start, list(self._schema.classes), self.names, self.category_names)
+        model = GlobalTree(start, list(self._schema.classes), self.names, self.category_names,
+                           data_schema=self._schema, encoding=self.algorithm)
 
         # 2. the rounds
         contributors = [s for s in sites if s in checked]
@@ -231,7 +233,8 @@ class ICDTA4FLController(ResultWorkflow):
         info["rounds_done"] = len(info["history"])
         timings["refinement"] = sum(h["seconds"] for h in info["history"])
         return GlobalTree(tree, list(self._schema.classes), self.names, self.category_names,
-                          info={"refinement_rounds": info["rounds_done"], "start": info["start"]})
+                          info={"refinement_rounds": info["rounds_done"], "start": info["start"]},
+                          data_schema=self._schema, encoding=self.algorithm)
 
     def _refine_round(self, r, tree, candidates, budget, pk, contributors, trained, key_holder, result,
                       abort_signal, fl_ctx):

@@ -34,7 +34,10 @@ class GlobalTree:
     ``feature_names_in_``; ``tree_`` is the underlying ``Tree``.
     """
 
-    def __init__(self, tree: Tree, classes, feature_names=None, category_names=None, info=None):
+    def __init__(self, tree: Tree, classes, feature_names=None, category_names=None, info=None,
+                 data_schema=None, encoding=None):
+        """``data_schema`` (a ``Schema`` or its dict) and ``encoding`` ("cart" one-hot / "id3" codes) let the
+        model take raw rows (a pandas DataFrame named as in the schema) as well as encoded arrays."""
         self.tree_ = tree
         self.classes_ = np.asarray([str(c) for c in classes], dtype=object)
         if len(self.classes_) != tree.n_classes:
@@ -48,14 +51,48 @@ class GlobalTree:
         self.category_names = (None if category_names is None else
                                [None if c is None else [str(v) for v in c] for c in category_names])
         self.info = dict(info or {})
+        self.data_schema, self.encoding = None, None
+        if data_schema is not None:
+            self.set_data_schema(data_schema, encoding)
+
+    def set_data_schema(self, data_schema, encoding):
+        """Attach the schema (and encoding) that raw rows are read with."""
+        from ..data import Schema
+        from .encoding import feature_space
+
+        schema = data_schema if isinstance(data_schema, Schema) else Schema.from_dict(data_schema)
+        names = feature_space(schema, encoding)[0]
+        if list(names) != list(self.feature_names_in_):
+            raise ModelPayloadError("data_schema", f"its {encoding} columns do not match the model's feature names")
+        if list(schema.classes) != list(self.classes_):
+            raise ModelPayloadError("data_schema", "its classes do not match the model's classes")
+        self.data_schema, self.encoding = schema, encoding
+
+    def _matrix(self, X):
+        """Encoded rows: a DataFrame of raw values is encoded with the model's schema; arrays pass as they are."""
+        import pandas as pd
+
+        if not isinstance(X, pd.DataFrame):
+            return X
+        if self.data_schema is None:
+            raise ValueError("this model carries no data schema: pass rows encoded as in training")
+        from ..data.csv_io import frame_to_table
+        from .encoding import encode
+
+        # the data layer parses text cells (as read from a CSV): give it the frame's values as text
+        raw = X.astype(object).where(X.notna(), "").astype(str)
+        table = frame_to_table(raw, self.data_schema, file="input", require_label=False, strict_columns=False)
+        return encode(table, self.encoding)
 
     # ------------------------------------------------------------------ estimator API
     def predict_proba(self, X) -> np.ndarray:
-        return self.tree_.predict_proba(X)
+        """Class probabilities; ``X`` is encoded rows or (with a data schema) a DataFrame of raw values, in
+        which unknown categories and missing values behave as in training and a missing column is an error."""
+        return self.tree_.predict_proba(self._matrix(X))
 
     def predict_codes(self, X) -> np.ndarray:
         """Class indices into ``classes_``."""
-        return self.tree_.predict(X)
+        return self.tree_.predict(self._matrix(X))
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[self.predict_codes(X)]
@@ -68,9 +105,13 @@ class GlobalTree:
         return float(np.mean(self.predict(X) == y.astype(str)))
 
     def apply(self, X) -> np.ndarray:
-        return self.tree_.apply(X)
+        return self.tree_.apply(self._matrix(X))
 
     def decision_path(self, x) -> list[int]:
+        import pandas as pd
+
+        if isinstance(x, pd.DataFrame):
+            x = self._matrix(x)[0]
         return self.tree_.decision_path(x)
 
     def get_depth(self) -> int:
@@ -85,8 +126,8 @@ class GlobalTree:
                                 self.category_names, max_depth=max_depth, decimals=decimals)
 
     def explain(self, x) -> list[str]:
-        """Conditions along the decision path of one row, in words."""
-        path = self.tree_.decision_path(x)
+        """Conditions along the decision path of one row (an encoded row, or a one-row DataFrame), in words."""
+        path = self.decision_path(x)
         out = []
         for parent, child in zip(path, path[1:]):
             pos = int(np.flatnonzero(self.tree_.children[parent] == child)[0])
@@ -104,6 +145,9 @@ class GlobalTree:
             "category_names": self.category_names,
             "tree": self.tree_.to_dict(),
             "info": self.info,
+            # optional (older files lack them): what raw rows mean, so predict() takes a DataFrame
+            "data_schema": None if self.data_schema is None else self.data_schema.to_dict(),
+            "encoding": self.encoding,
         })
 
     @classmethod
@@ -134,7 +178,15 @@ class GlobalTree:
         info = payload.get("info", {})
         if not isinstance(info, dict):
             raise err("info", "expected a dict")
-        return cls(tree, classes, names, cats, info)
+        data_schema, encoding = payload.get("data_schema"), payload.get("encoding")
+        if data_schema is not None and encoding not in ("cart", "id3"):
+            raise err("encoding", f"expected 'cart' or 'id3', got {encoding!r}")
+        try:
+            return cls(tree, classes, names, cats, info, data_schema=data_schema, encoding=encoding)
+        except (ValueError, TypeError, KeyError) as exc:
+            if isinstance(exc, ModelPayloadError):
+                raise
+            raise err("data_schema", str(exc)) from None
 
     def save_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False))
