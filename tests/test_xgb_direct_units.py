@@ -225,8 +225,8 @@ def test_tls_server_refuses_clients_without_a_certificate(tmp_path):
     with FederatedServer(2, port, server_tls, log_path=tmp_path / "server.log") as server:
         assert "Federated server listening" in server.log_tail() and "Insecure" not in server.log_tail()
         ca = Path(client_tls.ca).read_bytes()
-        assert not grpc_ready(port, timeout=2), "plain TCP client accepted by a TLS server"
-        assert not grpc_ready(port, grpc.ssl_channel_credentials(root_certificates=ca), timeout=2), \
+        assert not grpc_ready(port, timeout=1), "plain TCP client accepted by a TLS server"
+        assert not grpc_ready(port, grpc.ssl_channel_credentials(root_certificates=ca), timeout=1), \
             "client without a certificate accepted"
         assert grpc_ready(port, grpc.ssl_channel_credentials(ca, Path(client_tls.key).read_bytes(),
                                                              Path(client_tls.cert).read_bytes()))

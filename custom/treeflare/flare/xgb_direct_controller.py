@@ -24,14 +24,15 @@ from pathlib import Path
 from nvflare.apis.controller_spec import Task
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
-from nvflare.apis.shareable import Shareable
+from nvflare.apis.shareable import Shareable, make_reply
 
 from ..xgb.fedserver import DEFAULT_XGB_PORT, FederatedServer, FederatedServerError, ServerTLS, check_port, free_port
 from .workflow import JobFailed, ResultWorkflow
-from .xgb_direct_protocol import (RESULT_FILE, TRAIN_TASK, ProtocolError, check_host, check_ranks, check_site_reply,
+from .xgb_direct_protocol import (HEARTBEAT_TOPIC, RESULT_FILE, TRAIN_TASK, ProtocolError, check_host, check_ranks, check_site_reply,
                                   natural_key, train_task_data)
 
 POLL_S = 0.2
+ABORT_SETTLE_S = 3.0  # after an abort, heartbeats still arriving for this long tell which site went silent
 
 
 def _secure_system(fl_ctx) -> bool:
@@ -48,7 +49,7 @@ class XGBDirectController(ResultWorkflow):
     RESULT_FILE = RESULT_FILE
 
     def __init__(self, site_ranks: dict, port: int = DEFAULT_XGB_PORT, server_host: str = "",
-                 train_timeout: float = 3600.0, start_timeout: float = 30.0):
+                 train_timeout: float = 3600.0, start_timeout: float = 30.0, heartbeat_timeout: float = 20.0):
         """
         Args:
             site_ranks: {site: rank}, fixed by the job (vertical: the label owner is rank 0).
@@ -57,6 +58,8 @@ class XGBDirectController(ResultWorkflow):
                 ``$TREEFLARE_XGB_SERVER_HOST`` or its startup kit's FL server host).
             train_timeout: seconds the whole training may take.
             start_timeout: seconds the federated server may take to listen.
+            heartbeat_timeout: a site silent this long during training (no heartbeat: dead, frozen or cut off)
+                fails the job, naming it; XGBoost itself would wait for it forever.
         """
         super().__init__()
         self.site_ranks = site_ranks
@@ -64,6 +67,8 @@ class XGBDirectController(ResultWorkflow):
         self.server_host = server_host
         self.train_timeout = float(train_timeout)
         self.start_timeout = float(start_timeout)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self._last_seen: dict = {}  # site -> time.monotonic() of its last heartbeat or reply
         self._server: FederatedServer | None = None
         self._failures: dict = {}  # site -> reason, from replies and dead-site reports
         self._replies: dict = {}
@@ -71,6 +76,7 @@ class XGBDirectController(ResultWorkflow):
 
     # ------------------------------------------------------------------ lifecycle
     def start_controller(self, fl_ctx):
+        fl_ctx.get_engine().register_aux_message_handler(topic=HEARTBEAT_TOPIC, message_handle_func=self._on_heartbeat)
         # NVFlare hands a dead site's report to the workflow's communicator and deems the site disconnected only
         # after a grace period (60 s). XGBoost cannot finish without every rank: note the report at once.
         comm = self.communicator
@@ -91,6 +97,17 @@ class XGBDirectController(ResultWorkflow):
             name = fl_ctx.get_prop(FLContextKey.DISCONNECTED_CLIENT_NAME) or ""
             if name in (self.site_ranks or {}):
                 self._fail(name, "disconnected from the FL server during training")
+
+    def _on_heartbeat(self, topic, request, fl_ctx):
+        peer = fl_ctx.get_peer_context()
+        site = peer.get_identity_name() if peer else None
+        if site in self._last_seen:
+            self._last_seen[site] = time.monotonic()
+        return make_reply(ReturnCode.OK)
+
+    def _silent(self, longer_than: float) -> dict:
+        now = time.monotonic()
+        return {s: now - t for s, t in self._last_seen.items() if s not in self._replies and now - t > longer_than}
 
     def _fail(self, site: str, reason: str) -> None:
         self._failures.setdefault(site, reason)
@@ -143,6 +160,7 @@ class XGBDirectController(ResultWorkflow):
         task = Task(name=TRAIN_TASK, data=Shareable(train_task_data(ranks, port, tls is not None, self.server_host)),
                     timeout=int(self.train_timeout), result_received_cb=self._on_result)
         t0 = time.perf_counter()
+        self._last_seen = {s: time.monotonic() for s in sites}
         self.broadcast(task, fl_ctx, targets=sites, min_responses=len(sites), wait_time_after_min_received=0)
         reason = self._supervise(task, sites, abort_signal, t0)
         result["timings_s"]["train_task"] = time.perf_counter() - t0
@@ -167,13 +185,15 @@ class XGBDirectController(ResultWorkflow):
             if all(s in self._replies for s in sites):
                 return None
             if abort_signal is not None and abort_signal.triggered:
-                waiting = [s for s in sites if s not in self._replies]
-                return f"the job was aborted during XGBoost training (sites still training: {waiting})"
+                return self._abort_reason(sites)
             if self._server is None or not self._server.alive():
                 return f"the XGBoost federated server exited during training: {self._server.log_tail() if self._server else ''}"
             for s in sites:
                 if s not in self._replies and self.get_client_disconnect_time(s):
                     self._fail(s, "deemed disconnected by NVFlare")
+            for s, quiet in self._silent(self.heartbeat_timeout).items():
+                self._fail(s, f"stopped responding: no heartbeat for {quiet:.0f} s (its job process died, froze or "
+                              "lost its connection)")
             if task.completion_status is not None and not self._failures:
                 waiting = [s for s in sites if s not in self._replies]
                 return f"the train task ended ({task.completion_status}) without replies from {waiting}"
@@ -182,8 +202,25 @@ class XGBDirectController(ResultWorkflow):
                 return f"XGBoost training did not finish within {self.train_timeout:g} s (no reply from {waiting})"
             time.sleep(POLL_S)
 
+    def _abort_reason(self, sites: list) -> str:
+        """NVFlare aborted the run (an admin, or the FL server failing the job after a site's job process
+        died). NVFlare does not tell the workflow why; the sites that went silent do."""
+        waiting = [s for s in sites if s not in self._replies]
+        time.sleep(ABORT_SETTLE_S)  # live sites keep beating until their own abort arrives
+        silent = self._silent(ABORT_SETTLE_S)
+        if self._failures:
+            site, why = next(iter(self._failures.items()))
+            return f"{site} (rank {self.site_ranks.get(site)}): {why}; NVFlare aborted the job"
+        if silent:
+            named = ", ".join(f"{s} (rank {self.site_ranks.get(s)}, silent for {q:.0f} s)" for s, q in silent.items())
+            return (f"{named} stopped responding during XGBoost training (its job process died or froze) and NVFlare "
+                    f"aborted the job; training stopped, the XGBoost federated server was shut down")
+        return (f"the job was aborted during XGBoost training (by an admin or by the FL server); sites still "
+                f"training: {waiting}; the XGBoost federated server was shut down")
+
     def _on_result(self, client_task, fl_ctx) -> None:
         site = client_task.client.name
+        self._last_seen.pop(site, None)
         reply = client_task.result
         client_task.result = None  # keep nothing large in the task
         rc = reply.get_return_code() if reply is not None else None

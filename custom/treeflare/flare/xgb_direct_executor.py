@@ -13,6 +13,7 @@ sha256 (every rank must end with the same model).
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from pathlib import Path
 
@@ -21,13 +22,14 @@ from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
 from ..xgb.fedserver import ClientTLS, FederatedServerError, communicator_args, wait_reachable
-from .xgb_direct_protocol import TRAIN_TASK, ProtocolError, parse_train_task, short_error, site_server_host
+from .xgb_direct_protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, parse_train_task, short_error,
+                                  site_server_host)
 
 
 class XGBDirectExecutor(Executor):
     def __init__(self, data_loader_id: str, xgb_params: dict, num_rounds: int, early_stopping_rounds: int = 0,
                  vertical: bool = False, metrics_writer_id: str = "", model_file_name: str = "model.json",
-                 connect_timeout: float = 30.0):
+                 connect_timeout: float = 30.0, heartbeat_interval: float = 1.0):
         """
         Args:
             data_loader_id: component id of the site's ``XGBDataLoader``.
@@ -36,6 +38,8 @@ class XGBDirectExecutor(Executor):
             metrics_writer_id: component id of a LogWriter for per-round metrics ("" for none).
             model_file_name: file name of the model in the site's run folder.
             connect_timeout: seconds to wait for the server's XGBoost port before failing with host and port.
+            heartbeat_interval: seconds between "still training" messages to the server (through NVFlare), so
+                the server can name a site that died or froze.
         """
         super().__init__()
         self.data_loader_id = data_loader_id
@@ -46,11 +50,16 @@ class XGBDirectExecutor(Executor):
         self.metrics_writer_id = metrics_writer_id
         self.model_file_name = Path(model_file_name).name  # a file name, never a path out of the run folder
         self.connect_timeout = float(connect_timeout)
+        self.heartbeat_interval = float(heartbeat_interval)
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
         site = fl_ctx.get_identity_name()
         if task_name != TRAIN_TASK:
             return make_reply(ReturnCode.TASK_UNKNOWN)
+        stop = threading.Event()
+        beats = threading.Thread(target=self._heartbeats, args=(fl_ctx.get_engine(), stop), daemon=True,
+                                 name="xgb_direct_heartbeat")
+        beats.start()
         try:
             return self._train(site, shareable, fl_ctx, abort_signal)
         except (ProtocolError, FederatedServerError) as exc:
@@ -58,6 +67,19 @@ class XGBDirectExecutor(Executor):
         except Exception as exc:  # XGBoost (e.g. the server stopped mid-training), the data loader, ...
             self.log_exception(fl_ctx, f"{site}: XGBoost training failed")
             return self._error(fl_ctx, site, short_error(exc))
+        finally:
+            stop.set()
+
+    def _heartbeats(self, engine, stop: threading.Event) -> None:
+        """Tell the server this site is alive until ``stop`` (XGBoost releases the GIL while it trains)."""
+        while True:
+            try:
+                with engine.new_context() as ctx:
+                    engine.fire_and_forget_aux_request(topic=HEARTBEAT_TOPIC, request=Shareable(), fl_ctx=ctx)
+            except Exception:  # a lost heartbeat is what the server watches for; never fail training over it
+                pass
+            if stop.wait(self.heartbeat_interval):
+                return
 
     def _error(self, fl_ctx, site: str, message: str) -> Shareable:
         self.log_error(fl_ctx, f"{site}: {message}")
