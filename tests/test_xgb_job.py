@@ -8,6 +8,7 @@ afterwards (tests/flare_helpers.py). Results are checked from the files the run 
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -157,3 +158,20 @@ def test_encrypt_fails_clearly_and_never_trains(tmp_path):
     assert proc.returncode != 0
     assert "jobs/vertical_tree" in proc.stderr and "--encrypt" in proc.stderr
     assert not (ws / "report.json").exists() and not (ws / "flare").exists()
+
+
+@pytest.mark.flare
+def test_unreachable_xgb_port_fails_naming_host_and_port(tmp_path):
+    """Sites told to reach the XGBoost server at an address that does not answer: a clear failure within the
+    connect timeout, in the report and on the command line, and the federated server stopped."""
+    ws = tmp_path / "ws"
+    t = time.perf_counter()
+    proc = run_script(JOB, ["--dataset", "car", "--rounds", "2", "--baselines", "", "--sites", "3", "--xgb-port",
+                            "0", "--xgb-server-host", "10.255.255.1", "--xgb-connect-timeout", "3",
+                            "--workspace", str(ws)], tmp_path, timeout=180)
+    assert proc.returncode != 0
+    report = json.loads((ws / "report.json").read_text())
+    assert report["status"] == "failed" and report["federated_server_stopped"] is True
+    assert "cannot reach the XGBoost federated server at 10.255.255.1:" in report["error"], report["error"]
+    assert "within 3 s" in report["error"] and "10.255.255.1" in proc.stderr
+    assert time.perf_counter() - t < 90
