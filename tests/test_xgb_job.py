@@ -58,6 +58,7 @@ def check_direct(report, ranks=None):
     assert sorted(t["sites"]) == ["site-1", "site-2", "site-3"]
     assert all(s["rounds"] == report["params"]["rounds"] for s in t["sites"].values())
     assert report["timings_s"]["flare_train"] > 0
+    assert all(n >= 1 for n in t["heartbeats"].values()), t["heartbeats"]  # sites' heartbeats reach the server
 
 
 def centralized_reference(ws, report):

@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="direct: seconds a site waits for the XGBoost port before failing")
     g.add_argument("--xgb-train-timeout", type=float, default=3600.0,
                    help="direct: seconds the whole XGBoost training may take")
+    g.add_argument("--xgb-heartbeat-timeout", type=float, default=120.0,
+                   help="direct: a site silent this long during training (died, froze, cut off) fails the job")
     g.add_argument("--messaging", choices=["direct", "reliable"], default="direct",
                    help="--transport flare only: direct = one FLARE request/reply per XGBoost operation; reliable "
                         "= NVFlare's default ReliableMessage exchange (request, ack, reply, acks)")
@@ -103,8 +105,9 @@ def check_args(args) -> None:
                 check_port(args.xgb_port)
             except FederatedServerError as exc:
                 raise SystemExit(f"error: {exc}") from None
-        if not args.xgb_connect_timeout > 0 or not args.xgb_train_timeout > 0:
-            raise SystemExit("error: --xgb-connect-timeout and --xgb-train-timeout must be > 0")
+        if min(args.xgb_connect_timeout, args.xgb_train_timeout, args.xgb_heartbeat_timeout) <= 0:
+            raise SystemExit("error: --xgb-connect-timeout, --xgb-train-timeout and --xgb-heartbeat-timeout must "
+                             "be > 0")
         from treeflare.flare.xgb_direct_protocol import ProtocolError, check_host
 
         try:
@@ -160,7 +163,8 @@ def build_direct_job(fed_dir: Path, fed, params: dict, args, sites: list[str]):
     ranks = job_ranks(sites, label_owner=sites[0] if vertical else None)
     job = FedJob(name=JOB, min_clients=len(sites))
     job.to_server(XGBDirectController(site_ranks=ranks, port=args.xgb_port, server_host=args.xgb_server_host,
-                                      train_timeout=args.xgb_train_timeout), id="xgb_controller")
+                                      train_timeout=args.xgb_train_timeout,
+                                      heartbeat_timeout=args.xgb_heartbeat_timeout), id="xgb_controller")
     job.to_server(TBAnalyticsReceiver(tb_folder="tb_events"), id="tb_receiver")
     for site in sites:
         job.to(XGBDirectExecutor(data_loader_id="dataloader", xgb_params=params, num_rounds=args.rounds,
@@ -348,7 +352,8 @@ def _transport_report(args, server: dict | None) -> dict:
                              "server for its own relay, without TLS, on 0.0.0.0:<ephemeral port> during training"}
     return {"name": "direct", "ranks": server.get("ranks"), "federated_server": server.get("federated_server"),
             "federated_server_stopped": server.get("federated_server_stopped"),
-            "models_identical": server.get("models_identical"), "sites": server.get("sites")}
+            "models_identical": server.get("models_identical"), "sites": server.get("sites"),
+            "heartbeats": server.get("heartbeats")}
 
 
 def summary_table(report: dict) -> str:

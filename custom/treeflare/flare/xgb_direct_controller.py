@@ -49,7 +49,7 @@ class XGBDirectController(ResultWorkflow):
     RESULT_FILE = RESULT_FILE
 
     def __init__(self, site_ranks: dict, port: int = DEFAULT_XGB_PORT, server_host: str = "",
-                 train_timeout: float = 3600.0, start_timeout: float = 30.0, heartbeat_timeout: float = 20.0):
+                 train_timeout: float = 3600.0, start_timeout: float = 30.0, heartbeat_timeout: float = 120.0):
         """
         Args:
             site_ranks: {site: rank}, fixed by the job (vertical: the label owner is rank 0).
@@ -69,6 +69,7 @@ class XGBDirectController(ResultWorkflow):
         self.start_timeout = float(start_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self._last_seen: dict = {}  # site -> time.monotonic() of its last heartbeat or reply
+        self._beats: dict = {}  # site -> heartbeats received (reported)
         self._server: FederatedServer | None = None
         self._failures: dict = {}  # site -> reason, from replies and dead-site reports
         self._replies: dict = {}
@@ -103,6 +104,7 @@ class XGBDirectController(ResultWorkflow):
         site = peer.get_identity_name() if peer else None
         if site in self._last_seen:
             self._last_seen[site] = time.monotonic()
+            self._beats[site] = self._beats.get(site, 0) + 1
         return make_reply(ReturnCode.OK)
 
     def _silent(self, longer_than: float) -> dict:
@@ -168,6 +170,7 @@ class XGBDirectController(ResultWorkflow):
         if task.completion_status is None:
             self.cancel_task(task, fl_ctx=fl_ctx)
         result["sites"] = {s: self._replies[s] for s in sites if s in self._replies}
+        result["heartbeats"] = {s: self._beats.get(s, 0) for s in sites}
         if reason:
             raise JobFailed(reason)
         self._summarise(result, sites)
@@ -211,12 +214,14 @@ class XGBDirectController(ResultWorkflow):
         if self._failures:
             site, why = next(iter(self._failures.items()))
             return f"{site} (rank {self.site_ranks.get(site)}): {why}; NVFlare aborted the job"
-        if silent:
+        if silent and len(silent) < len(waiting):  # all silent at once says more about load than about a site
             named = ", ".join(f"{s} (rank {self.site_ranks.get(s)}, silent for {q:.0f} s)" for s, q in silent.items())
             return (f"{named} stopped responding during XGBoost training (its job process died or froze) and NVFlare "
                     f"aborted the job; training stopped, the XGBoost federated server was shut down")
+        ages = {s: round(time.monotonic() - t, 1) for s, t in self._last_seen.items() if s in waiting}
         return (f"the job was aborted during XGBoost training (by an admin or by the FL server); sites still "
-                f"training: {waiting}; the XGBoost federated server was shut down")
+                f"training: {waiting} (seconds since their last heartbeat: {ages}); the XGBoost federated server "
+                f"was shut down")
 
     def _on_result(self, client_task, fl_ctx) -> None:
         site = client_task.client.name
