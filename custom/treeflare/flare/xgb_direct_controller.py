@@ -28,8 +28,8 @@ from nvflare.apis.shareable import Shareable, make_reply
 
 from ..xgb.fedserver import DEFAULT_XGB_PORT, FederatedServer, FederatedServerError, ServerTLS, check_port, free_port
 from .workflow import JobFailed, ResultWorkflow
-from .xgb_direct_protocol import (HEARTBEAT_TOPIC, RESULT_FILE, TRAIN_TASK, ProtocolError, check_host, check_ranks, check_site_reply,
-                                  natural_key, train_task_data)
+from .xgb_direct_protocol import (HEARTBEAT_TOPIC, RESULT_FILE, TRAIN_TASK, ProtocolError, check_host, check_ranks,
+                                  check_site_reply, natural_key, train_task_data)
 
 POLL_S = 0.2
 ABORT_SETTLE_S = 3.0  # after an abort, heartbeats still arriving for this long tell which site went silent
@@ -190,7 +190,8 @@ class XGBDirectController(ResultWorkflow):
             if abort_signal is not None and abort_signal.triggered:
                 return self._abort_reason(sites)
             if self._server is None or not self._server.alive():
-                return f"the XGBoost federated server exited during training: {self._server.log_tail() if self._server else ''}"
+                log = self._server.log_tail() if self._server else ""
+                return f"the XGBoost federated server exited during training: {log}"
             for s in sites:
                 if s not in self._replies and self.get_client_disconnect_time(s):
                     self._fail(s, "deemed disconnected by NVFlare")

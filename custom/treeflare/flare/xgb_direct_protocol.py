@@ -161,7 +161,9 @@ def check_site_reply(data, site: str, rank: int) -> dict:
     return out
 
 
-_XGB_NOISE = [re.compile(p) for p in (r"\[\d\d:\d\d:\d\d\]", r"\S*/\S+\.(?:cc|h|cu|py):\d+:?", r"\[[\w.]+:\d+\|[\d:]+\]:?")]
+_XGB_NOISE = [re.compile(p) for p in (r"\[\d\d:\d\d:\d\d\]",  # timestamps
+                                      r"\S*/\S+\.(?:cc|h|cu|py):\d+:?",  # source paths
+                                      r"\[[\w.]+:\d+\|[\d:]+\]:?")]  # [file.cc:NN|time]
 
 
 def short_error(exc: BaseException, limit: int = 400) -> str:
