@@ -1,23 +1,23 @@
 #!/usr/bin/env python
-"""Benchmark the federated XGBoost histogram job against centralized and XGBoost-native distributed training.
+"""Benchmark the federated XGBoost job's transports against XGBoost's own distributed training.
 
-    nice -n 10 flock /tmp/treeflare-flare.lock python scripts/bench_xgb.py                 # all workloads
-    nice -n 10 flock /tmp/treeflare-flare.lock python scripts/bench_xgb.py --workloads synthetic200k \\
-        --repeats 3 --poc --profile
+    flock /tmp/treeflare-flare.lock .venv/bin/python scripts/bench_xgb.py --repeats 3          # as in the README
+    .venv/bin/python scripts/bench_xgb.py --workloads adult --modes horizontal --repeats 1 --rounds 5   # quick
 
-For every workload, on the same federation folder and parameters:
-  centralized        xgboost.train on the union of the sites' training rows (1 process)
-  native             XGBoost's RabitTracker + one worker process per site (no NVFlare)
-  xgb_federated      XGBoost's own federated gRPC server + one worker per site (NVFlare's protocol, no NVFlare)
-  flare_sim          jobs/xgb_histogram in the NVFlare simulator (--messaging direct, this bundle's default)
-  flare_sim_reliable the same with NVFlare's default ReliableMessage exchange (--reliable)
-  flare_poc          the same job on a local POC system (--poc; isolated HOME and POC workspace, always stopped)
+Arms, interleaved within every repeat, on the same federation folder and parameters (3 sites, one thread each):
+  centralized        xgboost.train on the union of the sites' training rows (1 process; reference for accuracy)
+  native             XGBoost's RabitTracker + one worker process per site (no NVFlare): the speed reference
+  xgb_federated      XGBoost's own federated gRPC server + one worker per site, plain TCP (no NVFlare)
+  xgb_federated_tls  the same with mutual TLS, certificates from a POC's startup kits
+  direct             jobs/xgb_histogram --transport direct in the NVFlare simulator (plain TCP)
+  direct_tls         --transport direct on a local POC system (mutual TLS with the kits' certificates)
+  flare              --transport flare in the simulator (every collective relayed through NVFlare messaging)
 
-Times: ``train_s`` is the training phase (xgb.train of the slowest worker; for NVFlare, last site done loading
-data -> model saved), ``wall_s`` the whole run (process start-up, data loading, shutdown included).
-Results: medians over --repeats, as markdown and CSV (``scripts/results/xgb_bench.{md,csv}``).
-With --profile, one extra simulator run records every XGBoost collective operation (probes in
-scripts/xgb_profile/sitecustomize.py) and the markdown gets a per-exchange breakdown.
+``train_s`` is the training phase: first worker's xgb.train start to the last one's end (native, xgb_federated*,
+direct*), or last site done loading data to model saved (flare). ``wall_s`` is the whole run (process start-up,
+data loading, shutdown). Ratios to native are taken within each repeat, then the median over repeats is quoted.
+One POC is started for the TLS arms (its own HOME and workspace, a free port) and always stopped; it idles
+during the other arms. Results: scripts/results/xgb_bench.{md,csv,json}, and the README block ``bench:xgb``.
 """
 
 from __future__ import annotations
@@ -40,12 +40,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 JOB_PY = REPO / "jobs" / "xgb_histogram" / "job.py"
 PROFILE_DIR = REPO / "scripts" / "xgb_profile"
+README = REPO / "README.md"
+ARMS = ["centralized", "native", "xgb_federated", "xgb_federated_tls", "direct", "direct_tls", "flare"]
+TARGETS = {"direct": 1.5, "direct_tls": 2.0}  # train time / native train time
+RAW_OF = {"direct": "xgb_federated", "direct_tls": "xgb_federated_tls"}  # the same protocol without NVFlare
 
 # name -> (dataset, modes, rounds, max_depth, eta, sites)
 WORKLOADS = {
-    "higgs_subset": ("higgs_subset", ["horizontal"], 50, 6, 0.1, 3),
     "synthetic200k": ("synthetic200k", ["horizontal"], 50, 6, 0.1, 3),
     "adult": ("adult", ["horizontal", "vertical"], 50, 6, 0.1, 3),
+    "higgs_subset": ("higgs_subset", ["horizontal"], 50, 6, 0.1, 3),
     "nursery": ("nursery", ["horizontal"], 50, 6, 0.1, 3),
 }
 
@@ -78,26 +82,26 @@ def load(name: str):
     return load_dataset(name)
 
 
-def job_args(job, ws: Path, mode: str, rounds, depth, eta, sites, *, env="sim", messaging="direct",
-             timing_dir: Path | None = None):
+def job_args(job, ws: Path, mode: str, rounds, depth, eta, sites, *, env="sim", transport="direct",
+             poc_root: Path | None = None, timing_dir: Path | None = None):
     argv = ["--workspace", str(ws), "--mode", mode, "--rounds", str(rounds), "--max-depth", str(depth),
             "--eta", str(eta), "--sites", str(sites), "--seed", "0", "--baselines", "", "--env", env,
-            "--messaging", messaging, "--log-level", "WARNING"]
+            "--transport", transport, "--xgb-port", "0", "--log-level", "WARNING"]
+    if poc_root:
+        argv += ["--poc-root", str(poc_root)]
     if timing_dir:
         argv += ["--timing-dir", str(timing_dir)]
     return job.build_parser().parse_args(argv)
 
 
-def flare_run(job, table, ws, mode, cfg, *, env="sim", messaging="direct", extra_env=None):
+def flare_run(job, table, ws, mode, cfg, *, env="sim", transport="direct", poc_root=None, extra_env=None):
     rounds, depth, eta, sites = cfg
-    timing = ws / "timing"
-    args = job_args(job, ws, mode, rounds, depth, eta, sites, env=env, messaging=messaging, timing_dir=timing)
+    args = job_args(job, ws, mode, rounds, depth, eta, sites, env=env, transport=transport, poc_root=poc_root,
+                    timing_dir=ws / "timing")
     saved = {k: os.environ.get(k) for k in (extra_env or {})}
     os.environ.update(extra_env or {})
     try:
-        t0 = time.perf_counter()
         report = job.run(args, table=table)
-        wall = time.perf_counter() - t0
     finally:
         for k, v in saved.items():
             if v is None:
@@ -111,7 +115,8 @@ def flare_run(job, table, ws, mode, cfg, *, env="sim", messaging="direct", extra
 
     proba = predict_proba(xgb.Booster(model_file=str(ws / "model.json")), global_test(ws / "federation"))
     return {"metrics": report["global"], "train_s": report["timings_s"].get("flare_train"),
-            "wall_s": report["timings_s"]["flare_run"], "job_wall_s": wall, "proba": proba}
+            "wall_s": report["timings_s"]["flare_run"], "proba": proba,
+            "tls": (report["transport"].get("federated_server") or {}).get("tls")}
 
 
 # -- profiling ----------------------------------------------------------------------------------
@@ -169,188 +174,264 @@ def analyse_profile(prof_dir: Path, train_s: float | None) -> dict:
 
 
 # -- main ---------------------------------------------------------------------------------------
-def run_workload(job, name, spec, args, results, profiles, tmp_root: Path):
+def run_workload(job, name, spec, args, results, profiles, tmp_root: Path, poc) -> None:
     from treeflare.xgb import baselines as bl
     from treeflare.xgb import make_params
 
     dataset, modes, rounds, depth, eta, sites = spec
-    if args.rounds:
-        rounds = args.rounds
+    rounds = args.rounds or rounds
     table = load(dataset)
-    n_classes = len(table.schema.classes)
-    params = make_params(n_classes, max_depth=depth, eta=eta, nthread=1, seed=0)
+    params = make_params(len(table.schema.classes), max_depth=depth, eta=eta, nthread=1, seed=0)
     for mode in modes:
         if args.modes and mode not in args.modes:
             continue
         ws_root = tmp_root / f"{name}_{mode}"
-        prep_args = job_args(job, ws_root / "prep", mode, rounds, depth, eta, sites)
-        fed_dir, _ = job.prepare(table, prep_args)
+        fed_dir, _ = job.prepare(table, job_args(job, ws_root / "prep", mode, rounds, depth, eta, sites))
         cfg = (rounds, depth, eta, sites)
+        tls_kits = None
+        if poc is not None:
+            tls_kits = {"server": poc.server_dir, **poc.site_dirs()}
 
-        def add(method, rep, r, central=None):
+        def add(method, rep, r, refs):
             row = {"workload": name, "mode": mode, "method": method, "repeat": rep, "rows": len(table),
                    "rounds": rounds, "sites": sites, "train_s": r.get("train_s"), "wall_s": r.get("wall_s"),
-                   **{f"m_{k}": v for k, v in r["metrics"].items()}}
-            if central is not None:
-                row["max_abs_pred_diff_vs_central"] = float(np.abs(r["proba"] - central["proba"]).max())
+                   "tls": r.get("tls"), **{f"m_{k}": v for k, v in r["metrics"].items()}}
+            if "centralized" in refs:
+                row["max_abs_pred_diff_vs_central"] = float(np.abs(r["proba"] - refs["centralized"]["proba"]).max())
+            if "native" in refs:
+                n = refs["native"]
+                row["max_abs_pred_diff_vs_native"] = float(np.abs(r["proba"] - n["proba"]).max())
+                if "auc" in r["metrics"]:
+                    row["auc_diff_vs_native"] = r["metrics"]["auc"] - n["metrics"]["auc"]
+                if r.get("train_s") and n.get("train_s"):
+                    row["train_ratio_vs_native"] = r["train_s"] / n["train_s"]
+                if r.get("wall_s") and n.get("wall_s"):
+                    row["wall_ratio_vs_native"] = r["wall_s"] / n["wall_s"]
             results.append(row)
             print(f"  {name:13s} {mode:10s} {method:18s} rep {rep}: train {row['train_s'] or float('nan'):7.2f}s "
-                  f"wall {row['wall_s'] or float('nan'):7.2f}s {r['metrics']}", flush=True)
+                  f"wall {row['wall_s'] or float('nan'):7.2f}s ratio {row.get('train_ratio_vs_native', float('nan')):5.2f}"
+                  f" {r['metrics']}", flush=True)
 
-        repeats = args.repeats_map.get(name, args.repeats)
-        reliable = args.reliable and (not args.reliable_workloads or name in args.reliable_workloads)
-        for rep in range(repeats):
+        for rep in range(args.repeats):
+            refs = {}
             c = bl.centralized(fed_dir, params, rounds)
             c["wall_s"] = c["train_s"]
-            add("centralized", rep, c, c)
-            n = bl.native_distributed(fed_dir, params, rounds)
-            add("native", rep, n, c)
-            if not args.skip_xgb_federated:
-                f = bl.native_distributed(fed_dir, params, rounds, communicator="federated")
-                add("xgb_federated", rep, f, c)
-            try:
-                s = flare_run(job, table, ws_root / f"sim{rep}", mode, cfg)
-                add("flare_sim", rep, s, c)
-                if reliable:
-                    s2 = flare_run(job, table, ws_root / f"simrm{rep}", mode, cfg, messaging="reliable")
-                    add("flare_sim_reliable", rep, s2, c)
-            except (Exception, SystemExit) as exc:  # keep the other measurements
-                print(f"  simulator run failed: {exc!r}", flush=True)
-            if args.poc and (not args.poc_workloads or name in args.poc_workloads):
-                # runner.py starts a POC in <workspace>/flare/poc (its own HOME and POC workspace, port 8002)
-                # and always stops it; this script already runs under `flock /tmp/treeflare-flare.lock`.
+            refs["centralized"] = c
+            add("centralized", rep, c, {"centralized": c})
+            refs["native"] = n = bl.native_distributed(fed_dir, params, rounds)
+            add("native", rep, n, refs)
+            for arm in args.arms:
                 try:
-                    p = flare_run(job, table, ws_root / f"poc{rep}", mode, cfg, env="poc",
-                                  extra_env={"TREEFLARE_FLARE_LOCK_HELD": "1"})
-                    add("flare_poc", rep, p, c)
-                except (Exception, SystemExit) as exc:  # keep going with the other workloads
-                    print(f"  POC run failed: {exc!r}", flush=True)
-        if args.profile and (not args.profile_workloads or name in args.profile_workloads):
+                    if arm == "xgb_federated":
+                        r = bl.native_distributed(fed_dir, params, rounds, communicator="federated")
+                        r["tls"] = False
+                    elif arm == "xgb_federated_tls" and tls_kits:
+                        r = bl.native_distributed(fed_dir, params, rounds, communicator="federated",
+                                                  tls_kits=tls_kits)
+                        r["tls"] = True
+                    elif arm == "direct":
+                        r = flare_run(job, table, ws_root / f"direct{rep}", mode, cfg)
+                    elif arm == "direct_tls" and poc is not None:
+                        r = flare_run(job, table, ws_root / f"direct_tls{rep}", mode, cfg, env="poc",
+                                      poc_root=poc.root, extra_env={"TREEFLARE_FLARE_LOCK_HELD": "1"})
+                    elif arm == "flare":
+                        r = flare_run(job, table, ws_root / f"flare{rep}", mode, cfg, transport="flare")
+                    else:
+                        continue
+                    add(arm, rep, r, refs)
+                except (Exception, SystemExit) as exc:  # keep the other measurements, say what failed
+                    print(f"  {arm} failed: {exc!r}", flush=True)
+        if args.profile and "flare" in args.arms:
             prof = tmp_root / f"profile_{name}_{mode}"
             shutil.rmtree(prof, ignore_errors=True)
             extra = {"TREEFLARE_XGB_PROFILE_DIR": str(prof),
                      "PYTHONPATH": os.pathsep.join([str(PROFILE_DIR), os.environ.get("PYTHONPATH", "")])}
-            for messaging in (["direct", "reliable"] if reliable else ["direct"]):
-                shutil.rmtree(prof, ignore_errors=True)
-                r = flare_run(job, table, ws_root / f"prof_{messaging}", mode, cfg, messaging=messaging,
-                              extra_env=extra)
-                a = analyse_profile(prof, r["train_s"])
-                a.update(workload=name, mode=mode, messaging=messaging, wall_s=r["wall_s"])
-                profiles.append(a)
-                print(f"  profile {name} {mode} {messaging}: {json.dumps(a)}", flush=True)
+            r = flare_run(job, table, ws_root / "prof_flare", mode, cfg, transport="flare", extra_env=extra)
+            a = analyse_profile(prof, r["train_s"])
+            a.update(workload=name, mode=mode, messaging="direct", wall_s=r["wall_s"])
+            profiles.append(a)
+            print(f"  profile {name} {mode}: {json.dumps(a)}", flush=True)
 
 
 def summarise(results: list[dict]) -> list[dict]:
+    """Medians over repeats per (workload, mode, method); ratios are medians of the per-repeat ratios."""
     groups = defaultdict(list)
     for r in results:
         groups[(r["workload"], r["mode"], r["method"])].append(r)
     out = []
     for (w, m, meth), rows in groups.items():
-        s = {"workload": w, "mode": m, "method": meth, "n": len(rows)}
-        for k in rows[0]:
-            if k.startswith("m_") or k in ("train_s", "wall_s", "max_abs_pred_diff_vs_central"):
+        s = {"workload": w, "mode": m, "method": meth, "n": len(rows), "tls": rows[0].get("tls")}
+        keys = {k for r in rows for k in r}
+        for k in sorted(keys):
+            if k.startswith("m_") or k in ("train_s", "wall_s", "max_abs_pred_diff_vs_central",
+                                           "max_abs_pred_diff_vs_native", "auc_diff_vs_native",
+                                           "train_ratio_vs_native", "wall_ratio_vs_native"):
                 vals = [r[k] for r in rows if r.get(k) is not None]
                 s[k] = float(statistics.median(vals)) if vals else None
+                if k.endswith("_diff_vs_native") or k.endswith("diff_vs_central"):
+                    s[k + "_max"] = float(max(abs(v) for v in vals)) if vals else None
+        s["main_metric"] = "auc" if "m_auc" in s else "mlogloss"
+        raw = RAW_OF.get(meth)
+        if raw:  # what NVFlare adds: the job's arm over XGBoost's own federated run, same repeat, same TLS
+            by_rep = {r["repeat"]: r for r in groups.get((w, m, raw), [])}
+            ratios = [r["train_s"] / by_rep[r["repeat"]]["train_s"] for r in rows
+                      if r.get("train_s") and by_rep.get(r["repeat"], {}).get("train_s")]
+            s["train_ratio_vs_raw"] = float(statistics.median(ratios)) if ratios else None
         out.append(s)
-    # ratios and metric differences vs the references
-    idx = {(s["workload"], s["mode"], s["method"]): s for s in out}
-    for s in out:
-        c = idx.get((s["workload"], s["mode"], "centralized"))
-        n = idx.get((s["workload"], s["mode"], "native"))
-        main_metric = "m_auc" if "m_auc" in s else "m_mlogloss"
-        s["main_metric"] = main_metric[2:]
-        s["metric_diff_vs_central"] = (s[main_metric] - c[main_metric]) if c else None
-        for ref, key in ((n, "train_ratio_vs_native"), (n, "wall_ratio_vs_native")):
-            fld = "train_s" if key.startswith("train") else "wall_s"
-            s[key] = (s[fld] / ref[fld]) if ref and s.get(fld) and ref.get(fld) else None
-    return out
+    order = {a: i for i, a in enumerate(ARMS)}
+    return sorted(out, key=lambda s: (s["workload"], s["mode"], order.get(s["method"], 99)))
 
 
-def fmt(v, nd=4):
+def fmt(v, nd=3):
     if v is None:
         return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
-        return f"{v:.{nd}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{nd}f}"
+        if v == 0:
+            return "0"
+        return f"{v:.2g}" if abs(v) < 1e-2 else f"{v:.{nd}f}"
     return str(v)
 
 
-def write_outputs(summary, results, profiles, out: Path, meta: dict) -> None:
+def targets(summary: list[dict]) -> list[str]:
+    """One line per target of issue 11, met or missed, with the measured value."""
+    lines = []
+    idx = {(s["workload"], s["mode"], s["method"]): s for s in summary}
+    for s in summary:
+        limit = TARGETS.get(s["method"])
+        if limit and s.get("train_ratio_vs_native") is not None:
+            r = s["train_ratio_vs_native"]
+            raw = s.get("train_ratio_vs_raw")
+            raw_arm = idx.get((s["workload"], s["mode"], RAW_OF[s["method"]]), {})
+            context = (f"; XGBoost's own federated server without NVFlare (`{RAW_OF[s['method']]}`, same repeats): "
+                       f"{raw_arm.get('train_ratio_vs_native', float('nan')):.2f}x native; the job over it: "
+                       f"{raw:.2f}x") if raw else ""
+            lines.append(f"{s['workload']} {s['mode']}: `{s['method']}` train time {r:.2f}x native (target <= "
+                         f"{limit}x): **{'met' if r <= limit else 'missed'}**{context}")
+        if s["mode"] == "horizontal" and s["method"].startswith("direct") and s.get("auc_diff_vs_native_max") is not None:
+            d = s["auc_diff_vs_native_max"]
+            lines.append(f"{s['workload']} horizontal: `{s['method']}` AUC within {d:.1e} of native (target <= 1e-4): "
+                         f"**{'met' if d <= 1e-4 else 'missed'}**")
+        if s["mode"] == "vertical" and s["method"].startswith("direct") and \
+                s.get("max_abs_pred_diff_vs_central_max") is not None:
+            d = s["max_abs_pred_diff_vs_central_max"]
+            lines.append(f"{s['workload']} vertical: `{s['method']}` predictions vs centralized max|Δp| = {d:.1e} "
+                         f"(target: identical): **{'met' if d < 1e-6 else 'missed'}**")
+    return lines
+
+
+def markdown_table(summary: list[dict]) -> str:
+    lines = ["| workload | mode | arm | TLS | AUC / mlogloss | Δ AUC vs native | max\\|Δp\\| vs centralized "
+             "| train s | train ÷ native | train ÷ XGBoost federated | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        tls = "" if s["method"] in ("centralized", "native") else fmt(s.get("tls"))
+        lines.append("| " + " | ".join([
+            s["workload"], s["mode"], s["method"], tls, fmt(s.get("m_" + s["main_metric"]), 4),
+            fmt(s.get("auc_diff_vs_native")), fmt(s.get("max_abs_pred_diff_vs_central")),
+            fmt(s.get("train_s"), 2), fmt(s.get("train_ratio_vs_native"), 2), fmt(s.get("train_ratio_vs_raw"), 2),
+            fmt(s.get("wall_s"), 1)]) + " |")
+    return "\n".join(lines)
+
+
+def write_outputs(summary, results, profiles, out: Path, meta: dict, readme: bool) -> None:
+    from treeflare.reporting import write_json_atomic, write_readme_block
+
     out.parent.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in results for k in r}, key=lambda k: (k not in ("workload", "mode", "method"), k))
     with open(out.with_suffix(".csv"), "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
         w.writerows(results)
-    lines = [f"# XGBoost histogram job benchmark", "",
-             f"Command: `{meta['command']}`  ", f"Date: {meta['date']}; host: {meta['host']}; repeats: "
-             f"{meta['repeats']} (medians); nthread=1 per worker; load average at start {meta['load']}.", "",
-             "| workload | mode | method | main metric | value | Δ vs centralized | max\\|Δp\\| vs centralized "
-             "| train s | wall s | train ÷ native | wall ÷ native |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for s in summary:
-        lines.append("| " + " | ".join([
-            s["workload"], s["mode"], s["method"], s["main_metric"], fmt(s.get("m_" + s["main_metric"])),
-            fmt(s["metric_diff_vs_central"], 2), fmt(s.get("max_abs_pred_diff_vs_central"), 2),
-            fmt(s.get("train_s"), 3), fmt(s.get("wall_s"), 3), fmt(s.get("train_ratio_vs_native"), 3),
-            fmt(s.get("wall_ratio_vs_native"), 3)]) + " |")
+    write_json_atomic(out.with_suffix(".json"), {"settings": meta, "summary": summary, "runs": results,
+                                                 "profiles": profiles})
+    settings = (f"`{meta['command']}` at commit {meta['commit']}, {meta['time']}; {meta['cores']} shared cores, "
+                f"load average {' '.join(map(str, meta['loadavg']))} at the start and "
+                f"{' '.join(map(str, meta.get('loadavg_end', [])))} at the end; {meta['repeats']} repeats, arms "
+                f"interleaved, medians; 3 sites, one XGBoost thread each; seed 0 (data split and XGBoost).")
+    if meta.get("summarised_by"):
+        settings += f" Tables re-summarised from that run's recorded runs by `{meta['summarised_by']}`."
+    body = markdown_table(summary) + "\n\n" + "\n".join(f"- {t}" for t in targets(summary)) + "\n\n" + settings
+    text = ["# XGBoost histogram job benchmark", "", body]
     if profiles:
-        lines += ["", "## Per-exchange profile (NVFlare simulator)", "",
-                  "| workload | messaging | ops / rank | train s | ms / op (train ÷ ops) | XGBoost→site gRPC "
-                  "call ms | FLARE round trip ms | server handling ms (all ranks) | server, last rank ms "
-                  "| messaging ms (round trip − server) | rank 0 between collectives s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in profiles:
-            lines.append("| " + " | ".join([
-                p["workload"], p["messaging"], fmt(max(p.get("ops_per_rank", {0: 0}).values())),
-                fmt(p.get("train_s"), 3), fmt(p.get("train_ms_per_op"), 3), fmt(p.get("grpc_ms_median"), 3),
-                fmt(p.get("flare_ms_median"), 3), fmt(p.get("server_ms_median"), 3),
-                fmt(p.get("server_last_rank_ms_median"), 3), fmt(p.get("messaging_ms_median"), 3),
-                fmt(p.get("rank0_between_collectives_s"), 3)]) + " |")
-        lines += ["", "Raw profile summaries:", "", "```json", json.dumps(profiles, indent=1), "```"]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        text += ["", "## Per-exchange profile (`--transport flare`, simulator)", "", "```json",
+                 json.dumps(profiles, indent=1), "```"]
+    out.with_suffix(".md").write_text("\n".join(text) + "\n")
+    if readme:
+        write_readme_block(README, "xgb", body)
+
+
+def start_poc(root: Path, sites: int):
+    from treeflare.flare.deploy import LocalPoc
+    from treeflare.xgb.fedserver import free_port
+
+    poc = LocalPoc(root)
+    poc.prepare([f"site-{i + 1}" for i in range(sites)], port=free_port())
+    poc.start()
+    return poc
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--workloads", nargs="*", default=["synthetic200k", "adult"], choices=list(WORKLOADS))
     ap.add_argument("--modes", nargs="*", choices=["horizontal", "vertical"])
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--repeat", action="append", default=[], metavar="WORKLOAD=N",
-                    help="repeats for one workload (e.g. synthetic200k=3); others use --repeats")
+    ap.add_argument("--arms", nargs="*", default=ARMS[2:], choices=ARMS[2:],
+                    help="arms besides centralized and native (always run)")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, help="override every workload's rounds (quick checks)")
-    ap.add_argument("--poc", action="store_true", help="also run the job on a local POC system (port 8002)")
-    ap.add_argument("--poc-workloads", nargs="*", help="restrict --poc to these workloads")
-    ap.add_argument("--reliable", action="store_true",
-                    help="also run with NVFlare's default ReliableMessage exchange (--messaging reliable)")
-    ap.add_argument("--reliable-workloads", nargs="*", default=["synthetic200k"],
-                    help="restrict --reliable to these workloads")
-    ap.add_argument("--profile", action="store_true", help="per-exchange timing probes (one extra run)")
-    ap.add_argument("--profile-workloads", nargs="*", default=["synthetic200k"])
-    ap.add_argument("--skip-xgb-federated", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="one extra --transport flare run with per-exchange probes")
     ap.add_argument("--out", type=Path, default=REPO / "scripts" / "results" / "xgb_bench")
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README block")
     ap.add_argument("--keep", action="store_true", help="keep the temporary workspaces")
+    ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON",
+                    help="run nothing: summarise the runs recorded in a previous results .json again (same settings)")
     args = ap.parse_args(argv)
-    args.repeats_map = {k: int(v) for k, v in (item.split("=", 1) for item in args.repeat)}
+    if args.from_json:
+        recorded = json.loads(args.from_json.read_text())
+        meta, runs = recorded["settings"], recorded["runs"]
+        meta["summarised_by"] = "python scripts/bench_xgb.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_outputs(summarise(runs), runs, recorded.get("profiles", []), args.out, meta, readme=not args.no_readme)
+        print(args.out.with_suffix(".md").read_text())
+        return 0
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+
+    from treeflare.flare.deploy import flare_lock
+    from treeflare.reporting import bench_settings
 
     job = load_job_module()
-    meta = {"command": "python scripts/bench_xgb.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": f"{os.cpu_count()} CPUs",
-            "repeats": f"{args.repeats} {args.repeats_map or ''}".strip(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    command = "python scripts/bench_xgb.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    meta = bench_settings(command=command.strip(), repeats=args.repeats, seed=0,
+                          randomness="data split and XGBoost seeded (0); timings vary with machine load")
+    print(f"load average at start: {meta['loadavg']} on {meta['cores']} cores", flush=True)
     tmp_root = Path(tempfile.mkdtemp(prefix="bench_xgb_"))
     results, profiles = [], []
+    poc = None
     try:
-        for name in args.workloads:
-            print(f"== {name}", flush=True)
-            run_workload(job, name, WORKLOADS[name], args, results, profiles, tmp_root)
-            write_outputs(summarise(results), results, profiles, args.out, meta)  # partial results survive
+        with flare_lock():
+            os.environ["TREEFLARE_FLARE_LOCK_HELD"] = "1"  # the job runs in this process, under this lock
+            if {"xgb_federated_tls", "direct_tls"} & set(args.arms):
+                t = time.perf_counter()
+                poc = start_poc(tmp_root / "poc", 3)
+                print(f"POC up in {time.perf_counter() - t:.1f} s", flush=True)
+            for name in args.workloads:
+                print(f"== {name}", flush=True)
+                run_workload(job, name, WORKLOADS[name], args, results, profiles, tmp_root, poc)
+                meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+                write_outputs(summarise(results), results, profiles, args.out, meta, readme=False)  # partial
     finally:
+        if poc is not None:
+            poc.stop()
         if not args.keep:
             shutil.rmtree(tmp_root, ignore_errors=True)
         else:
             print(f"workspaces kept in {tmp_root}")
+    meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     summary = summarise(results)
-    write_outputs(summary, results, profiles, args.out, meta)
+    write_outputs(summary, results, profiles, args.out, meta, readme=not args.no_readme and args.rounds is None)
     print(args.out.with_suffix(".md").read_text())
+    print(f"load average at end: {meta['loadavg_end']}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""jobs/xgb_histogram end to end in the NVFlare simulator (small data, a few rounds, 3 sites).
+"""jobs/xgb_histogram end to end in the NVFlare simulator (small data, a few rounds, 3 sites): the direct transport
+(the default) horizontal binary, multiclass and vertical, the flare transport once, and bad --xgb-port values.
 
 Each run is a subprocess with its own HOME, FLARE log level WARNING, and everything it started is killed
 afterwards (tests/flare_helpers.py). Results are checked from the files the run wrote, not from return codes.
@@ -7,6 +8,7 @@ afterwards (tests/flare_helpers.py). Results are checked from the files the run 
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -34,11 +36,29 @@ def small_csv(path, n=900, seed=0):
 
 def run_job(tmp_path, *args, timeout=240):
     ws = tmp_path / "ws"
-    proc = run_script(JOB, [*args, "--sites", "3", "--workspace", str(ws), "--log-level", "WARNING"], tmp_path,
-                      timeout=timeout)
+    port = [] if "--xgb-port" in args else ["--xgb-port", "0"]  # any free port: never clash with another run
+    proc = run_script(JOB, [*args, *port, "--sites", "3", "--workspace", str(ws), "--log-level", "WARNING"],
+                      tmp_path, timeout=timeout)
     report_path = ws / "report.json"
     assert report_path.is_file(), f"no report.json\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
     return json.loads(report_path.read_text()), ws, proc
+
+
+def check_direct(report, ranks=None):
+    """The direct transport really ran: plain TCP in the simulator, ranks fixed by the job, every site replied,
+    the federated server was stopped and left nothing listening."""
+    from treeflare.xgb.fedserver import listening
+
+    t = report["transport"]
+    assert report["params"]["transport"] == "direct" and t["name"] == "direct"
+    assert t["ranks"] == (ranks or {"site-1": 0, "site-2": 1, "site-3": 2})
+    assert t["federated_server"]["tls"] is False and t["federated_server"]["bind"].startswith("0.0.0.0:")
+    assert t["federated_server_stopped"] is True
+    assert not listening(t["federated_server"]["port"])
+    assert sorted(t["sites"]) == ["site-1", "site-2", "site-3"]
+    assert all(s["rounds"] == report["params"]["rounds"] for s in t["sites"].values())
+    assert report["timings_s"]["flare_train"] > 0
+    assert all(n >= 1 for n in t["heartbeats"].values()), t["heartbeats"]  # sites' heartbeats reach the server
 
 
 def centralized_reference(ws, report):
@@ -71,7 +91,9 @@ def test_horizontal_binary_report_matches_centralized(tmp_path):
     assert booster.num_boosted_rounds() == 5
     # per-round metrics went to TensorBoard through FLARE's experiment tracking
     assert list((ws / "tb_events").rglob("events.out.tfevents.*"))
-    assert "NVFlare horizontal" in proc.stdout  # the short table
+    assert "NVFlare horizontal (direct)" in proc.stdout  # the short table
+    check_direct(report)
+    assert report["transport"]["models_identical"] is True  # every rank ends with the same model
 
 
 @pytest.mark.flare
@@ -87,6 +109,7 @@ def test_multiclass_car(tmp_path):
     for k in ("accuracy", "mlogloss"):
         assert report["global"][k] == pytest.approx(ref_metrics[k], abs=1e-3)
     assert report["global"]["accuracy"] > 0.75
+    check_direct(report)
 
 
 @pytest.mark.flare
@@ -97,6 +120,37 @@ def test_vertical_predictions_identical_to_centralized(tmp_path):
     part = json.loads((ws / "federation" / "partition.json").read_text())
     assert "class" not in part["sites"]["site-2"]["columns"]
     assert report["comparison"]["centralized"]["max_abs_pred_diff"] < 1e-6
+    assert set(report["global"]) == {"accuracy", "macro_f1", "mlogloss"}  # car: 4 classes
+    check_direct(report)  # site-1, the label owner, is rank 0
+    assert list((ws / "tb_events").rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.flare
+def test_flare_transport_relays_through_nvflare(tmp_path):
+    csv = small_csv(tmp_path / "small.csv")
+    report, ws, _ = run_job(tmp_path, "--csv", str(csv), "--label", "label", "--rounds", "3", "--max-depth", "3",
+                            "--transport", "flare", "--baselines", "centralized")
+    assert report["params"]["transport"] == "flare" and report["transport"]["name"] == "flare"
+    assert set(report["global"]) == {"auc", "accuracy", "logloss"} and report["global"]["auc"] > 0.75
+    assert xgb.Booster(model_file=str(ws / "model.json")).num_boosted_rounds() == 3
+    assert list((ws / "tb_events").rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("port,message", [("70000", "must be a port number in 1..65535"),
+                                          ("-1", "must be a port number"), ("busy", "is already in use")])
+def test_bad_xgb_port_fails_before_any_site_starts(tmp_path, port, message):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        value = str(busy.getsockname()[1]) if port == "busy" else port
+        ws = tmp_path / "ws"
+        proc = run_script(JOB, ["--dataset", "car", "--xgb-port", value, "--workspace", str(ws)], tmp_path,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert "--xgb-port" in proc.stderr and message in proc.stderr, proc.stderr[-2000:]
+    assert not (ws / "flare").exists() and not (ws / "report.json").exists()  # nothing started
 
 
 def test_encrypt_fails_clearly_and_never_trains(tmp_path):
@@ -105,3 +159,20 @@ def test_encrypt_fails_clearly_and_never_trains(tmp_path):
     assert proc.returncode != 0
     assert "jobs/vertical_tree" in proc.stderr and "--encrypt" in proc.stderr
     assert not (ws / "report.json").exists() and not (ws / "flare").exists()
+
+
+@pytest.mark.flare
+def test_unreachable_xgb_port_fails_naming_host_and_port(tmp_path):
+    """Sites told to reach the XGBoost server at an address that does not answer: a clear failure within the
+    connect timeout, in the report and on the command line, and the federated server stopped."""
+    ws = tmp_path / "ws"
+    t = time.perf_counter()
+    proc = run_script(JOB, ["--dataset", "car", "--rounds", "2", "--baselines", "", "--sites", "3", "--xgb-port",
+                            "0", "--xgb-server-host", "10.255.255.1", "--xgb-connect-timeout", "3",
+                            "--workspace", str(ws)], tmp_path, timeout=180)
+    assert proc.returncode != 0
+    report = json.loads((ws / "report.json").read_text())
+    assert report["status"] == "failed" and report["federated_server_stopped"] is True
+    assert "cannot reach the XGBoost federated server at 10.255.255.1:" in report["error"], report["error"]
+    assert "within 3 s" in report["error"] and "10.255.255.1" in proc.stderr
+    assert time.perf_counter() - t < 90

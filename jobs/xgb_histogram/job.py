@@ -1,14 +1,20 @@
 #!/usr/bin/env python
-"""Federated XGBoost, histogram-based (NVFlare histogram_based_v2), horizontal or vertical.
+"""Federated XGBoost, histogram-based, horizontal or vertical, driven by NVFlare.
 
     python jobs/xgb_histogram/job.py --dataset adult --sites 3 --rounds 50 --workspace out/xgb_adult
     python jobs/xgb_histogram/job.py --dataset nursery --mode vertical --sites 3 --workspace out/xgb_nv
 
-Steps: prepare the federation folder under --workspace with the data layer; build NVFlare's XGB recipe
-(XGBHorizontalRecipe / XGBVerticalRecipe: XGBFedController + FedXGBHistogramExecutor, XGBoost's own federated
-communicator relayed by FLARE) fed by our TreeflareXGBDataLoader; ship the treeflare package as custom code;
-run it (simulator, POC or a provisioned system); then score the global model on the server's test set, compute
-the centralized and XGBoost-native distributed baselines, and write report.json, model.json and tb_events/.
+Two transports for XGBoost's collective operations (--transport):
+  direct (default)  the server starts XGBoost's own federated gRPC server (--xgb-port) and every site's XGBoost
+                    connects straight to it: NVFlare launches and supervises, XGBoost carries the histograms.
+                    Mutual TLS with the startup kits' certificates in POC and on provisioned sites.
+  flare             NVFlare's histogram_based_v2 recipes: every collective operation is relayed through NVFlare
+                    messaging, for sites that can reach only the FL port.
+
+Steps: prepare the federation folder under --workspace with the data layer; build the job with our
+TreeflareXGBDataLoader; ship the treeflare package as custom code; run it (simulator, POC or a provisioned
+system); then score the global model on the server's test set, compute the centralized and XGBoost-native
+distributed baselines, and write report.json, model.json and tb_events/.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from treeflare.reporting import format_table, write_json_atomic
 from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build, make_params, metric_keys
 from treeflare.xgb.encoding import global_test
 from treeflare.xgb.metrics import metric_diffs, score_booster
+from treeflare.xgb.fedserver import DEFAULT_XGB_PORT, MAX_PORT, FederatedServerError, check_port
 from treeflare.xgb.params import DEFAULT_ETA, DEFAULT_MAX_DEPTH, DEFAULT_ROUNDS
 
 JOB = "xgb_histogram"
@@ -55,9 +62,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="not supported here (fails): use jobs/vertical_tree for encrypted vertical training")
     g.add_argument("--baselines", default="centralized,native_distributed",
                    help="comma-separated subset of centralized,native_distributed ('' for none)")
+    g.add_argument("--transport", choices=["direct", "flare"], default="direct",
+                   help="direct: sites' XGBoost connects straight to XGBoost's federated server on the FL server "
+                        "host (port --xgb-port); flare: every XGBoost operation relayed through NVFlare messaging "
+                        "(only the FL port needed)")
+    g.add_argument("--xgb-port", type=int, default=DEFAULT_XGB_PORT,
+                   help="direct: port of XGBoost's federated server on the FL server host (binds 0.0.0.0; open it "
+                        "to the sites only); 0 = any free port (simulator)")
+    g.add_argument("--xgb-server-host", default="",
+                   help="direct: host name the sites' XGBoost connects to (default: each site's FL server host "
+                        "from its startup kit, or its $TREEFLARE_XGB_SERVER_HOST; localhost in the simulator). "
+                        "With TLS it must be a name in the server certificate")
+    g.add_argument("--xgb-connect-timeout", type=float, default=30.0,
+                   help="direct: seconds a site waits for the XGBoost port before failing")
+    g.add_argument("--xgb-train-timeout", type=float, default=3600.0,
+                   help="direct: seconds the whole XGBoost training may take")
+    g.add_argument("--xgb-heartbeat-timeout", type=float, default=120.0,
+                   help="direct: a site silent this long during training (died, froze, cut off) fails the job")
     g.add_argument("--messaging", choices=["direct", "reliable"], default="direct",
-                   help="direct: one FLARE request/reply per XGBoost operation; reliable: NVFlare's default "
-                        "ReliableMessage exchange (request, ack, reply, acks)")
+                   help="--transport flare only: direct = one FLARE request/reply per XGBoost operation; reliable "
+                        "= NVFlare's default ReliableMessage exchange (request, ack, reply, acks)")
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     add_run_args(p)
     return p
@@ -69,6 +93,24 @@ def check_args(args) -> None:
     shared_check_args(args)  # every numeric argument, as the other jobs check theirs (DataError: exit 2)
     if args.mode == "vertical" and args.sites < 2:
         raise SystemExit("error: --mode vertical needs --sites >= 2 (site-1 holds the label, the others columns)")
+    if args.transport == "direct":
+        if not 0 <= args.xgb_port <= MAX_PORT:
+            raise SystemExit(f"error: --xgb-port must be a port number in 1..{MAX_PORT} (or 0 for any free port), "
+                             f"got {args.xgb_port}")
+        if args.xgb_port and args.env in ("sim", "poc") and not args.export:
+            try:  # the FL server runs on this machine: fail before anything starts
+                check_port(args.xgb_port)
+            except FederatedServerError as exc:
+                raise SystemExit(f"error: {exc}") from None
+        if min(args.xgb_connect_timeout, args.xgb_train_timeout, args.xgb_heartbeat_timeout) <= 0:
+            raise SystemExit("error: --xgb-connect-timeout, --xgb-train-timeout and --xgb-heartbeat-timeout must "
+                             "be > 0")
+        from treeflare.flare.xgb_direct_protocol import ProtocolError, check_host
+
+        try:
+            check_host(args.xgb_server_host)
+        except ProtocolError as exc:
+            raise SystemExit(f"error: --xgb-server-host: {exc}") from None
     unknown = [b for b in parse_baselines(args.baselines) if b not in BASELINES]
     if unknown:
         raise SystemExit(f"error: --baselines: unknown {unknown}; choose from {list(BASELINES)}")
@@ -91,13 +133,54 @@ def prepare(table, args) -> tuple[Path, object]:
     return fed_dir, fed
 
 
+def data_loader(fed_dir: Path, fed, args, vertical: bool):
+    from treeflare.flare.xgb_data_loader import TreeflareXGBDataLoader
+
+    timing = str(args.timing_dir.resolve()) if args.timing_dir else None
+    return TreeflareXGBDataLoader(folder=str(fed_dir), schema=fed.schema.to_dict(), vertical=vertical,
+                                  timing_dir=timing)
+
+
+def build_direct_job(fed_dir: Path, fed, params: dict, args, sites: list[str]):
+    """Our XGBDirectController on the server (starts and stops XGBoost's federated server) and XGBDirectExecutor on
+    every site, with NVFlare's TensorBoard relay for per-round metrics (the same tb_events/ as the flare
+    transport)."""
+    from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
+    from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
+    from nvflare.app_opt.tracking.tb.tb_writer import TBWriter
+    from nvflare.job_config.api import FedJob
+
+    from treeflare.flare.xgb_direct_controller import XGBDirectController
+    from treeflare.flare.xgb_direct_executor import XGBDirectExecutor
+    from treeflare.flare.xgb_direct_protocol import TRAIN_TASK, job_ranks
+
+    vertical = args.mode == "vertical"
+    # rank order == the federation's site order (site-1, site-2, ..., site-10) == the schema's column order in
+    # vertical mode, where site-1 holds the label and must be rank 0
+    ranks = job_ranks(sites, label_owner=sites[0] if vertical else None)
+    job = FedJob(name=JOB, min_clients=len(sites))
+    job.to_server(XGBDirectController(site_ranks=ranks, port=args.xgb_port, server_host=args.xgb_server_host,
+                                      train_timeout=args.xgb_train_timeout,
+                                      heartbeat_timeout=args.xgb_heartbeat_timeout), id="xgb_controller")
+    job.to_server(TBAnalyticsReceiver(tb_folder="tb_events"), id="tb_receiver")
+    for site in sites:
+        job.to(XGBDirectExecutor(data_loader_id="dataloader", xgb_params=params, num_rounds=args.rounds,
+                                 early_stopping_rounds=args.early_stopping_rounds, vertical=vertical,
+                                 metrics_writer_id="log_writer", model_file_name="model.json",
+                                 connect_timeout=args.xgb_connect_timeout),
+               site, id="xgb_executor", tasks=[TRAIN_TASK])
+        job.to(TBWriter(event_type="analytix_log_stats"), site, id="log_writer")
+        job.to(ConvertToFedEvent(events_to_convert=["analytix_log_stats"], fed_event_prefix="fed."), site,
+               id="event_to_fed")
+        job.to(data_loader(fed_dir, fed, args, vertical), site, id="dataloader")
+    return job
+
+
 def build_recipe(fed_dir: Path, fed, params: dict, args, sites: list[str]):
-    """NVFlare's XGB recipe with our data loader on every site."""
+    """--transport flare: NVFlare's XGB recipe (histogram_based_v2) with our data loader on every site."""
     from nvflare.app_opt.xgboost.histogram_based_v2.fed_executor import FedXGBHistogramExecutor
     from nvflare.app_opt.xgboost.recipes import XGBHorizontalRecipe, XGBVerticalRecipe
     from nvflare.recipe import set_per_site_config
-
-    from treeflare.flare.xgb_data_loader import TreeflareXGBDataLoader
 
     per_msg, tx = (PER_MSG_TIMEOUT, PER_MSG_TIMEOUT) if args.messaging == "direct" else (60.0, 600.0)
     vertical = args.mode == "vertical"
@@ -127,11 +210,12 @@ def build_recipe(fed_dir: Path, fed, params: dict, args, sites: list[str]):
                             model_file_name="model.json", **common)
     else:
         recipe = recipe_cls(**common)
-    timing = str(args.timing_dir.resolve()) if args.timing_dir else None
-    loader_cfg = {s: {"data_loader": TreeflareXGBDataLoader(folder=str(fed_dir), schema=fed.schema.to_dict(),
-                                                            vertical=vertical, timing_dir=timing)}
-                  for s in sites}
-    set_per_site_config(recipe, loader_cfg)
+        # NVFlare's horizontal recipe sets client_ranks only for its secure mode; otherwise the controller ranks a
+        # string sort of the site names (site-10 before site-2). The job fixes the ranks instead.
+        for wf in recipe._job._deploy_map["server"].app_config.workflows:
+            if hasattr(wf.controller, "client_ranks"):
+                wf.controller.client_ranks = {s: i for i, s in enumerate(sites)}
+    set_per_site_config(recipe, {s: {"data_loader": data_loader(fed_dir, fed, args, vertical)} for s in sites})
     return recipe
 
 
@@ -176,8 +260,10 @@ def run(args, table=None) -> dict:
 
     if args.timing_dir is None and args.env in ("sim", "poc"):  # sites on this machine: time the training phase
         args.timing_dir = workspace / "flare" / "timing"
-    recipe = build_recipe(fed_dir, fed, params, args, sites)
-    job = recipe_job(recipe)
+    if args.transport == "direct":
+        job = build_direct_job(fed_dir, fed, params, args, sites)
+    else:
+        job = recipe_job(build_recipe(fed_dir, fed, params, args, sites))
     ship_package(job, sites)
     if args.timing_dir:
         shutil.rmtree(args.timing_dir, ignore_errors=True)
@@ -185,8 +271,20 @@ def run(args, table=None) -> dict:
     server_run_dir = run_job(job, args, sites)  # exits here with --export
     timings["flare_run"] = time.perf_counter() - t
 
+    server = None
+    if args.transport == "direct":
+        from treeflare.flare.runner import read_server_result
+        from treeflare.flare.xgb_direct_protocol import RESULT_FILE
+
+        server = read_server_result(server_run_dir, RESULT_FILE, workspace, JOB)
+        if server is None:  # the failed result is the report (status, error); the reason went to stderr
+            raise SystemExit(1)
     model_src = find_site_model(server_run_dir, sites[0])
-    timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
+    if server is not None:
+        timings["flare_train"] = server["timings_s"].get("train")
+        timings["flare_server_start"] = server["timings_s"].get("server_start")
+    else:
+        timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
     model_path = workspace / "model.json"
     shutil.copyfile(model_src, model_path)
     tb_src = Path(server_run_dir) / "tb_events"
@@ -226,7 +324,10 @@ def run(args, table=None) -> dict:
                    "early_stopping_rounds": args.early_stopping_rounds, "seed": args.seed,
                    "partition": args.partition if args.mode == "horizontal" else "vertical",
                    "alpha": args.alpha, "n_classes": n_classes, "classes": list(fed.schema.classes),
-                   "xgb_params": params, "env": args.env, "messaging": args.messaging},
+                   "xgb_params": params, "env": args.env, "transport": args.transport,
+                   **({"xgb_port": args.xgb_port, "xgb_server_host": args.xgb_server_host or None}
+                      if args.transport == "direct" else {"messaging": args.messaging})},
+        "transport": _transport_report(args, server),
         "global": global_metrics,
         "baselines": baselines,
         "comparison": comparison,
@@ -240,9 +341,21 @@ def run(args, table=None) -> dict:
     return report
 
 
+def _transport_report(args, server: dict | None) -> dict:
+    """How XGBoost's operations travelled, and what listened where (from the server's result for direct)."""
+    if server is None:
+        return {"name": "flare", "messaging": args.messaging,
+                "listeners": "the sites need only NVFlare's FL port; the FL server also runs XGBoost's federated "
+                             "server for its own relay, without TLS, on 0.0.0.0:<ephemeral port> during training"}
+    return {"name": "direct", "ranks": server.get("ranks"), "federated_server": server.get("federated_server"),
+            "federated_server_stopped": server.get("federated_server_stopped"),
+            "models_identical": server.get("models_identical"), "sites": server.get("sites"),
+            "heartbeats": server.get("heartbeats")}
+
+
 def summary_table(report: dict) -> str:
     keys = metric_keys(report["params"]["n_classes"])
-    rows = [["NVFlare " + report["mode"], *[report["global"][k] for k in keys]]]
+    rows = [[f"NVFlare {report['mode']} ({report['params']['transport']})", *[report["global"][k] for k in keys]]]
     for name, m in report["baselines"].items():
         if m:
             rows.append([name, *[m[k] for k in keys]])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -41,8 +40,11 @@ def _worker(spec: dict) -> None:
     rank, out_dir = spec["rank"], spec["out_dir"]
     t_start = time.time()
     if spec["communicator"] == "federated":
-        comm = {"dmlc_communicator": "federated", "federated_server_address": spec["tracker"]["address"],
-                "federated_world_size": spec["world"], "federated_rank": rank}
+        from .fedserver import ClientTLS, communicator_args
+
+        tls = spec["tracker"].get("tls")
+        comm = communicator_args(spec["tracker"]["host"], spec["tracker"]["port"], spec["world"], rank,
+                                 ClientTLS(**tls[spec["site"]]) if tls else None)
     else:
         comm = {"dmlc_communicator": "rabit", "dmlc_task_id": str(rank), **spec["tracker"]}
     with xgb.collective.CommunicatorContext(**comm):
@@ -67,11 +69,14 @@ def _worker(spec: dict) -> None:
 
 
 def native_distributed(root, params: dict, rounds: int, *, timeout: float = 1800.0,
-                       communicator: str = "rabit") -> dict:
+                       communicator: str = "rabit", tls_kits: dict | None = None) -> dict:
     """RabitTracker on 127.0.0.1 plus one worker process per site (each in its own process group).
 
     ``communicator="federated"`` runs XGBoost's own federated gRPC server instead of the tracker (the star
-    topology NVFlare relays, without NVFlare): the benchmark's floor for the federated protocol.
+    topology the job's transports use, without NVFlare): the benchmark's floor for the federated protocol. The
+    server is always stopped when this returns or raises. ``tls_kits`` ({"server": kit dir, "<site>": kit dir,
+    ...}, e.g. a POC's) turns on mutual TLS with those startup kits' certificates (the server's name in its
+    certificate must be ``localhost``, as in a POC).
 
     Returns {"metrics", "train_s" (first worker's xgb.train start to last one's end), "wall_s" (tracker start
     to all workers done, process start-up included), "booster", "proba"}.
@@ -92,15 +97,14 @@ def native_distributed(root, params: dict, rounds: int, *, timeout: float = 1800
     with tempfile.TemporaryDirectory(prefix="xgb_native_") as out_dir:
         t0 = time.perf_counter()
         if communicator == "federated":
-            from nvflare.fuel.f3.drivers.net_utils import get_open_tcp_port
-            from xgboost.federated import FederatedTracker
+            from .fedserver import ClientTLS, FederatedServer, ServerTLS, free_port
 
-            port = get_open_tcp_port(resources={})
-            tracker = FederatedTracker(n_workers=world, port=port, secure=False, timeout=int(timeout))
-            tracker.start()
-            # as xgboost.federated.run_federated_server(blocking=False) does: the server serves inside wait_for
-            threading.Thread(target=tracker.wait_for, daemon=True).start()
-            targs = {"address": f"localhost:{port}"}
+            port = free_port()
+            server_tls = ServerTLS.from_kit(Path(tls_kits["server"]) / "startup") if tls_kits else None
+            tracker = FederatedServer(world, port, server_tls, log_path=Path(out_dir, "server.log")).start()
+            targs = {"host": "localhost", "port": port,
+                     "tls": {s: ClientTLS.from_kit(Path(tls_kits[s]) / "startup").__dict__ for s in sites}
+                     if tls_kits else None}
         else:
             tracker = RabitTracker(n_workers=world, host_ip="127.0.0.1", port=0, timeout=int(timeout))
             tracker.start()
@@ -125,6 +129,8 @@ def native_distributed(root, params: dict, rounds: int, *, timeout: float = 1800
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+            if communicator == "federated":
+                tracker.stop()  # xgboost's federated server never ends on its own
         wall_s = time.perf_counter() - t0
         if any(p.returncode != 0 for p in procs):
             raise RuntimeError(f"native distributed XGBoost: worker exit codes {[p.returncode for p in procs]}")

@@ -1,0 +1,154 @@
+"""Site side of the ``direct`` XGBoost transport: train with XGBoost's federated communicator connected straight
+to the server's XGBoost federated server (no per-operation relay through NVFlare).
+
+On the ``xgb_direct_train`` task the site checks the task against its own expectations, finds the server's host
+(see ``xgb_direct_protocol.site_server_host``), checks the port is reachable within ``connect_timeout`` (a clear
+error naming host and port instead of XGBoost's minutes of retries), loads its data with the job's data loader
+and trains. Outside the simulator it always uses TLS with its startup kit's root CA and client key/certificate,
+and refuses a task that asks for plain TCP. Per-round metrics go to the job's metrics writer (TensorBoard on the
+server), the model to ``<run dir>/model.json``; the reply carries only rank, timings, sizes and the model's
+sha256 (every rank must end with the same model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+from nvflare.apis.executor import Executor
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.shareable import Shareable, make_reply
+
+from ..xgb.fedserver import ClientTLS, FederatedServerError, communicator_args, wait_reachable
+from .xgb_direct_protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, parse_train_task, short_error,
+                                  site_server_host)
+
+
+class XGBDirectExecutor(Executor):
+    def __init__(self, data_loader_id: str, xgb_params: dict, num_rounds: int, early_stopping_rounds: int = 0,
+                 vertical: bool = False, metrics_writer_id: str = "", model_file_name: str = "model.json",
+                 connect_timeout: float = 30.0, heartbeat_interval: float = 1.0):
+        """
+        Args:
+            data_loader_id: component id of the site's ``XGBDataLoader``.
+            xgb_params, num_rounds, early_stopping_rounds: ``xgboost.train`` settings (0 = no early stopping).
+            vertical: column split (the label owner must be rank 0).
+            metrics_writer_id: component id of a LogWriter for per-round metrics ("" for none).
+            model_file_name: file name of the model in the site's run folder.
+            connect_timeout: seconds to wait for the server's XGBoost port before failing with host and port.
+            heartbeat_interval: seconds between "still training" messages to the server (through NVFlare), so
+                the server can name a site that died or froze.
+        """
+        super().__init__()
+        self.data_loader_id = data_loader_id
+        self.xgb_params = dict(xgb_params)
+        self.num_rounds = int(num_rounds)
+        self.early_stopping_rounds = int(early_stopping_rounds)
+        self.vertical = bool(vertical)
+        self.metrics_writer_id = metrics_writer_id
+        self.model_file_name = Path(model_file_name).name  # a file name, never a path out of the run folder
+        self.connect_timeout = float(connect_timeout)
+        self.heartbeat_interval = float(heartbeat_interval)
+
+    def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
+        site = fl_ctx.get_identity_name()
+        if task_name != TRAIN_TASK:
+            return make_reply(ReturnCode.TASK_UNKNOWN)
+        stop = threading.Event()
+        beats = threading.Thread(target=self._heartbeats, args=(fl_ctx.get_engine(), stop), daemon=True,
+                                 name="xgb_direct_heartbeat")
+        beats.start()
+        try:
+            return self._train(site, shareable, fl_ctx, abort_signal)
+        except (ProtocolError, FederatedServerError) as exc:
+            return self._error(fl_ctx, site, str(exc))
+        except Exception as exc:  # XGBoost (e.g. the server stopped mid-training), the data loader, ...
+            self.log_exception(fl_ctx, f"{site}: XGBoost training failed")
+            return self._error(fl_ctx, site, short_error(exc))
+        finally:
+            stop.set()
+
+    def _heartbeats(self, engine, stop: threading.Event) -> None:
+        """Tell the server this site is alive until ``stop`` (XGBoost releases the GIL while it trains)."""
+        while True:
+            try:
+                with engine.new_context() as ctx:
+                    engine.fire_and_forget_aux_request(topic=HEARTBEAT_TOPIC, request=Shareable(), fl_ctx=ctx)
+            except Exception:  # a lost heartbeat is what the server watches for; never fail training over it
+                pass
+            if stop.wait(self.heartbeat_interval):
+                return
+
+    def _error(self, fl_ctx, site: str, message: str) -> Shareable:
+        self.log_error(fl_ctx, f"{site}: {message}")
+        reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
+        reply["error"] = message[:2000]
+        return reply
+
+    def _train(self, site: str, task: Shareable, fl_ctx, abort_signal) -> Shareable:
+        import xgboost as xgb
+        from nvflare.app_opt.xgboost.data_loader import XGBDataLoader
+
+        spec = parse_train_task(dict(task), site)
+        simulate = bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))
+        workspace = fl_ctx.get_engine().get_workspace()
+        startup = workspace.get_startup_kit_dir()
+        if not spec["tls"] and not simulate:
+            raise ProtocolError("the server asked for XGBoost without TLS outside the simulator; refused")
+        tls = ClientTLS.from_kit(startup) if spec["tls"] else None
+        host, source = site_server_host(spec["server_host"], startup, simulate)
+        self.log_info(fl_ctx, f"{site}: rank {spec['rank']} of {spec['world_size']}, XGBoost federated server "
+                              f"{host}:{spec['port']} (host from {source}), TLS {'on' if tls else 'off'}")
+        wait_reachable(host, spec["port"], self.connect_timeout, who=site)
+
+        engine = fl_ctx.get_engine()
+        loader = engine.get_component(self.data_loader_id)
+        if not isinstance(loader, XGBDataLoader):
+            raise ProtocolError(f"component {self.data_loader_id!r} is not an XGBDataLoader")
+        callbacks = [_abort_callback(abort_signal)]
+        if self.metrics_writer_id:
+            from nvflare.app_opt.xgboost.metrics_cb import MetricsCallback
+
+            callbacks.append(MetricsCallback(engine.get_component(self.metrics_writer_id)))
+        mode = xgb.core.DataSplitMode.COL if self.vertical else xgb.core.DataSplitMode.ROW
+        loader.initialize(client_id=site, rank=spec["rank"], data_split_mode=mode)
+        run_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id()))
+        comm = communicator_args(host, spec["port"], spec["world_size"], spec["rank"], tls)
+        with xgb.collective.CommunicatorContext(**comm):
+            t0 = time.time()
+            # DMatrix must be built inside the communicator context (column split needs it)
+            dtrain, dvalid = loader.load_data()
+            t1 = time.time()
+            booster = xgb.train(self.xgb_params, dtrain, self.num_rounds, evals=[(dvalid, "eval"), (dtrain, "train")],
+                                early_stopping_rounds=self.early_stopping_rounds or None, verbose_eval=False,
+                                callbacks=callbacks)
+            t2 = time.time()
+        if abort_signal.triggered:
+            return make_reply(ReturnCode.TASK_ABORTED)
+        model_path = run_dir / self.model_file_name
+        booster.save_model(str(model_path))
+        reply = make_reply(ReturnCode.OK)
+        reply["rank"] = spec["rank"]
+        reply["load_s"], reply["train_start"], reply["train_end"] = t1 - t0, t1, t2
+        reply["rounds"] = int(booster.num_boosted_rounds())
+        reply["n_train"] = int(dtrain.num_row())
+        reply["model_sha256"] = _model_digest(booster)
+        return reply
+
+
+def _model_digest(booster) -> str:
+    """sha256 of the trees and parameters (the raw JSON model), the same on every rank of a federated run."""
+    return hashlib.sha256(bytes(booster.save_raw("json"))).hexdigest()
+
+
+def _abort_callback(abort_signal):
+    """An XGBoost callback that stops boosting after the current round once FLARE aborts the task."""
+    import xgboost as xgb
+
+    class StopOnAbort(xgb.callback.TrainingCallback):
+        def after_iteration(self, model, epoch, evals_log):
+            return bool(abort_signal.triggered)
+
+    return StopOnAbort()
