@@ -34,6 +34,7 @@ from treeflare.reporting import format_table, write_json_atomic
 from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build, make_params, metric_keys
 from treeflare.xgb.encoding import global_test
 from treeflare.xgb.metrics import metric_diffs, score_booster
+from treeflare.xgb.model import save_with_schema
 from treeflare.xgb.fedserver import DEFAULT_XGB_PORT, MAX_PORT, FederatedServerError, check_port
 from treeflare.xgb.params import DEFAULT_ETA, DEFAULT_MAX_DEPTH, DEFAULT_ROUNDS
 
@@ -286,7 +287,9 @@ def run(args, table=None) -> dict:
     else:
         timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
     model_path = workspace / "model.json"
-    shutil.copyfile(model_src, model_path)
+    # the schema travels in the model (the direct transport's sites already put it there; NVFlare's recipes do not)
+    ranks = (server or {}).get("ranks") or {s: i for i, s in enumerate(sites)}
+    save_with_schema(model_src, model_path, fed.schema, args.mode, ranks)
     tb_src = Path(server_run_dir) / "tb_events"
     if tb_src.is_dir():
         shutil.copytree(tb_src, workspace / "tb_events", dirs_exist_ok=True)
