@@ -123,6 +123,12 @@ def test_xgb_predictions_equal_the_booster_on_encoded_rows(data):
     assert np.allclose(out[["p_high", "p_low", "p_mid"]].to_numpy(), expected, rtol=0, atol=1e-7)
     assert (out["predicted"] == np.asarray(train.schema.classes)[expected.argmax(1)]).all()
     assert (out["predicted"] == read_out(new)["label"]).mean() > 0.8  # and they are good predictions
+    # rows without the id column (and without the label): predictions in row order, no id column
+    read_raw(new).drop(columns=["id", "label"]).to_csv(tmp / "no_id.csv", index=False)
+    predict_csv(tmp / "xgb_model.json", tmp / "no_id.csv", tmp / "no_id_out.csv")
+    plain = read_out(tmp / "no_id_out.csv")
+    assert list(plain.columns) == ["predicted", "p_high", "p_low", "p_mid"]
+    assert plain.equals(out.drop(columns=["id"]))
 
 
 def test_unknown_category_and_missing_value_behave_as_in_training(data):

@@ -19,8 +19,8 @@ from pathlib import Path
 from nvflare.apis.job_def import ALL_SITES
 
 from ..cli import interrupted_by
-from .progress import PROGRESS_FILE
 from ..reporting import write_json_atomic
+from .progress import PROGRESS_FILE
 
 CUSTOM_DIR = Path(__file__).resolve().parents[2]  # <repo>/custom, which holds treeflare/
 # Clients poll for tasks every 2 s by default; our workflows exchange a handful of short tasks.

@@ -12,6 +12,7 @@ name); anything else from a site is ignored, never printed.
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 from .progress import ProgressReporter, format_duration, remaining
@@ -39,6 +40,7 @@ class XGBRoundProgress(ProgressReporter):
         self.metric = metric
         self._last = -1
         self._first_at: float | None = None
+        self._round_lock = threading.Lock()  # events may arrive on several threads
 
     def handle_event(self, event_type: str, fl_ctx) -> None:
         super().handle_event(event_type, fl_ctx)
@@ -68,11 +70,14 @@ class XGBRoundProgress(ProgressReporter):
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return
-        now = time.monotonic()
-        if self._first_at is None:
-            self._first_at = now
-        self._last = step
-        done = step + 1
-        left = remaining(now - self._first_at, done, self.rounds)
-        self.emit(round_line(done, self.rounds, self.metric, float(value), self.elapsed(), left), round=done,
-                  rounds=self.rounds, metric=self.metric, value=float(value))
+        with self._round_lock:
+            if step <= self._last:
+                return
+            now = time.monotonic()
+            if self._first_at is None:
+                self._first_at = now
+            self._last = step
+            done = step + 1
+            left = remaining(now - self._first_at, done, self.rounds)
+            self.emit(round_line(done, self.rounds, self.metric, float(value), self.elapsed(), left), round=done,
+                      rounds=self.rounds, metric=self.metric, value=float(value))
