@@ -70,6 +70,16 @@ def test_artifacts(car_run):
     assert (ws / "global_tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     one = GlobalTree.load_json(ws / "global_tree_one_round.json")
     assert one.get_n_leaves() == report["one_round"]["n_leaves"]
+    # the workspace predicts on raw rows: scripts/predict.py on the server's test set scores as the report says
+    predict = run_script("scripts/predict.py", ["--model", str(ws), "--csv", str(ws / "data" / "server" / "test.csv"),
+                                                "--out", str(ws.parent / "p.csv"), "--explain"], ws.parent)
+    assert predict.returncode == 0, predict.stderr
+    import pandas as pd
+
+    out = pd.read_csv(ws.parent / "p.csv", dtype=str)
+    truth = pd.read_csv(ws / "data" / "server" / "test.csv", dtype=str)["class"]
+    assert (out["predicted"] == truth).mean() == pytest.approx(report["global"]["accuracy"], abs=1e-12)
+    assert out["explanation"].str.len().min() > 0 and set(out.columns) >= {"p_unacc", "p_acc"}
 
 
 def test_export_runs_without_installed_package(tmp_path):
