@@ -20,7 +20,7 @@ def car_run(tmp_path_factory):
     ws = tmp / "ws"
     proc = run_script("jobs/icdta4fl/job.py",
                       ["--algorithm", "cart", "--dataset", "car", "--sites", "3", "--partition", "iid",
-                       "--seed", "1", "--max-depth", "4", "--workspace", str(ws)], tmp, timeout=240)
+                       "--seed", "1", "--max-depth", "4", "--workspace", str(ws), "--progress"], tmp, timeout=240)
     return proc, ws
 
 
@@ -55,6 +55,11 @@ def test_report_content(car_run):
     assert g["n_leaves"] <= report["aggregation"]["max_leaves"] and g["depth"] <= report["aggregation"]["max_depth"]
     assert "global (ICDTA4FL, refined 1 round)" in proc.stdout and "one-round tree (the paper's)" in proc.stdout
     assert str(ws / "report.json") in proc.stdout
+    # progress lines, printed while FLARE ran (--progress: stdout is not a terminal here), before the table
+    for line in ("local training: 3/3 sites replied", "peer scoring: 3/3 sites replied", "aggregation: ",
+                 "refinement round 1: encrypted counts: 3/3 sites replied", "refinement round 1/1: "):
+        assert line in proc.stdout, line
+    assert proc.stdout.index("local training: 3/3") < proc.stdout.index("model (global test set)")
 
 
 def test_artifacts(car_run):
