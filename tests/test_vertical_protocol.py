@@ -433,3 +433,20 @@ def test_parallel_workers_same_result():
     one = run_vertical(d, P)
     two = run_vertical(d, replace(P, workers=2))
     assert compare_runs(one, two)["identical"]
+
+
+def test_every_message_fits_flare_wire_format():
+    """Regression slot bounds exceed 64 bits: they travel as strings, so every message crosses FLARE's msgpack."""
+    from treeflare.flare.vertical_executor import from_wire, to_wire
+
+    d = synthetic(n=80, n_test=20, passive_features=(2,), seed=3, regression_scale=1e12)
+    rec = []
+    run_vertical(d, params(model="gbdt", objective="squared_error", key_bits=1024, obfuscation="djn"), record=rec)
+    for _src, _dst, msg in rec:
+        back = from_wire(to_wire(msg))
+        assert set(back) == set(msg)
+    with pytest.raises(ProtocolError, match="64 bits"):
+        to_wire({"x": 1 << 70})
+    from treeflare.crypto.packing import SlotLayout
+    with pytest.raises(ValueError, match="malformed"):
+        SlotLayout.from_message({"lo": ["9" * 5000], "hi": ["1"], "n_max": 2, "widths": [5]})

@@ -84,14 +84,19 @@ class SlotLayout:
 
     @classmethod
     def from_message(cls, msg: dict) -> "SlotLayout":
+        def num(v):
+            # bounds travel as decimal strings (they can exceed 64 bits); widths and n_max as ints
+            if isinstance(v, bool) or not isinstance(v, (int, str)) or (isinstance(v, str) and len(v) > 1300):
+                raise TypeError(f"bad number {type(v).__name__}")
+            return int(v)
         try:
-            return cls(tuple(int(v) for v in msg["lo"]), tuple(int(v) for v in msg["hi"]),
-                       int(msg["n_max"]), tuple(int(v) for v in msg["widths"]))
-        except (KeyError, TypeError) as e:
+            return cls(tuple(num(v) for v in msg["lo"]), tuple(num(v) for v in msg["hi"]),
+                       num(msg["n_max"]), tuple(num(v) for v in msg["widths"]))
+        except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"slot layout message malformed: {e}") from None
 
     def to_message(self) -> dict:
-        return {"lo": [int(v) for v in self.lo], "hi": [int(v) for v in self.hi],
+        return {"lo": [str(int(v)) for v in self.lo], "hi": [str(int(v)) for v in self.hi],
                 "n_max": int(self.n_max), "widths": [int(v) for v in self.widths]}
 
     # geometry ---------------------------------------------------------------------------
