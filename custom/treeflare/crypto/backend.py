@@ -246,6 +246,9 @@ class KeyHolder:
     def decrypt_bytes(self, raw: bytes, workers: int = 1) -> list:  # pragma: no cover
         raise NotImplementedError
 
+    def start(self, workers: int) -> None:
+        """Start the worker processes now (otherwise at the first large batch)."""
+
     def close(self) -> None:
         pass
 
@@ -296,6 +299,9 @@ class PaillierKeyHolder(KeyHolder):
             pool.map("key", [{"state": self.key.worker_state()}] * k)
             self._pools[k] = pool
         return pool
+
+    def start(self, workers: int) -> None:
+        self._pool(1 << 30, workers)
 
     def encrypt_bytes(self, values, workers: int = 1) -> bytes:
         n = int(self.public.n)

@@ -142,6 +142,8 @@ class ActiveParty:
         with _Timer(self.timings, "keygen"):
             if self.kh is None:
                 self.kh = make_key_holder(P.scheme, P.key_bits, P.obfuscation, P.allow_insecure_key)
+        with _Timer(self.timings, "workers_start"):
+            self.kh.start(P.n_workers)
         pub = self.kh.public
         setup = {"type": "setup", "version": PROTOCOL_VERSION, "pk": pub.to_message(),
                  "n_train": int(self.n), "n_test": int(len(self.X_test)),
