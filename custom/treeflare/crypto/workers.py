@@ -109,6 +109,9 @@ class WorkerPool:
             raise ValueError("a pool needs at least one worker")
         self.n = int(n)
         self.modules = list(modules)
+        for name in self.modules:
+            if not name.startswith("treeflare."):
+                raise ValueError(f"worker operations must come from the treeflare package, not {name!r}")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_PKG_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
