@@ -14,6 +14,9 @@ candidates (:func:`.gains.select`), and asks the winning passive party, by id on
 left/right partition (when several of its candidates tie, it sends all of them and the passive
 picks the first by feature and bin, as the oracle does).  Prediction goes layer by layer: each
 passive split is asked only about the test rows that reach it.
+
+(Over 400 lines: the active side is one generator whose phases -- setup, layers, decoding, split search,
+partitions, prediction -- share its state; splitting it would pass that state around instead.)
 """
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ Candidates are shuffled before compression (their order would reveal feature bou
 fresh random ids, and thresholds never leave this party.  These checks narrow what a malicious
 active party can learn; they cannot stop it from encoding rows in its own plaintexts (see
 SECURITY.md).
+
+(Over 400 lines because each check sits next to the request it guards, in the one class that holds the
+state the checks compare against.)
 """
 from __future__ import annotations
 
