@@ -271,6 +271,11 @@ class MockKeyHolder(KeyHolder):
         return [int(c) for c in cts]
 
 
+def _n_tasks(n_items: int, workers: int, min_size: int = 64) -> int:
+    """Enough pieces for the pool to balance itself (8 per worker) but none smaller than min_size."""
+    return max(1, min(8 * workers, n_items // min_size))
+
+
 def _split(n_items: int, k: int) -> list:
     """k contiguous (start, stop) ranges covering n_items as evenly as possible."""
     bounds = [n_items * i // k for i in range(k + 1)]
@@ -312,8 +317,8 @@ class PaillierKeyHolder(KeyHolder):
         if pool is None:
             return self.public.to_bytes(self.key.encrypt(v) for v in values)
         w = self.plain_bytes
-        parts = [[ints_to_bytes(values[a:b], w)] for a, b in _split(len(values), pool.n)]
-        return b"".join(blobs[0] for _res, blobs in pool.map("enc", [{}] * pool.n, parts))
+        tasks = [({}, [ints_to_bytes(values[a:b], w)]) for a, b in _split(len(values), _n_tasks(len(values), pool.n))]
+        return b"".join(blobs[0] for _res, blobs in pool.run_tasks("enc", tasks))
 
     def decrypt_bytes(self, raw: bytes, workers: int = 1) -> list:
         w = self.public.ct_bytes
@@ -322,10 +327,10 @@ class PaillierKeyHolder(KeyHolder):
         pool = self._pool(n, workers)
         if pool is None:
             return [self.key.decrypt(c) for c in self.public.from_bytes(raw, check=False)]
-        parts = [[raw[a * w:b * w]] for a, b in _split(n, pool.n)]
+        tasks = [({}, [raw[a * w:b * w]]) for a, b in _split(n, _n_tasks(n, pool.n, 16))]
         out = []
         pw = self.plain_bytes
-        for _res, blobs in pool.map("dec", [{}] * pool.n, parts):
+        for _res, blobs in pool.run_tasks("dec", tasks):
             out.extend(bytes_to_ints(blobs[0], pw))
         return out
 

@@ -50,7 +50,7 @@ from gmpy2 import mpz
 DJN_ALPHA_BITS = 256
 _WINDOW = 8
 MIN_SECURE_BITS = 2048
-MAX_KEY_BITS = 4096          # 4096-bit safe-prime key generation already takes about a minute
+MAX_KEY_BITS = 4096          # 4096-bit safe-prime key generation already takes 1-3 minutes (scripts/bench_paillier.py)
 SECURE_KEY_SIZES = (2048, 3072, 4096)
 MIN_TEST_BITS = 256
 
@@ -71,7 +71,7 @@ def check_key_bits(bits: int, allow_insecure: bool = False) -> int:
     if bits not in SECURE_KEY_SIZES:
         hint = (f"; keys under {MIN_SECURE_BITS} bits are insecure (only allowed for tests)"
                 if bits < MIN_SECURE_BITS else
-                f"; larger keys are refused (key generation time grows steeply: 4096 bits takes about a minute)"
+                f"; larger keys are refused (key generation time grows steeply: 4096 bits already takes minutes)"
                 if bits > MAX_KEY_BITS else "")
         raise ValueError(f"key bits must be one of {', '.join(map(str, SECURE_KEY_SIZES))}, got {bits}{hint}")
     return bits

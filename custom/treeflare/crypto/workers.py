@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import selectors
 import signal
 import struct
 import subprocess
@@ -95,6 +96,9 @@ class LocalPool:
         blobs = blobs_list[0] if blobs_list else []
         return [self._ops[op](self._state, args, blobs)]
 
+    def run_tasks(self, op: str, tasks) -> list:
+        return [self._ops[op](self._state, args, blobs) for args, blobs in tasks]
+
     def close(self) -> None:
         self._state.clear()
 
@@ -146,6 +150,49 @@ class WorkerPool:
             if not header.get("ok"):
                 raise WorkerError(f"{op}: {header.get('error')}")
             out.append((header.get("result") or {}, blobs))
+        return out
+
+    def run_tasks(self, op: str, tasks) -> list:
+        """Many independent requests ``(args, blobs)``, handed to whichever worker is free next (so a worker
+        slowed down by other load on the machine simply takes fewer); results in task order."""
+        tasks = list(tasks)
+        out = [None] * len(tasks)
+        with self._lock, selectors.DefaultSelector() as sel:
+            try:
+                todo = iter(enumerate(tasks))
+                busy = 0
+                for proc in self._procs:
+                    nxt = next(todo, None)
+                    if nxt is None:
+                        break
+                    write_frame(proc.stdin, {"op": op, "args": nxt[1][0]}, nxt[1][1])
+                    sel.register(proc.stdout, selectors.EVENT_READ, (proc, nxt[0]))
+                    busy += 1
+                while busy:
+                    for key, _ev in sel.select():
+                        proc, i = key.data
+                        header, blobs = read_frame(proc.stdout)
+                        if not header.get("ok"):
+                            raise WorkerError(f"{op}: {header.get('error')}")
+                        out[i] = (header.get("result") or {}, blobs)
+                        sel.unregister(proc.stdout)
+                        busy -= 1
+                        nxt = next(todo, None)
+                        if nxt is not None:
+                            write_frame(proc.stdin, {"op": op, "args": nxt[1][0]}, nxt[1][1])
+                            sel.register(proc.stdout, selectors.EVENT_READ, (proc, nxt[0]))
+                            busy += 1
+            except WorkerError:
+                # let the busy workers finish, so their replies do not answer the next request
+                for key in list(sel.get_map().values()):
+                    try:
+                        read_frame(key.data[0].stdout)
+                    except (EOFError, OSError):
+                        pass
+                raise
+            except (EOFError, BrokenPipeError, OSError) as e:
+                codes = [p.poll() for p in self._procs]
+                raise WorkerError(f"worker process failed during {op!r} ({e}; exit codes {codes})") from None
         return out
 
     def close(self) -> None:

@@ -1,9 +1,10 @@
 """Encrypted per-feature, per-bin sums at a passive party (the hot loop) and the compression of
 returned results, on a persistent pool of worker processes (:mod:`treeflare.crypto.workers`).
 
-Rows are split among the workers (each holds the ciphertexts and bins of its own rows, loaded once
-per tree and range-checked there), so every worker has an equal share of every node.  A worker
-returns partial per-bin products for the nodes of a layer; the party multiplies the partials.
+Every worker holds the tree's ciphertexts and the bins (loaded once per tree; each worker checks a
+share of the ciphertexts).  A layer's work is cut into pieces -- a node, or a slice of a large node's
+rows -- that go to whichever worker is free next, so a worker slowed down by other load on a shared
+machine simply does fewer; the party multiplies the partial per-bin products of a node's pieces.
 
 Features are summed **in pairs**: the rows of a node are first multiplied into the joint cells
 (bin of feature a, bin of feature b), then each feature's bins are products of its cells.  That
@@ -120,11 +121,13 @@ def _op_setup(st, args, blobs):
 
 
 def _op_load(st, args, blobs):
-    """This worker's rows' ciphertexts for a new tree (row-major, ``units`` per row), range-checked."""
+    """The tree's ciphertexts (row-major, ``units`` per row); this worker checks rows [lo, hi)."""
     pub, units = st["pub"], int(args["units"])
-    flat = pub.from_bytes(blobs[0], check=True)
+    flat = pub.from_bytes(blobs[0], check=False)
     if len(flat) != st["bins"].shape[0] * units:
-        raise ValueError("ciphertext count does not match this worker's rows")
+        raise ValueError("ciphertext count does not match the rows")
+    lo, hi = (int(v) for v in args["check"])
+    pub.check_many(flat[lo * units:hi * units])
     st["C"] = [flat[u::units] for u in range(units)]
     return {}, []
 
@@ -134,7 +137,7 @@ def _op_hist(st, args, blobs):
     one = pub.one()
     out = []
     st["mults"] = 0
-    for raw in blobs:
+    for raw in blobs:            # one or more row sets (global row indices)
         h = _node_hist(st, np.frombuffer(raw, dtype=np.int32))
         out.append(pub.to_bytes(one if c is None else c for f in h for b in f for c in b))
     return {"mults": st["mults"]}, out
@@ -168,50 +171,49 @@ class HistEngine:
         self.nbins = [int(v) for v in nbins]
         k = max(1, min(int(workers or 1), self.n // 256 or 1)) if pub.scheme == "paillier" else 1
         self.pool = make_pool(k, [_MODULE])
-        self.ranges = _split(self.n, self.pool.n)
         groups = _groups(self.n_features)
-        b32 = np.ascontiguousarray(bins, dtype=np.int32)
+        b32 = np.ascontiguousarray(bins, dtype=np.int32).tobytes()
         self.pool.map("hist_setup", [{"pub": public_to_json(pub), "nbins": self.nbins, "groups": groups}] * self.pool.n,
-                      [[b32[a:b].tobytes()] for a, b in self.ranges])
+                      [[b32]] * self.pool.n)
         self.units = 0
         self.counts = {"multiplications": 0}
 
     def load(self, raw: bytes, units: int) -> None:
-        """The tree's ciphertexts, ``units`` per row, row-major; checked by the workers."""
-        w = self.pub.ct_bytes * units
-        self.pool.map("hist_load", [{"units": units}] * self.pool.n, [[raw[a * w:b * w]] for a, b in self.ranges])
+        """The tree's ciphertexts, ``units`` per row, row-major; each worker checks a share."""
+        self.pool.map("hist_load", [{"units": units, "check": [a, b]} for a, b in _split(self.n, self.pool.n)],
+                      [[raw]] * self.pool.n)
         self.units = units
 
     def histograms(self, nodes: dict) -> dict:
         """{key: global row indices} -> {key: hist[f][b] = [unit ciphertexts]} (neutral for empty bins)."""
         keys = list(nodes)
-        blobs = []
-        for a, b in self.ranges:
-            per = []
-            for k in keys:
-                r = nodes[k]
-                r = r[(r >= a) & (r < b)] - a
-                per.append(np.ascontiguousarray(r, dtype=np.int32).tobytes())
-            blobs.append(per)
-        replies = self.pool.map("hist", [{}] * self.pool.n, blobs)
+        k = self.pool.n
+        tasks, owner = [], []
+        for key in keys:
+            rows = np.ascontiguousarray(nodes[key], dtype=np.int32)
+            pieces = 1 if k == 1 else max(1, min(2 * k, rows.size // 2048))
+            for a, b in _split(rows.size, pieces):
+                tasks.append(({}, [rows[a:b].tobytes()]))
+                owner.append(key)
+        replies = self.pool.run_tasks("hist", tasks)
         self.counts["multiplications"] += sum(int(res["mults"]) for res, _ in replies)
         pub, units = self.pub, self.units
         one = pub.one()
+        merged = {}
+        for key, (_res, rb) in zip(owner, replies):
+            part = pub.from_bytes(rb[0], check=False)
+            if key not in merged:
+                merged[key] = part
+            else:
+                merged[key] = [x if y == one else y if x == one else pub.add(x, y) for x, y in zip(merged[key], part)]
+                self.counts["multiplications"] += len(part)
         out = {}
-        for j, k in enumerate(keys):
-            merged = None
-            for _res, rb in replies:
-                part = pub.from_bytes(rb[j], check=False)
-                if merged is None:
-                    merged = part
-                else:
-                    merged = [x if y == one else y if x == one else pub.add(x, y) for x, y in zip(merged, part)]
-                    self.counts["multiplications"] += len(merged)
-            hist, pos = [], 0
+        for key in keys:
+            flat, hist, pos = merged[key], [], 0
             for nb in self.nbins:
-                hist.append([merged[pos + b * units:pos + (b + 1) * units] for b in range(nb)])
+                hist.append([flat[pos + b * units:pos + (b + 1) * units] for b in range(nb)])
                 pos += nb * units
-            out[k] = hist
+            out[key] = hist
         return out
 
     def compress(self, groups: list) -> list:
@@ -220,17 +222,18 @@ class HistEngine:
             return []
         if all(len(g) == 1 for g in groups):
             return [g[0][0] for g in groups]
-        k = self.pool.n
-        # split by cost (sum of shift bits) into k contiguous shares
+        n_tasks = 1 if self.pool.n == 1 else min(len(groups), 8 * self.pool.n)
+        # contiguous shares of about equal cost (sum of shift bits)
         cost = np.cumsum([sum(w for _c, w in g[:-1]) + 1 for g in groups])
-        cuts = [0] + [int(np.searchsorted(cost, cost[-1] * i / k)) for i in range(1, k)] + [len(groups)]
-        args, blobs = [], []
+        cuts = sorted(set([0] + [int(np.searchsorted(cost, cost[-1] * i / n_tasks)) for i in range(1, n_tasks)]
+                          + [len(groups)]))
+        tasks = []
         for a, b in zip(cuts[:-1], cuts[1:]):
             share = groups[a:b]
-            args.append({"widths": [[w for _c, w in g] for g in share]})
-            blobs.append([self.pub.to_bytes(c for g in share for c, _w in g)])
+            tasks.append(({"widths": [[w for _c, w in g] for g in share]},
+                          [self.pub.to_bytes(c for g in share for c, _w in g)]))
         out = []
-        for _res, rb in self.pool.map("hist_compress", args, blobs):
+        for _res, rb in self.pool.run_tasks("hist_compress", tasks):
             out.extend(self.pub.from_bytes(rb[0], check=False))
         return out
 
