@@ -105,6 +105,8 @@ def test_good_arguments_pass(jobs):
     assert (args.min_clients, args.max_leaves) == (3, 1)
 
 
-def test_vertical_gbdt_on_a_multiclass_label_is_refused_before_flare(jobs, tmp_path, capsys):
-    err = refused(jobs["vertical_tree"], ["--dataset", "car", "--model", "gbdt"], tmp_path / "ws", capsys)
-    assert "--model gbdt needs a binary label; car has 4 classes" in err, err
+def test_vertical_gbdt_objective_that_does_not_fit_the_label_is_refused_before_flare(jobs, tmp_path, capsys):
+    # car's label has 4 named classes: a squared-error regression cannot fit it (softmax can: the default)
+    err = refused(jobs["vertical_tree"], ["--dataset", "car", "--model", "gbdt", "--objective", "squared_error"],
+                  tmp_path / "ws", capsys)
+    assert "--objective" in err or "squared" in err, err

@@ -120,3 +120,36 @@ def test_property_sum_of_random_values(vals):
 
 
 _KH = PaillierKeyHolder.generate(BITS, "djn")
+
+
+def test_batched_checks_and_inversions(kh):
+    pub = kh.public.pk
+    cts = kh.encrypt_many([3, -4, 5, 0])
+    pub.check_many(cts)
+    inv = pub.invert_many(cts)
+    assert all(c * i % pub.nsq == 1 for c, i in zip(cts, inv))
+    bad = cts[:2] + [int(kh.key.p) * 7] + cts[2:]
+    with pytest.raises(CiphertextError, match="not invertible"):
+        pub.check_many(bad)
+    with pytest.raises(CiphertextError, match="outside"):
+        pub.check_many(cts + [0])
+
+
+def test_worker_pool_reports_errors_and_survives():
+    from treeflare.crypto.workers import WorkerError, WorkerPool
+
+    pool = WorkerPool(2, ["treeflare.crypto.backend"])
+    try:
+        with pytest.raises(WorkerError, match="KeyError"):
+            pool.map("enc", [{}, {}], [[b""], [b""]])          # no key loaded yet
+        k = PaillierPrivateKey.generate(BITS, "djn")
+        pool.map("key", [{"state": k.worker_state()}] * 2)
+        from treeflare.crypto.backend import bytes_to_ints, ints_to_bytes
+        w = k.public.ct_bytes // 2 + 2
+        (_r, (raw,)), _ = pool.map("enc", [{}, {}], [[ints_to_bytes([7, -9], w)], [ints_to_bytes([], w)]])
+        (_r, (out,)), _ = pool.map("dec", [{}, {}], [[raw], [b""]])
+        assert bytes_to_ints(out, w) == [7, -9]
+    finally:
+        pool.close()
+    with pytest.raises(ValueError, match="treeflare"):
+        WorkerPool(1, ["os"])

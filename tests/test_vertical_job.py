@@ -12,18 +12,19 @@ from flare_helpers import flare_lock, run_script
 pytestmark = pytest.mark.flare
 
 
-def _csv(path, n=240, seed=0):
+def _csv(path, n=240, seed=0, regression=False):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 5))
-    y = X[:, 0] + X[:, 3] - X[:, 4] + 0.3 * rng.normal(size=n) > 0
+    z = X[:, 0] + X[:, 3] - X[:, 4] + 0.3 * rng.normal(size=n)
+    lab = [f"{1e6 * v:.1f}" for v in z] if regression else ["yes" if v > 0 else "no" for v in z]
     lines = ["uid,f0,f1,f2,f3,f4,target"]
-    lines += [f"u{i}," + ",".join(f"{v:.5f}" for v in X[i]) + f",{'yes' if y[i] else 'no'}" for i in range(n)]
+    lines += [f"u{i}," + ",".join(f"{v:.5f}" for v in X[i]) + f",{lab[i]}" for i in range(n)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 ARGS = ["--label", "target", "--id", "uid", "--passive", "2", "--max-depth", "2", "--bins", "8",
-        "--key-bits", "512", "--allow-insecure-key", "--workers", "1"]
+        "--key-bits", "512", "--allow-insecure-key", "--workers", "1", "--min-rows-node", "5"]
 
 
 def test_vertical_job_end_to_end(tmp_path):
@@ -36,6 +37,8 @@ def test_vertical_job_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((ws / "report.json").read_text())
     assert r["job"] == "vertical_tree" and r["model"] == "gbdt" and r["dataset"] == "small"
+    assert r["objective"] == "binary" and r["baseline_xgboost"]["settings"]["max_depth"] == 2
+    assert 0.6 < r["baseline_xgboost"]["global"]["accuracy"] <= 1
     assert r["n_sites"] == 3 and r["sites"] == {"active": "site-1", "passive": ["site-2", "site-3"]}
     assert r["identical_to_oracle"] is True
     g = r["global"]
@@ -79,3 +82,22 @@ def test_vertical_job_refused_key_fails_cleanly(tmp_path, monkeypatch):
     assert "below this site's minimum" in proc.stderr
     r = json.loads((ws / "report.json").read_text())
     assert r["status"] == "failed" and "2048" in r["error"]
+
+
+def test_vertical_regression_job_from_a_numeric_label(tmp_path):
+    """A numeric label with many values: squared error chosen from the label, large targets (~1e6), RMSE/R2 in
+    report.json beside XGBoost with the same settings, and the model equal to the plaintext oracle."""
+    csv = _csv(tmp_path / "reg.csv", n=200, regression=True)
+    ws = tmp_path / "ws"
+    with flare_lock():
+        proc = run_script("jobs/vertical_tree/job.py",
+                          ["--model", "gbdt", "--trees", "2", "--csv", str(csv), *ARGS, "--workspace", str(ws)],
+                          tmp_path, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((ws / "report.json").read_text())
+    assert r["objective"] == "squared_error" and r["params"]["objective"] == "squared_error"
+    assert r["identical_to_oracle"] is True
+    g, b = r["global"], r["baseline_xgboost"]["global"]
+    assert set(g) == {"rmse", "mae", "r2"} and g["r2"] > 0.15 and b["r2"] > 0.15 and abs(g["r2"] - b["r2"]) < 0.2
+    assert r["layout"]["widths"][0] > 53 + 19          # the residual slot holds ~1e6-sized targets
+    assert "rmse" in proc.stdout and "XGBoost" in proc.stdout

@@ -102,3 +102,59 @@ def test_boundary_capacity_full_ciphertext():
         rnd = random.Random(0)
         subsets = [list(range(n))] * (k - 1) + [[i for i in range(n) if rnd.random() < 0.3]]
         _roundtrip(lay, rows, subsets, k)
+
+
+def test_units_split_a_row_that_does_not_fit_one_plaintext():
+    from treeflare.crypto.packing import pack_plan, unpack_fields
+
+    lay = SlotLayout.for_channels([-(1 << 53), 0] * 5, [1 << 53, 1 << 51] * 5, 10_000)   # softmax, 5 classes
+    assert lay.units(2046) == [(0, 10)]                          # 5 x 133 bits fit one 2048-bit plaintext
+    u = lay.units(510)                                            # a 512-bit key: 3 channels per plaintext
+    assert u == [(0, 7), (7, 10)] and all(sum(lay.widths[a:b]) <= 510 for a, b in u)   # 68 + 65 bits per class
+    assert lay.units(2046, packing=False) == [(c, c + 1) for c in range(10)]
+    with pytest.raises(SlotOverflowError):
+        lay.units(60)                                             # one channel wider than the key
+    widths = [sum(lay.widths[a:b]) for a, b in u]
+    plan = pack_plan(7, widths, 510)
+    assert [f for ct in plan for f in ct] == [(i, j) for i in range(7) for j in range(2)]   # every field once, in order
+    assert all(sum(widths[j] for _i, j in ct) <= 510 for ct in plan)
+    assert len(pack_plan(7, widths, 510, compress=False)) == 14
+    lay = SlotLayout.for_channels([-(1 << 53), 0] * 10, [1 << 53, 1 << 51] * 10, 10_000)   # 10 classes: 2 plaintexts
+    assert len(lay.units(KH.public.usable_bits)) == 2
+    # pack -> encrypt -> sum -> compress by plan -> decrypt -> unpack_fields
+    rng = np.random.default_rng(0)
+    rows = np.array([[int(rng.integers(-(1 << 53), 1 << 53)) if c % 2 == 0 else int(rng.integers(0, 1 << 51))
+                      for c in range(20)] for _ in range(6)], dtype=object)
+    kh = KH
+    pub = kh.public
+    cts = [[kh.encrypt_many(lay.unit_layout(a, b).pack_rows(rows[:, a:b]))[i] for a, b in lay.units(pub.usable_bits)]
+           for i in range(6)]
+    total = [pub.one() for _ in cts[0]]
+    for row in cts:
+        total = [pub.add(t, c) for t, c in zip(total, row)]
+    units = lay.units(pub.usable_bits)
+    uw = [sum(lay.widths[a:b]) for a, b in units]
+    got = [None] * len(units)
+    for ct in pack_plan(1, uw, pub.usable_bits):
+        acc = total[ct[-1][1]]
+        for (_i, j) in reversed(ct[:-1]):
+            acc = pub.add(pub.shift(acc, uw[j]), total[j])
+        ws = [w for _i, j in ct for w in lay.widths[units[j][0]:units[j][1]]]
+        ss = [s for _i, j in ct for s in lay.signed[units[j][0]:units[j][1]]]
+        vals = unpack_fields(kh.decrypt_many([acc])[0], ws, ss)
+        k = 0
+        for _i, j in ct:
+            a, b = units[j]
+            got[j] = vals[k:k + b - a]
+            k += b - a
+    assert [v for g in got for v in g] == [sum(int(rows[i, c]) for i in range(6)) for c in range(20)]
+
+
+def test_layout_message_roundtrip_with_bounds_beyond_64_bits():
+    lay = SlotLayout.for_channels([-(1 << 120), 1 << 53], [1 << 119, 1 << 53], 1000)
+    msg = lay.to_message()
+    assert all(isinstance(v, str) for v in msg["lo"] + msg["hi"])
+    assert SlotLayout.from_message(msg) == lay
+    for bad in ({**msg, "lo": [1.5, 0]}, {**msg, "hi": [True, 1]}, {**msg, "widths": [1, 1]}):
+        with pytest.raises((ValueError, SlotOverflowError)):
+            SlotLayout.from_message(bad)

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from treeflare.crypto import PaillierKeyHolder
-from treeflare.vertical import (ProtocolError, VerticalParams, compare_runs, crypto_report, joint_model,
-                                make_parties, run_oracle, run_vertical, synthetic)
+from treeflare.vertical import (ProtocolError, VerticalParams, canonical, close_parties, compare_runs,
+                                crypto_report, joint_model, make_parties, run_oracle, run_vertical, synthetic)
 from treeflare.vertical.oracle import centralized_build
 
 BITS = 512   # test-only keys
 
 
 def params(**kw):
-    base = dict(key_bits=BITS, allow_insecure_key=True, workers=1, max_depth=3, bins=8)
+    base = dict(key_bits=BITS, allow_insecure_key=True, workers=1, max_depth=3, bins=8, min_rows_node=4)
     base.update(kw)
     return VerticalParams(**base)
 
@@ -28,38 +28,54 @@ def assert_matches_centralized(run, data, P):
     jm = joint_model(a.model(), {k: v.model() for k, v in ps.items()})
     assert json.dumps(jm, sort_keys=True) == json.dumps(trees, sort_keys=True)
     assert np.array_equal(pred, a.test_pred)
-    assert np.allclose(score, a.test_score, rtol=0, atol=1e-12)
+    assert np.allclose(score, a.test_score, rtol=1e-12, atol=1e-12)
 
 
 CASES = [
-    # (model, criterion, classes, passive feature counts, seed, ties, extreme, trees)
+    # (model, objective/criterion, classes, passive feature counts, seed, ties, extreme, trees)
     ("tree", "gini", 2, (3,), 0, False, False, 1),
     ("tree", "gini", 5, (2, 2), 1, True, False, 1),
     ("tree", "entropy", 5, (2, 1, 2), 2, False, True, 1),
     ("tree", "entropy", 2, (1, 1, 1), 3, True, True, 1),
-    ("gbdt", "gini", 2, (3,), 4, False, False, 3),
-    ("gbdt", "gini", 2, (2, 2), 5, True, True, 2),
-    ("gbdt", "gini", 2, (1, 2, 1), 6, False, True, 2),
+    ("gbdt", "binary", 2, (3,), 4, False, False, 3),
+    ("gbdt", "binary", 2, (2, 2), 5, True, True, 2),
+    ("gbdt", "binary", 2, (1, 2, 1), 6, False, True, 2),
+    ("gbdt", "softmax", 3, (2,), 7, False, False, 2),
+    ("gbdt", "softmax", 5, (1, 2), 8, True, True, 2),      # 10 channels: several plaintexts per row at 512 bits
+    ("gbdt", "squared_error", 0, (2,), 9, False, False, 3),
+    ("gbdt", "squared_error", 0, (1, 2), 10, True, True, 2),
 ]
 
 
-@pytest.mark.parametrize("model,crit,L,pf,seed,ties,extreme,trees", CASES)
-def test_federated_identical_to_oracle(model, crit, L, pf, seed, ties, extreme, trees):
-    d = synthetic(n=160, n_test=60, passive_features=pf, n_classes=L, seed=seed, ties=ties, extreme=extreme)
-    P = params(model=model, criterion=crit, n_trees=trees, obfuscation="djn" if seed % 2 else "full")
+def _kw(model, obj):
+    return dict(model=model, criterion=obj) if model == "tree" else dict(model=model, objective=obj)
+
+
+@pytest.mark.parametrize("model,obj,L,pf,seed,ties,extreme,trees", CASES)
+def test_federated_identical_to_oracle(model, obj, L, pf, seed, ties, extreme, trees):
+    d = synthetic(n=160, n_test=60, passive_features=pf, n_classes=L, seed=seed, ties=ties, extreme=extreme,
+                  regression_scale=3.0 if obj == "squared_error" else None)
+    P = params(n_trees=trees, obfuscation="djn" if seed % 2 else "full", **_kw(model, obj))
     fed = run_vertical(d, P)
     orc = run_oracle(d, P)
     assert compare_runs(fed, orc)["identical"]
     assert_matches_centralized(fed, d, P)
     assert fed[0].trees[0]["nodes"][0]["leaf"] is False      # it learned something
     owners = {nd["owner"] for t in fed[0].trees for nd in t["nodes"] if not nd["leaf"]}
-    assert owners  # split owners recorded
+    assert len(owners) >= 2                                  # splits from more than one party
+    if obj == "softmax":
+        leaf = next(nd for nd in fed[0].trees[0]["nodes"] if nd["leaf"])
+        assert len(leaf["value"]) == L                       # one multi-output tree per round
+        assert fed[0].test_score.shape == (60, L)
+    if obj == "softmax" and L == 5:
+        assert fed[0].layout_info["units_per_row"] > 1       # more classes than one plaintext holds
 
 
-@pytest.mark.parametrize("model,L", [("tree", 5), ("gbdt", 2)])
-def test_all_arms_identical(model, L):
+@pytest.mark.parametrize("model,obj,L", [("tree", "gini", 5), ("gbdt", "binary", 2), ("gbdt", "softmax", 3)])
+def test_all_arms_identical(model, obj, L):
     d = synthetic(n=150, n_test=40, passive_features=(2, 2), n_classes=L, seed=11)
-    P = params(model=model, n_trees=2 if model == "gbdt" else 1)
+    P = params(n_trees=2 if model == "gbdt" else 1, key_bits=1024 if obj == "softmax" else BITS, obfuscation="djn",
+               **_kw(model, obj))
     orc = run_oracle(d, P)
     counts = {}
     for packing, compress in [(False, False), (True, False), (True, True), (False, True)]:
@@ -69,19 +85,24 @@ def test_all_arms_identical(model, L):
         counts[(packing, compress)] = cr
         assert cr["scheme"] == "paillier" and cr["encryptions"] > 0      # "off" arms still encrypt
     unpacked, packed, both = counts[(False, False)], counts[(True, False)], counts[(True, True)]
-    n_ch = L if model == "tree" else 2
+    n_ch = L if model == "tree" else 2 * (L if obj == "softmax" else 1)
     assert unpacked["encryptions"] == n_ch * packed["encryptions"]
     assert unpacked["ciphertexts_to_active"] == n_ch * packed["ciphertexts_to_active"]
     k = both["values_per_ciphertext"]
-    assert k >= 4 and both["ciphertexts_to_active"] * k // 2 < packed["ciphertexts_to_active"]
+    assert k >= 2 and both["ciphertexts_to_active"] < packed["ciphertexts_to_active"] <= k * both["ciphertexts_to_active"]
+    if k >= 4:
+        assert 2 * both["ciphertexts_to_active"] < packed["ciphertexts_to_active"]
 
 
-def test_histogram_subtraction_changes_nothing_but_work():
-    d = synthetic(n=200, n_test=20, passive_features=(3,), n_classes=2, seed=3)
-    P = params(model="gbdt", n_trees=1, max_depth=4)
+def test_histogram_subtraction_same_model_less_work():
+    d = synthetic(n=300, n_test=20, passive_features=(3,), n_classes=2, seed=3)
+    P = params(model="gbdt", n_trees=1, max_depth=4, min_rows_node=4)
     a = run_vertical(d, P)
     b = run_vertical(d, replace(P, hist_subtraction=False))
     assert compare_runs(a, b)["identical"]
+    ops_a, ops_b = a[1]["site-2"].ops, b[1]["site-2"].ops
+    assert ops_a["subtractions"] > 0 and ops_b["subtractions"] == 0
+    assert ops_a["additions"] < ops_b["additions"]
 
 
 def test_extreme_gradients_large_hessian():
@@ -93,6 +114,139 @@ def test_extreme_gradients_large_hessian():
     d.y[:] = 1
     d.y[:3] = 0
     assert compare_runs(run_vertical(d, P), run_oracle(d, P))["identical"]
+
+
+@pytest.mark.parametrize("scale", [1e6, 1e12, 1e250])
+def test_regression_large_targets_no_slot_overflow(scale):
+    """Targets of any size: the g slot is sized from the residuals, the tree equals the oracle (at 1e250 the
+    gains exceed float range and every candidate is compared exactly)."""
+    d = synthetic(n=120, n_test=30, passive_features=(2,), seed=12, regression_scale=scale)
+    P = params(model="gbdt", objective="squared_error", n_trees=2, key_bits=2048, obfuscation="djn")
+    fed = run_vertical(d, P)
+    assert compare_runs(fed, run_oracle(d, P))["identical"]
+    assert_matches_centralized(fed, d, P)
+    w_g = fed[0].layout_info["widths"][0]
+    assert w_g > 53 + int(np.log2(scale)) - 2                 # the slot grew with the target
+    assert np.corrcoef(fed[0].test_pred / scale, d.y_test / scale)[0, 1] > 0.5
+
+
+def test_regression_target_beyond_fixed_point_refused():
+    d = synthetic(n=60, n_test=20, passive_features=(2,), seed=12, regression_scale=1e300)
+    P = params(model="gbdt", objective="squared_error", key_bits=2048, obfuscation="djn")
+    with pytest.raises(ValueError, match="cannot be packed.*fixed point"):
+        run_vertical(d, P)
+    d = synthetic(n=60, n_test=20, passive_features=(2,), seed=12, regression_scale=1e160)
+    with pytest.raises(ValueError, match="cannot be packed.*key offers"):
+        run_vertical(d, params(model="gbdt", objective="squared_error"))     # 512-bit key: slot too wide
+
+
+def test_ties_inside_one_passive_resolved_like_the_oracle():
+    """A passive with two identical columns: equal gains inside one party; the passive picks the first by
+    (feature, bin), so the federated tree is the oracle's tree in every run."""
+    d = synthetic(n=150, n_test=30, passive_features=(3,), n_classes=2, seed=13)
+    d.X_passive[0][:, 1] = d.X_passive[0][:, 0]
+    d.X_passive_test[0][:, 1] = d.X_passive_test[0][:, 0]
+    d.X_active[:] = np.random.default_rng(0).normal(size=d.X_active.shape) * 1e-3   # weak active features
+    P = params(model="tree")
+    orc = run_oracle(d, P)
+    for _ in range(3):
+        fed = run_vertical(d, P)
+        assert compare_runs(fed, orc)["identical"]
+    assert any(nd.get("feature") == "p0_0" for nd in json.loads(canonical(*fed))[0])
+
+
+def test_candidates_shuffled_before_compression():
+    d = synthetic(n=200, n_test=20, passive_features=(4,), n_classes=2, seed=14)
+    a, ps = make_parties(d, params(model="tree", max_depth=1))
+    (name, p), = ps.items()
+    p.handle(a.step(None)[name])
+    p.handle(a.step({name: {"type": "setup_ok", "n_features": 4}})[name])
+    order = [(f, b) for (_nid, f, b) in p._pending.values()]
+    assert len(order) > 20 and order != sorted(order)
+    close_parties(a, ps)
+
+
+def test_decryption_uses_constant_time_powmod(monkeypatch):
+    from treeflare.crypto import paillier
+
+    key = paillier.PaillierPrivateKey.generate(BITS, "djn")
+    c = key.encrypt(12345)
+    calls = []
+    real_sec, real = paillier.gmpy2.powmod_sec, paillier.gmpy2.powmod
+    secret = {int(key.p - 1), int(key.q - 1)}
+    monkeypatch.setattr(paillier.gmpy2, "powmod_sec", lambda *a: calls.append(int(a[1])) or real_sec(*a))
+    monkeypatch.setattr(paillier.gmpy2, "powmod",
+                        lambda b, e, m: (_ for _ in ()).throw(AssertionError("secret exponent")) if int(e) in secret
+                        else real(b, e, m))
+    assert key.decrypt(c) == 12345
+    assert set(calls) == secret
+
+
+def test_key_sizes_bounded():
+    """--key-bits 1000000 used to be accepted (issue 14, item 17)."""
+    from treeflare.crypto import PaillierPrivateKey, public_from_message
+
+    for bad in (1_000_000, 8192, 2560, 1024, 2049):
+        with pytest.raises(ValueError, match="key bits"):
+            VerticalParams(key_bits=bad).validate()
+    for ok in (2048, 3072, 4096):
+        VerticalParams(key_bits=ok).validate()
+    VerticalParams(key_bits=512, allow_insecure_key=True).validate()
+    with pytest.raises(ValueError, match="key bits"):
+        VerticalParams(key_bits=8192, allow_insecure_key=True).validate()
+    with pytest.raises(ValueError, match="key bits"):
+        PaillierPrivateKey.generate(6144)
+    huge = {"scheme": "paillier", "n": (1 << 8191 | 1).to_bytes(1024, "big")}
+    with pytest.raises(ValueError, match="malformed"):
+        public_from_message(huge)
+
+
+def test_passive_candidates_bounded_by_declared_features():
+    """A passive that returns more candidates than its declared features x (bins - 1) is refused before any
+    decryption (issue 14, item 18)."""
+    d = synthetic(n=120, n_test=20, passive_features=(3,), n_classes=2, seed=15)
+    a, ps = make_parties(d, params(model="tree", max_depth=2))
+    (name, p), = ps.items()
+    r = p.handle(a.step(None)[name])
+    r = dict(r, n_features=1)                               # declares 1 feature, has 3
+    msg = a.step({name: r})[name]
+    hist = p.handle(msg)
+    before = a.kh.ops["decryptions"]
+    with pytest.raises(ProtocolError, match="more than the 7"):
+        a.step({name: hist})
+    assert a.kh.ops["decryptions"] == before
+    close_parties(a, ps)
+
+
+def test_prediction_asks_only_rows_that_reach_each_node():
+    d = synthetic(n=200, n_test=80, passive_features=(2, 2), n_classes=2, seed=16)
+    P = params(model="gbdt", n_trees=2)
+    rec = []
+    a, ps = run_vertical(d, P, record=rec)
+    trees, _pred, _score = centralized_build(d, P)
+    # rows reaching each node in the centralized routing
+    cols = {(p, j): tb[:, j] for p, tb in zip(["site-1", *d.passive_names], [d.X_active_test, *d.X_passive_test])
+            for j in range(tb.shape[1])}
+    reach = {}
+    for t, nodes in enumerate(trees):
+        cur = np.zeros(80, dtype=np.int64)
+        for nd in nodes:
+            rows = np.flatnonzero(cur == nd["nid"])
+            reach[(t, nd["nid"])] = rows
+            if not nd["leaf"]:
+                go = cols[(nd["owner"], nd["feature_index"])][rows] <= nd["threshold"]
+                cur[rows] = np.where(go, nd["left"], nd["right"])
+    asked = 0
+    for _src, dst, msg in rec:
+        if msg.get("type") == "predict":
+            for e in msg["nodes"]:
+                s = ps[dst].splits[e["id"]]
+                assert np.array_equal(np.sort(e["rows"]), reach[(s["tree"], s["node"])])
+                asked += 1
+                if s["node"] > 0:
+                    assert e["rows"].size < 80
+    assert asked == sum(1 for nodes in trees for nd in nodes if not nd["leaf"] and nd["owner"] != "site-1"
+                        and reach[(trees.index(nodes), nd["nid"])].size)
 
 
 # ------------------------------------------------------------------------------- privacy
@@ -127,9 +281,10 @@ def test_messages_never_leak(model, L):
             if isinstance(leaf, tuple):
                 key, leaf = leaf
                 if dst != a.name:
-                    # only ciphertexts and node-membership ids ever go to a passive party (or the server)
+                    # only ciphertexts, node-membership ids and test-row indices go to a passive party (or the server)
                     assert (key == "cts" and leaf.dtype == np.uint8) or (key == "assign" and leaf.dtype == np.int32
-                                                                       and int(leaf.min()) >= -1), key
+                                                                       and int(leaf.min()) >= -1) \
+                        or (key == "rows" and leaf.dtype == np.int32 and int(leaf.min()) >= 0), key
             if isinstance(leaf, (bytes, bytearray)):
                 assert not any(kb in leaf for kb in key_bytes)
             if isinstance(leaf, np.ndarray):
@@ -148,10 +303,13 @@ def test_messages_never_leak(model, L):
                     assert leaf not in active_vals
         if dst != a.name:
             assert set(msg) <= {"type", "version", "pk", "n_train", "n_test", "ids_train", "ids_test", "bins",
-                                "model", "tree", "depth", "assign", "open", "gradients", "ids"}
+                                "model", "n_trees", "max_depth", "min_rows_node", "hist_subtraction",
+                                "tree", "depth", "assign", "open", "gradients", "ids", "nodes"}
+            for e in msg.get("nodes", []):
+                assert set(e) == {"id", "rows"}
             if "gradients" in msg:
                 g = msg["gradients"]
-                assert set(g) == {"layout", "packing", "compress", "units", "cts"}
+                assert set(g) == {"layout", "packing", "compress", "cts"}
                 assert g["cts"].dtype == np.uint8
                 cts = ps[dst].pub.deserialize(g["cts"])
                 plain = set()
@@ -159,7 +317,9 @@ def test_messages_never_leak(model, L):
                     plain = {0, 1}
                 assert not any(int(c) in plain for c in cts)
         else:
-            assert set(msg) <= {"type", "n_features", "nodes", "ids", "sizes", "left", "n_test", "bits", "stats"}
+            assert set(msg) <= {"type", "n_features", "nodes", "ids", "sizes", "left", "stats"}
+            for e in msg.get("nodes", []):
+                assert set(e) in ({"nid", "ids", "cts"}, {"id", "bits"})
     # the active party's model has no passive thresholds or features, only opaque ids
     for tree in a.trees:
         for nd in tree["nodes"]:
@@ -215,7 +375,8 @@ def test_unknown_split_id_rejected(setup_pair):
     with pytest.raises(ProtocolError, match="malformed split id"):
         p.handle({"type": "split", "ids": ["../../etc"]})
     with pytest.raises(ProtocolError, match="unknown split id"):
-        p.handle({"type": "predict", "ids": ["0123456789abcdef"]})
+        p.handle({"type": "predict", "depth": 0, "nodes": [{"id": "0123456789abcdef",
+                                                             "rows": np.arange(20, dtype=np.int32)}]})
 
 
 def test_passive_refuses_weak_or_fake_encryption():
@@ -272,3 +433,20 @@ def test_parallel_workers_same_result():
     one = run_vertical(d, P)
     two = run_vertical(d, replace(P, workers=2))
     assert compare_runs(one, two)["identical"]
+
+
+def test_every_message_fits_flare_wire_format():
+    """Regression slot bounds exceed 64 bits: they travel as strings, so every message crosses FLARE's msgpack."""
+    from treeflare.flare.vertical_executor import from_wire, to_wire
+
+    d = synthetic(n=80, n_test=20, passive_features=(2,), seed=3, regression_scale=1e12)
+    rec = []
+    run_vertical(d, params(model="gbdt", objective="squared_error", key_bits=1024, obfuscation="djn"), record=rec)
+    for _src, _dst, msg in rec:
+        back = from_wire(to_wire(msg))
+        assert set(back) == set(msg)
+    with pytest.raises(ProtocolError, match="64 bits"):
+        to_wire({"x": 1 << 70})
+    from treeflare.crypto.packing import SlotLayout
+    with pytest.raises(ValueError, match="malformed"):
+        SlotLayout.from_message({"lo": ["9" * 5000], "hi": ["1"], "n_max": 2, "widths": [5]})

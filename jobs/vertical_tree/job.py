@@ -1,14 +1,17 @@
 """Vertical federated decision trees with packed Paillier encryption, on NVFlare.
 
 Sites hold different columns of the same rows (joined on an id column).  site-1 is the active
-party (labels + private key), site-2.. are passive (feature columns only).  The server only
-routes messages: it sees ciphertexts and opaque split ids, never labels, gradients or
-thresholds.
+party (labels + private key), site-2.. are passive (feature columns only).  The server routes
+messages: it never sees labels, gradients, feature values or passive thresholds, but it does see
+the row-to-node assignments, partitions, prediction bits and test metrics (SECURITY.md lists all).
 
     python jobs/vertical_tree/job.py --model gbdt --dataset default_credit_card --passive 2 \\
         --trees 3 --max-depth 3 --workspace /tmp/vtree
 
-Writes DIR/report.json and (simulator) each party's model file under DIR/models/.
+``--model gbdt`` picks its loss from the label (``--objective`` to choose): 2 classes -> binary
+logistic, 3 to 20 -> softmax (one multi-output tree per round), a numeric label with more than 20
+distinct values -> squared error.  Writes DIR/report.json (with a centralised XGBoost baseline of
+the same settings) and (simulator) each party's model file under DIR/models/.
 """
 from __future__ import annotations
 
@@ -22,10 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from treeflare.cli import add_data_args, add_vertical_args, check_args, load_table, main_guard
+from treeflare.vertical.objectives import OBJECTIVES
 from treeflare.data import DataError, prepare_federation, read_site, write_federation
 from treeflare.reporting import format_table, write_json_atomic
 
 JOB_NAME = "vertical_tree"
+MAX_CLASSES = 20
 
 
 def on_off(v: str) -> bool:
@@ -44,7 +49,12 @@ def parse_args(argv=None):
     add_vertical_args(p, flag=False, passive=1)
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=["tree", "gbdt"], default="tree",
-                   help="tree: classification tree (label one-hot slots); gbdt: binary logistic boosting")
+                   help="tree: classification tree (label one-hot slots); gbdt: gradient boosting")
+    g.add_argument("--objective", choices=["auto", *OBJECTIVES], default="auto",
+                   help="gbdt loss; auto (default): binary for 2 classes, softmax for 3-20, squared_error for a "
+                        f"numeric label with more than {MAX_CLASSES} distinct values")
+    g.add_argument("--min-rows-node", type=int, default=10,
+                   help="a node with fewer rows is never split, and passive sites refuse to answer for it (default 10)")
     g.add_argument("--criterion", choices=["gini", "entropy"], default="gini", help="tree criterion")
     g.add_argument("--trees", type=int, default=None, help="boosting rounds (gbdt; default 3); tree: 1")
     g.add_argument("--max-depth", type=int, default=3)
@@ -55,7 +65,9 @@ def parse_args(argv=None):
                    help="gbdt: min hessian per child; tree: min rows per child")
     g.add_argument("--seed", type=int, default=0, help="seed of the global test hold-out")
     c = p.add_argument_group("encryption")
-    c.add_argument("--key-bits", type=int, default=2048, help="Paillier modulus bits (2048 default, 3072 option)")
+    c.add_argument("--key-bits", type=int, default=2048,
+                   help="Paillier modulus bits: 2048 (default, ~112-bit security), 3072 (~128-bit, about 2.5x slower "
+                        "encryption), 4096 (about 5x slower; key generation 1-3 minutes); README has measured costs")
     c.add_argument("--precision", type=int, default=53, help="gbdt fixed-point bits (default 53)")
     c.add_argument("--packing", type=on_off, default=True, help="on|off: pack a row's values in one plaintext")
     c.add_argument("--compress", type=on_off, default=True, help="on|off: several results per returned ciphertext")
@@ -65,6 +77,7 @@ def parse_args(argv=None):
     c.add_argument("--allow-insecure-key", action="store_true",
                    help="permit --key-bits < 2048 (tests and comparisons only)")
     c.add_argument("--no-oracle", action="store_true", help="skip the plaintext-oracle comparison")
+    c.add_argument("--no-baseline", action="store_true", help="skip the centralised XGBoost baseline")
     c.add_argument("--task-timeout", type=int, default=3600, help="seconds a site has for one message")
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
@@ -77,16 +90,46 @@ def parse_args(argv=None):
     return args
 
 
-def vertical_params(args):
+def choose_objective(table, model: str, requested: str) -> str:
+    """The gbdt loss for this label (``requested`` unless 'auto'); checks that the label fits it."""
+    classes = list(table.schema.classes)
+    try:
+        [float(c) for c in classes]
+        numeric = True
+    except ValueError:
+        numeric = False
+    if model == "tree":
+        if len(classes) > MAX_CLASSES:
+            raise DataError(f"label {table.schema.label!r} has {len(classes)} distinct values: the tree model "
+                            f"classifies (at most {MAX_CLASSES} classes); use --model gbdt for a regression")
+        return "binary"
+    obj = requested
+    if obj == "auto":
+        if numeric and len(classes) > MAX_CLASSES:
+            obj = "squared_error"
+        else:
+            obj = "binary" if len(classes) == 2 else "softmax"
+    if obj == "squared_error" and not numeric:
+        raise DataError(f"--objective squared_error needs a numeric label; {table.schema.label!r} has values such as "
+                        f"{classes[0]!r}")
+    if obj == "binary" and len(classes) != 2:
+        raise DataError(f"--objective binary needs 2 classes; label {table.schema.label!r} has {len(classes)}")
+    if obj == "softmax" and len(classes) > MAX_CLASSES:
+        raise DataError(f"--objective softmax: label {table.schema.label!r} has {len(classes)} distinct values "
+                        f"(at most {MAX_CLASSES} classes)")
+    return obj
+
+
+def vertical_params(args, objective: str = "binary"):
     from treeflare.vertical import VerticalParams
 
     try:
         return VerticalParams(
-            model=args.model, criterion=args.criterion, n_trees=args.trees, max_depth=args.max_depth,
-            bins=args.bins, learning_rate=args.learning_rate, reg_lambda=args.reg_lambda,
-            min_child_weight=args.min_child_weight, key_bits=args.key_bits, precision=args.precision,
-            packing=args.packing, compress=args.compress, obfuscation=args.obfuscation, workers=args.workers,
-            allow_insecure_key=args.allow_insecure_key).validate()
+            model=args.model, objective=objective, criterion=args.criterion, n_trees=args.trees,
+            max_depth=args.max_depth, bins=args.bins, learning_rate=args.learning_rate, reg_lambda=args.reg_lambda,
+            min_child_weight=args.min_child_weight, min_rows_node=args.min_rows_node, key_bits=args.key_bits,
+            precision=args.precision, packing=args.packing, compress=args.compress, obfuscation=args.obfuscation,
+            workers=args.workers, allow_insecure_key=args.allow_insecure_key).validate()
     except ValueError as exc:
         raise DataError(str(exc)) from None
 
@@ -103,14 +146,16 @@ def build_job(args, params, data_root: Path, sites: list[str], job_info: dict):
                                      task_timeout=args.task_timeout, job_info=job_info),
                   id="vertical_controller")
     min_bits = args.key_bits if args.allow_insecure_key else 2048
-    job.to_clients(VerticalExecutor(data_root=str(data_root), workers=args.workers, min_key_bits=min_bits),
+    job.to_clients(VerticalExecutor(data_root=str(data_root), workers=args.workers, min_key_bits=min_bits,
+                                    min_node_rows=min(args.min_rows_node, 10)),
                    tasks=[STEP, MSG])
     ship_package(job)
     return job
 
 
-def vertical_data(data_root: Path, sites: list[str]):
+def vertical_data(data_root: Path, sites: list[str], params):
     """The parties' data as the oracle sees it (only possible where all sites' files are at hand)."""
+    from treeflare.flare.vertical_executor import labels_for
     from treeflare.vertical import VerticalData
 
     tabs = [read_site(data_root, s) for s in sites]
@@ -118,12 +163,13 @@ def vertical_data(data_root: Path, sites: list[str]):
     Xa, na, _ = act.train.codes()
     Xat, _, _ = act.test.codes()
     passive = [t.train.codes() for t in tabs[1:]]
+    y, y_test, n_classes = labels_for(params, act.train, act.test)
     return VerticalData(
-        X_active=Xa, y=act.train.y_codes(), X_passive=[p[0] for p in passive], X_active_test=Xat,
-        y_test=act.test.y_codes(), X_passive_test=[t.test.codes()[0] for t in tabs[1:]], names_active=na,
-        names_passive=[p[1] for p in passive], n_classes=len(act.train.schema.classes),
+        X_active=Xa, y=y, X_passive=[p[0] for p in passive], X_active_test=Xat,
+        y_test=y_test, X_passive_test=[t.test.codes()[0] for t in tabs[1:]], names_active=na,
+        names_passive=[p[1] for p in passive], n_classes=n_classes,
         ids_train=list(map(str, act.train.ids)), ids_test=list(map(str, act.test.ids)),
-        class_names=list(act.train.schema.classes))
+        class_names=list(act.train.schema.classes) if n_classes else [])
 
 
 def compare_with_oracle(models: dict, pred: dict, data, params, sites) -> dict:
@@ -133,8 +179,8 @@ def compare_with_oracle(models: dict, pred: dict, data, params, sites) -> dict:
     oracle_trees = joint_model(a.model(), {p: q.model() for p, q in ps.items()})
     fed_trees = joint_model(models[sites[0]], {s: models[s] for s in sites[1:]})
     same_tree = json.dumps(oracle_trees, sort_keys=True) == json.dumps(fed_trees, sort_keys=True)
-    same_pred = (np.array_equal(np.asarray(pred["pred"]), a.test_pred)
-                 and np.allclose(np.asarray(pred["score"], dtype=float), np.asarray(a.test_score), rtol=0, atol=0))
+    same_pred = (np.array_equal(np.asarray(pred["pred"], dtype=float), np.asarray(a.test_pred, dtype=float))
+                 and np.array_equal(np.asarray(pred["score"], dtype=float), np.asarray(a.test_score, dtype=float)))
     return {"identical": bool(same_tree and same_pred), "same_tree": bool(same_tree),
             "same_predictions": bool(same_pred), "oracle_seconds": float(a.timings.get("total", 0.0))}
 
@@ -162,7 +208,7 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
 @main_guard
 def main(argv=None) -> int:
     args = parse_args(argv)
-    params = vertical_params(args)
+    vertical_params(args)                       # argument errors before any data is read
     from treeflare.flare.runner import read_server_result, run_job
     from treeflare.flare.vertical_controller import RESULT_FILE
 
@@ -171,15 +217,16 @@ def main(argv=None) -> int:
     timings = {}
     t = time.perf_counter()
     table = load_table(args)  # the data layer gives it row ids if it has none
-    if args.model == "gbdt" and len(table.schema.classes) != 2:  # else the active site fails once FLARE runs
-        raise DataError(f"--model gbdt needs a binary label; {table.name or 'the data'} has "
-                        f"{len(table.schema.classes)} classes (use --model tree)")
-    fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive)
+    objective = choose_objective(table, args.model, args.objective)
+    params = vertical_params(args, objective)
+    fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive,
+                             stratify=objective != "squared_error" or args.model == "tree")
     data_dir = write_federation(fed, workspace / "data", overwrite=True)
     timings["prepare_data"] = time.perf_counter() - t
     sites = fed.site_names
     data_root = Path(args.data_root) if args.data_root else data_dir
-    job_info = {"dataset": fed.summary["dataset"], "model": args.model}
+    job_info = {"dataset": fed.summary["dataset"], "model": args.model,
+                "objective": objective if args.model == "gbdt" else None}
     job = build_job(args, params, data_root, sites, job_info)
 
     t = time.perf_counter()
@@ -190,17 +237,27 @@ def main(argv=None) -> int:
         return 1
 
     files = collect_site_files(run_dir, sites, workspace / "models")
-    oracle = None
+    oracle = baseline = None
+    data = None
     if not args.no_oracle and all(s in files for s in sites) and "_pred" in files:
         t = time.perf_counter()
-        oracle = compare_with_oracle(files, files["_pred"], vertical_data(data_dir, sites), params, sites)
+        data = vertical_data(data_dir, sites, params)
+        oracle = compare_with_oracle(files, files["_pred"], data, params, sites)
         timings["oracle"] = time.perf_counter() - t
+    if not args.no_baseline and args.model == "gbdt":
+        from treeflare.vertical.baseline import xgboost_baseline
+
+        t = time.perf_counter()
+        baseline = xgboost_baseline(data or vertical_data(data_dir, sites, params), params, seed=args.seed)
+        timings["baseline"] = time.perf_counter() - t
     crypto = dict(server["crypto"])
     report = {
-        "job": JOB_NAME, "model": args.model, "dataset": fed.summary["dataset"], "n_sites": len(sites),
+        "job": JOB_NAME, "model": args.model, "objective": server.get("objective"),
+        "dataset": fed.summary["dataset"], "n_sites": len(sites),
         "sites": {"active": sites[0], "passive": sites[1:]},
         "params": {**params.to_dict(), "env": args.env, "seed": args.seed},
         "global": server["global"],
+        "baseline_xgboost": baseline,
         "identical_to_oracle": None if oracle is None else oracle["identical"],
         "oracle": oracle,
         "crypto": crypto, "layout": server.get("layout"),
@@ -214,11 +271,16 @@ def main(argv=None) -> int:
     }
     write_json_atomic(workspace / "report.json", report)
     g = report["global"]
-    print(f"\nvertical {args.model} on {report['dataset']}: 1 active + {args.passive} passive sites, "
+    what = args.model if args.model == "tree" else f"gbdt ({objective})"
+    print(f"\nvertical {what} on {report['dataset']}: 1 active + {args.passive} passive sites, "
           f"{crypto['key_bits']}-bit Paillier, packing {'on' if params.packing else 'off'}, "
           f"compression {'on' if params.compress else 'off'}")
-    print(format_table(["global test set", "accuracy", "macro_f1", "auc"],
-                       [["federated", g.get("accuracy"), g.get("macro_f1"), g.get("auc")]]))
+    cols = (["rmse", "mae", "r2"] if objective == "squared_error" and args.model == "gbdt" else
+            ["accuracy", "macro_f1", "auc" if "auc" in g else "mlogloss"])
+    rows = [["federated", *[g.get(c) for c in cols]]]
+    if baseline:
+        rows.append(["XGBoost, centralised", *[baseline["global"].get(c) for c in cols]])
+    print(format_table(["global test set", *cols], rows))
     print(f"encryptions {crypto['encryptions']}, decryptions {crypto['decryptions']}, "
           f"ciphertexts to passive {crypto['ciphertexts_to_passive']}, to active {crypto['ciphertexts_to_active']}, "
           f"values per ciphertext {crypto['values_per_ciphertext']}")

@@ -1,11 +1,24 @@
-"""Additively homomorphic encryption for the vertical job: Paillier on gmpy2 + a mock oracle."""
+"""Additively homomorphic encryption: Paillier on gmpy2, a mock oracle, and packing helpers.
+
+* :mod:`.paillier` -- keys, encryption, decryption, homomorphic addition (see its docstring for
+  the public API and the two randomness modes);
+* :mod:`.packing` -- slot layouts that pack several integers per plaintext and several summed
+  results per returned ciphertext, with overflow detection;
+* :mod:`.backend` -- the key-holder / public-context interface the vertical job uses (batches,
+  worker processes, wire format);
+* :mod:`.workers` -- persistent worker processes (no fork, no pickle).
+"""
 from .backend import (CiphertextError, KeyHolder, MockKeyHolder, MockPublicKey, PaillierKeyHolder,
                       PaillierPublic, PublicContext, default_workers, make_key_holder,
                       public_from_message)
-from .paillier import MIN_SECURE_BITS, PaillierPrivateKey, PaillierPublicKey, security_bits
+from .packing import SlotLayout, SlotOverflowError, pack_plan, required_width, unpack_fields
+from .paillier import (MAX_KEY_BITS, MIN_SECURE_BITS, SECURE_KEY_SIZES, PaillierPrivateKey,
+                       PaillierPublicKey, check_key_bits, security_bits)
 
 __all__ = [
     "CiphertextError", "KeyHolder", "MockKeyHolder", "MockPublicKey", "PaillierKeyHolder",
     "PaillierPublic", "PublicContext", "default_workers", "make_key_holder", "public_from_message",
-    "MIN_SECURE_BITS", "PaillierPrivateKey", "PaillierPublicKey", "security_bits",
+    "SlotLayout", "SlotOverflowError", "pack_plan", "required_width", "unpack_fields",
+    "MAX_KEY_BITS", "MIN_SECURE_BITS", "SECURE_KEY_SIZES", "PaillierPrivateKey", "PaillierPublicKey",
+    "check_key_bits", "security_bits",
 ]

@@ -2,11 +2,14 @@
 
 Two objects per scheme:
 
-* a **key holder** (active party): ``encrypt_many``, ``decrypt_many``, ``public``;
-* a **public context** (passive parties, rebuilt from ``public.to_message()``):
+* a **key holder** (active party): ``encrypt_many`` / ``encrypt_bytes``, ``decrypt_many`` /
+  ``decrypt_bytes``, ``public``; with ``workers > 1`` the work is spread over a persistent pool of
+  worker processes (:mod:`.workers`) that hold their own copy of the key, started at the first
+  call and kept until :meth:`KeyHolder.close`;
+* a **public context** (other parties, rebuilt from ``public.to_message()``):
   ``add``, ``sub``, ``shift`` (multiply the plaintext by 2^w), ``one`` (neutral element),
-  ``serialize`` / ``deserialize`` (fixed-width big-endian bytes in one uint8 array; every
-  received ciphertext is range-checked).
+  ``invert_many``, ``serialize`` / ``deserialize`` (fixed-width big-endian bytes in one uint8
+  array; every received ciphertext is range-checked).
 
 Backends: ``paillier`` (gmpy2, see :mod:`.paillier`) and ``mock`` (identity "encryption" on
 Python ints, the plaintext oracle).  Both expose the same plaintext capacity
@@ -14,28 +17,36 @@ Python ints, the plaintext oracle).  Both expose the same plaintext capacity
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from gmpy2 import mpz
 
 from .paillier import CiphertextError, PaillierPrivateKey, PaillierPublicKey
+from .workers import make_pool
 
 __all__ = [
     "CiphertextError", "KeyHolder", "PublicContext", "MockPublicKey", "MockKeyHolder",
     "PaillierKeyHolder", "PaillierPublic", "make_key_holder", "public_from_message",
-    "default_workers",
+    "default_workers", "ints_to_bytes", "bytes_to_ints", "public_to_json", "public_from_json",
 ]
 
-# serial below this many items per worker (process start-up is not free)
+# below this many values per worker the pool is not worth a round trip
 _MIN_PER_WORKER = 48
 
 
 def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
+
+
+def ints_to_bytes(values, width: int) -> bytes:
+    """Signed integers as fixed-width big-endian two's complement."""
+    return b"".join(int(v).to_bytes(width, "big", signed=True) for v in values)
+
+
+def bytes_to_ints(raw: bytes, width: int) -> list:
+    return [int.from_bytes(raw[i:i + width], "big", signed=True) for i in range(0, len(raw), width)]
 
 
 # --------------------------------------------------------------------------------------
@@ -63,20 +74,43 @@ class PublicContext:
     def one(self):  # pragma: no cover
         raise NotImplementedError
 
+    def invert_many(self, cts) -> list:  # pragma: no cover
+        raise NotImplementedError
+
     def check(self, c) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def check_many(self, cts) -> None:
+        for c in cts:
+            self.check(c)
 
     def to_message(self) -> dict:  # pragma: no cover
         raise NotImplementedError
 
     # wire ---------------------------------------------------------------------------
-    def serialize(self, cts) -> np.ndarray:
-        w = self.ct_bytes
-        signed = self.scheme == "mock"
-        raw = b"".join(mpz(c).to_bytes(w, "big", signed=signed) for c in cts)
-        return np.frombuffer(raw, dtype=np.uint8).copy()
+    @property
+    def signed_wire(self) -> bool:
+        return self.scheme == "mock"
 
-    def deserialize(self, arr, count: int | None = None) -> list:
+    def to_bytes(self, cts) -> bytes:
+        w, s = self.ct_bytes, self.signed_wire
+        return b"".join(mpz(c).to_bytes(w, "big", signed=s) for c in cts)
+
+    def from_bytes(self, raw: bytes, check: bool = True) -> list:
+        w = self.ct_bytes
+        if len(raw) % w:
+            raise CiphertextError(f"ciphertext array of {len(raw)} bytes is not a multiple of {w}")
+        s = self.signed_wire
+        out = [mpz.from_bytes(raw[i:i + w], "big", signed=s) for i in range(0, len(raw), w)]
+        if check:
+            self.check_many(out)
+        return out
+
+    def serialize(self, cts) -> np.ndarray:
+        return np.frombuffer(self.to_bytes(cts), dtype=np.uint8).copy()
+
+    def wire_bytes(self, arr, count: int | None = None) -> bytes:
+        """The raw bytes of a received ciphertext array, after shape checks (no value checks)."""
         if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 1:
             raise CiphertextError("ciphertexts must arrive as a 1-D uint8 array")
         w = self.ct_bytes
@@ -84,12 +118,10 @@ class PublicContext:
             raise CiphertextError(f"ciphertext array of {arr.size} bytes is not a multiple of {w}")
         if count is not None and arr.size // w != count:
             raise CiphertextError(f"expected {count} ciphertexts, got {arr.size // w}")
-        raw = arr.tobytes()
-        signed = self.scheme == "mock"
-        out = [mpz.from_bytes(raw[i:i + w], "big", signed=signed) for i in range(0, len(raw), w)]
-        for c in out:
-            self.check(c)
-        return out
+        return arr.tobytes()
+
+    def deserialize(self, arr, count: int | None = None) -> list:
+        return self.from_bytes(self.wire_bytes(arr, count))
 
 
 class PaillierPublic(PublicContext):
@@ -115,8 +147,14 @@ class PaillierPublic(PublicContext):
     def one(self):
         return mpz(1)
 
+    def invert_many(self, cts) -> list:
+        return self.pk.invert_many(cts)
+
     def check(self, c) -> None:
         self.pk.check(c)
+
+    def check_many(self, cts) -> None:
+        self.pk.check_many(cts)
 
     def to_message(self) -> dict:
         return self.pk.to_message()
@@ -145,6 +183,9 @@ class MockPublicKey(PublicContext):
     def one(self):
         return mpz(0)
 
+    def invert_many(self, cts) -> list:
+        return [-c for c in cts]
+
     def check(self, c) -> None:
         if abs(c) >= (mpz(1) << (self.key_bits - 1)):
             raise CiphertextError("mock ciphertext out of range")
@@ -153,16 +194,29 @@ class MockPublicKey(PublicContext):
         return {"scheme": "mock", "bits": self.key_bits}
 
 
+def public_to_json(pub: PublicContext) -> dict:
+    """The public key as plain JSON (for the party's own worker processes)."""
+    if pub.scheme == "paillier":
+        return {"scheme": "paillier", "n": int(pub.n)}
+    return pub.to_message()
+
+
+def public_from_json(d: dict) -> PublicContext:
+    if d.get("scheme") == "paillier":
+        return PaillierPublic(PaillierPublicKey(int(d["n"])))
+    return public_from_message(d)
+
+
 def public_from_message(msg: dict) -> PublicContext:
     if not isinstance(msg, dict) or "scheme" not in msg:
         raise CiphertextError("public key message malformed")
     if msg["scheme"] == "paillier":
-        nb = msg.get("n")
-        if not isinstance(nb, (bytes, bytearray)) or len(nb) < 32:
-            raise CiphertextError("public key modulus malformed")
-        return PaillierPublic(PaillierPublicKey(int.from_bytes(nb, "big")))
+        return PaillierPublic(PaillierPublicKey.from_message(msg))
     if msg["scheme"] == "mock":
-        return MockPublicKey(int(msg["bits"]))
+        bits = msg.get("bits")
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 256 <= bits <= 4096:
+            raise CiphertextError("mock key size malformed")
+        return MockPublicKey(bits)
     raise CiphertextError(f"unknown HE scheme {msg['scheme']!r}")
 
 
@@ -175,11 +229,28 @@ class KeyHolder:
     def __init__(self):
         self.ops = Counter()
 
-    def encrypt_many(self, values, workers: int = 1) -> list:  # pragma: no cover
+    @property
+    def plain_bytes(self) -> int:
+        """Width of one signed plaintext on the key holder's own pipes."""
+        return self.public.ct_bytes // 2 + 2
+
+    def encrypt_many(self, values, workers: int = 1) -> list:
+        return self.public.from_bytes(self.encrypt_bytes(values, workers), check=False)
+
+    def decrypt_many(self, cts, workers: int = 1) -> list:
+        return self.decrypt_bytes(self.public.to_bytes(cts), workers)
+
+    def encrypt_bytes(self, values, workers: int = 1) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def decrypt_many(self, cts, workers: int = 1) -> list:  # pragma: no cover
+    def decrypt_bytes(self, raw: bytes, workers: int = 1) -> list:  # pragma: no cover
         raise NotImplementedError
+
+    def start(self, workers: int) -> None:
+        """Start the worker processes now (otherwise at the first large batch)."""
+
+    def close(self) -> None:
+        pass
 
 
 class MockKeyHolder(KeyHolder):
@@ -188,99 +259,119 @@ class MockKeyHolder(KeyHolder):
         self.public = MockPublicKey(key_bits)
         self.key_bits = key_bits
 
-    def encrypt_many(self, values, workers: int = 1) -> list:
+    def encrypt_bytes(self, values, workers: int = 1) -> bytes:
         out = [mpz(v) for v in values]
-        for c in out:
-            self.public.check(c)
+        self.public.check_many(out)
         self.ops["encryptions"] += len(out)
-        return out
+        return self.public.to_bytes(out)
 
-    def decrypt_many(self, cts, workers: int = 1) -> list:
+    def decrypt_bytes(self, raw: bytes, workers: int = 1) -> list:
+        cts = self.public.from_bytes(raw)
         self.ops["decryptions"] += len(cts)
         return [int(c) for c in cts]
 
 
-# worker-process state (fork start: inherited from the key holder's own process)
-_WORKER_KEY: PaillierPrivateKey | None = None
+def _n_tasks(n_items: int, workers: int, min_size: int = 64) -> int:
+    """Enough pieces for the pool to balance itself (8 per worker) but none smaller than min_size."""
+    return max(1, min(8 * workers, n_items // min_size))
 
 
-def _enc_chunk(values):
-    key = _WORKER_KEY
-    w = key.public.ct_bytes
-    return b"".join(int(key.encrypt(v)).to_bytes(w, "big") for v in values)
-
-
-def _dec_chunk(raw_and_w):
-    raw, w = raw_and_w
-    key = _WORKER_KEY
-    return [key.decrypt(mpz.from_bytes(raw[i:i + w], "big")) for i in range(0, len(raw), w)]
-
-
-def _chunks(seq, k):
-    step = (len(seq) + k - 1) // k
-    return [seq[i:i + step] for i in range(0, len(seq), step)]
-
-
-def _pool(workers):
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+def _split(n_items: int, k: int) -> list:
+    """k contiguous (start, stop) ranges covering n_items as evenly as possible."""
+    bounds = [n_items * i // k for i in range(k + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 class PaillierKeyHolder(KeyHolder):
-    def __init__(self, key: PaillierPrivateKey):
+    def __init__(self, key: PaillierPrivateKey, workers: int = 1):
         super().__init__()
         self.key = key
         self.public = PaillierPublic(key.public)
         self.key_bits = key.public.bits
+        self._pools: dict = {}
 
     @classmethod
-    def generate(cls, key_bits: int = 2048, obfuscation: str = "full"):
-        return cls(PaillierPrivateKey.generate(key_bits, obfuscation))
+    def generate(cls, key_bits: int = 2048, obfuscation: str = "full", allow_insecure: bool = True):
+        return cls(PaillierPrivateKey.generate(key_bits, obfuscation, allow_insecure))
 
-    def _workers(self, n_items, workers):
-        workers = max(1, int(workers or 1))
-        return min(workers, max(1, n_items // _MIN_PER_WORKER))
+    def _pool(self, n_items: int, workers):
+        k = min(max(1, int(workers or 1)), max(1, n_items // _MIN_PER_WORKER))
+        if k <= 1:
+            return None
+        pool = self._pools.get(k)
+        if pool is None:
+            pool = make_pool(k, ["treeflare.crypto.backend"])
+            pool.map("key", [{"state": self.key.worker_state()}] * k)
+            self._pools[k] = pool
+        return pool
 
-    def encrypt_many(self, values, workers: int = 1) -> list:
-        values = [int(v) for v in values]
-        k = self._workers(len(values), workers)
+    def start(self, workers: int) -> None:
+        self._pool(1 << 30, workers)
+
+    def encrypt_bytes(self, values, workers: int = 1) -> bytes:
+        n = int(self.public.n)
+        values = [int(v) % n for v in values]
+        values = [v - n if v > n // 2 else v for v in values]     # same plaintext, fits the pipe width
         self.ops["encryptions"] += len(values)
-        if k == 1:
-            return [self.key.encrypt(v) for v in values]
-        global _WORKER_KEY
-        _WORKER_KEY = self.key
+        pool = self._pool(len(values), workers)
+        if pool is None:
+            return self.public.to_bytes(self.key.encrypt(v) for v in values)
+        w = self.plain_bytes
+        tasks = [({}, [ints_to_bytes(values[a:b], w)]) for a, b in _split(len(values), _n_tasks(len(values), pool.n))]
+        return b"".join(blobs[0] for _res, blobs in pool.run_tasks("enc", tasks))
+
+    def decrypt_bytes(self, raw: bytes, workers: int = 1) -> list:
         w = self.public.ct_bytes
+        n = len(raw) // w
+        self.ops["decryptions"] += n
+        pool = self._pool(n, workers)
+        if pool is None:
+            return [self.key.decrypt(c) for c in self.public.from_bytes(raw, check=False)]
+        tasks = [({}, [raw[a * w:b * w]]) for a, b in _split(n, _n_tasks(n, pool.n, 16))]
         out = []
-        try:
-            with _pool(k) as ex:
-                for raw in ex.map(_enc_chunk, _chunks(values, 4 * k)):
-                    out.extend(mpz.from_bytes(raw[i:i + w], "big") for i in range(0, len(raw), w))
-        finally:
-            _WORKER_KEY = None
+        pw = self.plain_bytes
+        for _res, blobs in pool.run_tasks("dec", tasks):
+            out.extend(bytes_to_ints(blobs[0], pw))
         return out
 
-    def decrypt_many(self, cts, workers: int = 1) -> list:
-        cts = list(cts)
-        k = self._workers(len(cts), workers)
-        self.ops["decryptions"] += len(cts)
-        if k == 1:
-            return [self.key.decrypt(c) for c in cts]
-        global _WORKER_KEY
-        _WORKER_KEY = self.key
-        w = self.public.ct_bytes
-        out = []
-        try:
-            with _pool(k) as ex:
-                jobs = [(b"".join(int(c).to_bytes(w, "big") for c in ch), w) for ch in _chunks(cts, 4 * k)]
-                for part in ex.map(_dec_chunk, jobs):
-                    out.extend(part)
-        finally:
-            _WORKER_KEY = None
-        return out
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools = {}
 
 
-def make_key_holder(scheme: str, key_bits: int, obfuscation: str = "full") -> KeyHolder:
+def make_key_holder(scheme: str, key_bits: int, obfuscation: str = "full",
+                    allow_insecure: bool = True) -> KeyHolder:
     if scheme == "mock":
         return MockKeyHolder(key_bits)
     if scheme == "paillier":
-        return PaillierKeyHolder.generate(key_bits, obfuscation)
+        return PaillierKeyHolder.generate(key_bits, obfuscation, allow_insecure)
     raise ValueError(f"unknown HE scheme {scheme!r}")
+
+
+# --------------------------------------------------------------------------------------
+# worker-process operations (see .workers): the key holder's own processes
+# --------------------------------------------------------------------------------------
+def _op_key(state, args, blobs):
+    key = PaillierPrivateKey.from_worker_state(args["state"])
+    state["key"] = key
+    return {}, []
+
+
+def _op_enc(state, args, blobs):
+    key = state["key"]
+    pw = key.public.ct_bytes // 2 + 2
+    w = key.public.ct_bytes
+    vals = bytes_to_ints(blobs[0], pw)
+    return {}, [b"".join(int(key.encrypt(v)).to_bytes(w, "big") for v in vals)]
+
+
+def _op_dec(state, args, blobs):
+    key = state["key"]
+    w = key.public.ct_bytes
+    raw = blobs[0]
+    out = [key.decrypt(mpz.from_bytes(raw[i:i + w], "big")) for i in range(0, len(raw), w)]
+    return {}, [ints_to_bytes(out, w // 2 + 2)]
+
+
+OPS = {"key": _op_key, "enc": _op_enc, "dec": _op_dec}

@@ -1,9 +1,23 @@
 """Paillier cryptosystem on gmpy2 (g = n + 1).
 
-* Key generation draws primes from ``secrets`` randomness.
-* Decryption uses the CRT (mod p^2 and q^2).
+Public API (also used outside the vertical job)::
+
+    key = PaillierPrivateKey.generate(2048)          # the key holder; 2048 (default), 3072 or 4096 bits
+    pk = key.public                                  # PaillierPublicKey: what other parties hold
+    c = key.encrypt(-5)                              # fresh randomness every call
+    s = pk.add(c, key.encrypt(7))                    # E(a) * E(b) = E(a + b)
+    key.decrypt(s) == 2                              # centred plaintext in (-n/2, n/2]
+    pk2 = PaillierPublicKey.from_message(pk.to_message())   # wire form: {"scheme", "n": bytes}
+    pk.check(c); pk.check_many([c, ...])             # what a receiver runs on every ciphertext
+
+* Key generation draws primes from ``secrets`` randomness; key sizes are bounded
+  (:data:`MIN_SECURE_BITS` .. :data:`MAX_KEY_BITS`; smaller sizes only for tests).
+* Decryption uses the CRT (mod p^2 and q^2) and ``powmod_sec`` (constant-time exponentiation:
+  the exponents p - 1 and q - 1 are secret).
 * Encryption at the key holder uses the CRT as well, with **fresh randomness for every
-  ciphertext** (never an obfuscator pool: reusing r leaks m1 - m2).
+  ciphertext** (never an obfuscator pool: reusing r leaks m1 - m2).  ``obfuscator()`` and
+  ``encrypt_with()`` split an encryption in two so the expensive half (r^n) can be computed
+  ahead of time; each obfuscator must be used exactly once.
 
 Two obfuscation modes for the key holder:
 
@@ -21,11 +35,12 @@ Two obfuscation modes for the key holder:
     rests on an extra (short-exponent / subgroup) assumption, so it is an option, not the
     default.
 
-Only the key holder (the active party) can encrypt here: passive parties never encrypt,
-they only add ciphertexts and shift them (``c^(2^W)``) for compression.
+Only the key holder can encrypt here: the other parties only add ciphertexts and shift them
+(``c^(2^W)``, a multiplication of the plaintext by 2^W) for compression.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 
@@ -33,12 +48,33 @@ import gmpy2
 from gmpy2 import mpz
 
 DJN_ALPHA_BITS = 256
-_DJN_WINDOW = 8
+_WINDOW = 8
 MIN_SECURE_BITS = 2048
+MAX_KEY_BITS = 4096          # 4096-bit safe-prime key generation already takes 1-3 minutes (scripts/bench_paillier.py)
+SECURE_KEY_SIZES = (2048, 3072, 4096)
+MIN_TEST_BITS = 256
 
 
 class CiphertextError(ValueError):
     """A received ciphertext is malformed (outside Z*_{n^2}, wrong size...)."""
+
+
+def check_key_bits(bits: int, allow_insecure: bool = False) -> int:
+    """The key sizes this package accepts: 2048, 3072 or 4096 bits; with ``allow_insecure`` (tests
+    and comparisons only) any even size from 256 to 4096."""
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise ValueError(f"key bits must be an integer, got {bits!r}")
+    if allow_insecure:
+        if not (MIN_TEST_BITS <= bits <= MAX_KEY_BITS) or bits % 2:
+            raise ValueError(f"key bits must be even and in [{MIN_TEST_BITS}, {MAX_KEY_BITS}], got {bits}")
+        return bits
+    if bits not in SECURE_KEY_SIZES:
+        hint = (f"; keys under {MIN_SECURE_BITS} bits are insecure (only allowed for tests)"
+                if bits < MIN_SECURE_BITS else
+                f"; larger keys are refused (key generation time grows steeply: 4096 bits already takes minutes)"
+                if bits > MAX_KEY_BITS else "")
+        raise ValueError(f"key bits must be one of {', '.join(map(str, SECURE_KEY_SIZES))}, got {bits}{hint}")
+    return bits
 
 
 def _random_prime(bits: int) -> mpz:
@@ -74,8 +110,30 @@ def _is_safe(p) -> bool:
     return gmpy2.is_prime((p - 1) // 2, 30)
 
 
+def _fixed_base_table(base, mod, exp_bits):
+    """rows[i][d] = base^(d * 2^(w*i)) mod m, for exponents of ``exp_bits`` bits."""
+    tables = []
+    b = mpz(base)
+    for _ in range((exp_bits + _WINDOW - 1) // _WINDOW):
+        row = [mpz(1)]
+        for _j in range(1, 1 << _WINDOW):
+            row.append(row[-1] * b % mod)
+        tables.append(row)
+        b = row[-1] * b % mod          # b^(2^w)
+    return tables
+
+
+def _fixed_base_pow(tables, e: int, mod):
+    # one table lookup per 8-bit digit (the window is 8 bits, so the digits are the bytes of e)
+    acc = mpz(1)
+    for row, d in zip(tables, int(e).to_bytes(len(tables), "little")):
+        if d:
+            acc = acc * row[d] % mod
+    return acc
+
+
 class PaillierPublicKey:
-    """Public key: what a passive party holds.  Homomorphic ops on ints (mpz)."""
+    """Public key: what a non-key-holder holds.  Homomorphic ops on ints (mpz)."""
 
     scheme = "paillier"
 
@@ -83,6 +141,8 @@ class PaillierPublicKey:
         n = mpz(n)
         if n < 3 or n % 2 == 0:
             raise ValueError("invalid Paillier modulus")
+        if n.bit_length() > MAX_KEY_BITS:
+            raise ValueError(f"Paillier modulus of {n.bit_length()} bits exceeds {MAX_KEY_BITS}")
         self.n = n
         self.nsq = n * n
         self.bits = int(n.bit_length())
@@ -93,38 +153,88 @@ class PaillierPublicKey:
 
     # --- homomorphic operations -------------------------------------------------
     def add(self, a, b):
+        """E(a), E(b) -> E(a + b)."""
         return a * b % self.nsq
 
     def sub(self, a, b):
+        """E(a), E(b) -> E(a - b)."""
         return a * gmpy2.invert(b, self.nsq) % self.nsq
 
     def shift(self, a, w: int):
         """E(m) -> E(m * 2^w)."""
         return gmpy2.powmod(a, mpz(1) << w, self.nsq)
 
+    def mul_plain(self, a, k: int):
+        """E(m) -> E(m * k) for a public integer k (negative k allowed)."""
+        k = int(k)
+        if k < 0:
+            return gmpy2.powmod(gmpy2.invert(a, self.nsq), -k, self.nsq)
+        return gmpy2.powmod(a, k, self.nsq)
+
     def one(self):
         """Neutral element for the homomorphic sum (a trivial encryption of 0)."""
         return mpz(1)
+
+    def invert_many(self, cts) -> list:
+        """[c^-1 mod n^2] for many ciphertexts with one modular inversion (Montgomery's trick)."""
+        cts = list(cts)
+        if not cts:
+            return []
+        nsq = self.nsq
+        prefix = [cts[0]]
+        for c in cts[1:]:
+            prefix.append(prefix[-1] * c % nsq)
+        inv = gmpy2.invert(prefix[-1], nsq)
+        out = [None] * len(cts)
+        for i in range(len(cts) - 1, 0, -1):
+            out[i] = inv * prefix[i - 1] % nsq
+            inv = inv * cts[i] % nsq
+        out[0] = inv
+        return out
 
     # --- wire format ----------------------------------------------------------------
     def to_message(self) -> dict:
         return {"scheme": self.scheme, "n": int(self.n).to_bytes((self.bits + 7) // 8, "big")}
 
+    @classmethod
+    def from_message(cls, msg: dict) -> "PaillierPublicKey":
+        if not isinstance(msg, dict) or msg.get("scheme") != cls.scheme:
+            raise CiphertextError("public key message malformed")
+        nb = msg.get("n")
+        if not isinstance(nb, (bytes, bytearray)) or not 32 <= len(nb) <= MAX_KEY_BITS // 8:
+            raise CiphertextError(f"public key modulus malformed (32 to {MAX_KEY_BITS // 8} bytes)")
+        try:
+            return cls(int.from_bytes(nb, "big"))
+        except ValueError as e:
+            raise CiphertextError(str(e)) from None
+
     def check(self, c) -> None:
+        """Raise CiphertextError unless c is in Z*_{n^2}."""
         if not (0 < c < self.nsq):
             raise CiphertextError("ciphertext outside the Paillier range (0, n^2)")
         if gmpy2.gcd(c, self.n) != 1:
             raise CiphertextError("ciphertext not invertible mod n^2")
 
+    def check_many(self, cts) -> None:
+        """``check`` for many ciphertexts with one gcd: a product mod n is a unit iff every factor is."""
+        n, nsq = self.n, self.nsq
+        acc = mpz(1)
+        for c in cts:
+            if not (0 < c < nsq):
+                raise CiphertextError("ciphertext outside the Paillier range (0, n^2)")
+            acc = acc * c % n
+        if gmpy2.gcd(acc, n) != 1:
+            for c in cts:
+                self.check(c)
+
     def fingerprint(self) -> str:
-        import hashlib
         return hashlib.sha256(self.to_message()["n"]).hexdigest()[:16]
 
 
 class PaillierPrivateKey:
-    """Key pair held by the active party: CRT encryption and decryption."""
+    """Key pair held by the key holder: CRT encryption and decryption."""
 
-    def __init__(self, p: int, q: int, obfuscation: str = "full"):
+    def __init__(self, p: int, q: int, obfuscation: str = "full", _gens=None):
         p, q = mpz(p), mpz(q)
         if p == q:
             raise ValueError("p == q")
@@ -140,67 +250,55 @@ class PaillierPrivateKey:
         self.qsq_inv = gmpy2.invert(self.qsq, self.psq)   # CRT mod n^2
         self.q_inv = gmpy2.invert(q, p)                   # CRT mod n
         # decryption constants (g = n + 1)
-        self.hp = gmpy2.invert(self._L(gmpy2.powmod(n + 1, p - 1, self.psq), p), p)
-        self.hq = gmpy2.invert(self._L(gmpy2.powmod(n + 1, q - 1, self.qsq), q), q)
+        self.hp = gmpy2.invert(self._L(gmpy2.powmod_sec(n + 1, p - 1, self.psq), p), p)
+        self.hq = gmpy2.invert(self._L(gmpy2.powmod_sec(n + 1, q - 1, self.qsq), q), q)
         self._gen_tabs = None
-        if obfuscation == "full" and _is_safe(p) and _is_safe(q):
+        self._gens = None
+        if obfuscation == "full" and (_gens is not None or (_is_safe(p) and _is_safe(q))):
             # r^n mod p^2 is uniform over the order-(p-1) subgroup; with a certified generator g_p
             # of that subgroup, g_p^e (e uniform in [0, p-1)) has exactly that distribution and
             # admits a fixed-base table (same for q).
-            self._gen_tabs = []
-            for pr, sq in ((p, self.psq), (q, self.qsq)):
-                half = (pr - 1) // 2
-                while True:
-                    y = mpz(secrets.randbelow(int(pr) - 3) + 2)
-                    if gmpy2.powmod(y, 2, pr) != 1 and gmpy2.powmod(y, half, pr) != 1:
-                        break                      # y is a primitive root mod p
-                g = gmpy2.powmod(y, pr, sq)        # order exactly p - 1 in Z*_{p^2}
-                self._gen_tabs.append(self._fixed_base_table(g, sq, int(pr.bit_length())))
+            gens = list(_gens) if _gens is not None else [self._subgroup_generator(pr, sq)
+                                                          for pr, sq in ((p, self.psq), (q, self.qsq))]
+            self._gens = tuple(mpz(g) for g in gens)
+            self._gen_tabs = [_fixed_base_table(g, sq, int(pr.bit_length()))
+                              for g, pr, sq in zip(self._gens, (p, q), (self.psq, self.qsq))]
         if obfuscation == "djn":
-            while True:
-                x = mpz(secrets.randbelow(int(n) - 2) + 2)
-                if gmpy2.gcd(x, n) == 1:
-                    break
-            h = (-(x * x)) % n
-            self.hs_p = gmpy2.powmod(h, n, self.psq)
-            self.hs_q = gmpy2.powmod(h, n, self.qsq)
+            if _gens is not None:
+                self.hs_p, self.hs_q = (mpz(g) for g in _gens)
+            else:
+                while True:
+                    x = mpz(secrets.randbelow(int(n) - 2) + 2)
+                    if gmpy2.gcd(x, n) == 1:
+                        break
+                h = (-(x * x)) % n
+                self.hs_p = gmpy2.powmod(h, n, self.psq)
+                self.hs_q = gmpy2.powmod(h, n, self.qsq)
+            self._gens = (self.hs_p, self.hs_q)
             # fixed-base window tables: hs^(j * 2^(w*i)) mod p^2 / q^2
-            self._tab_p = self._fixed_base_table(self.hs_p, self.psq, DJN_ALPHA_BITS)
-            self._tab_q = self._fixed_base_table(self.hs_q, self.qsq, DJN_ALPHA_BITS)
+            self._tab_p = _fixed_base_table(self.hs_p, self.psq, DJN_ALPHA_BITS)
+            self._tab_q = _fixed_base_table(self.hs_q, self.qsq, DJN_ALPHA_BITS)
 
     @staticmethod
-    def _fixed_base_table(base, mod, exp_bits):
-        w = _DJN_WINDOW
-        tables = []
-        b = mpz(base)
-        for _ in range((exp_bits + w - 1) // w):
-            row = [mpz(1)]
-            for _j in range(1, 1 << w):
-                row.append(row[-1] * b % mod)
-            tables.append(row)
-            b = row[-1] * b % mod          # b^(2^w)
-        return tables
-
-    @staticmethod
-    def _fixed_base_pow(tables, alpha: int, mod):
-        w = _DJN_WINDOW
-        mask = (1 << w) - 1
-        acc = mpz(1)
-        for row in tables:
-            d = alpha & mask
-            if d:
-                acc = acc * row[d] % mod
-            alpha >>= w
-        return acc
+    def _subgroup_generator(pr, sq):
+        half = (pr - 1) // 2
+        while True:
+            y = mpz(secrets.randbelow(int(pr) - 3) + 2)
+            if gmpy2.powmod(y, 2, pr) != 1 and gmpy2.powmod(y, half, pr) != 1:
+                break                      # y is a primitive root mod p (p safe)
+        return gmpy2.powmod(y, pr, sq)     # order exactly p - 1 in Z*_{p^2}
 
     @staticmethod
     def _L(u, d):
         return (u - 1) // d
 
     @classmethod
-    def generate(cls, bits: int = 2048, obfuscation: str = "full") -> "PaillierPrivateKey":
-        if bits < 256 or bits % 2:
-            raise ValueError("key bits must be even and >= 256")
+    def generate(cls, bits: int = 2048, obfuscation: str = "full",
+                 allow_insecure: bool = True) -> "PaillierPrivateKey":
+        """A fresh key of ``bits`` bits.  Sizes are checked with :func:`check_key_bits`
+        (``allow_insecure=True`` keeps small sizes possible for tests; callers that take a size
+        from a user should pass False)."""
+        check_key_bits(bits, allow_insecure)
         half = bits // 2
         prime = _safe_prime if obfuscation == "full" else _random_prime
         while True:
@@ -213,44 +311,62 @@ class PaillierPrivateKey:
                 return cls(p, q, obfuscation)
 
     # --- encryption (key holder, CRT) ------------------------------------------------
-    def _rn(self):
-        """Fresh r^n, as its residues mod p^2 and mod q^2."""
+    def obfuscator(self) -> tuple:
+        """A fresh r^n, as its residues mod p^2 and mod q^2.  Use each one for one encryption only."""
         if self.obfuscation == "djn":
             a = secrets.randbits(DJN_ALPHA_BITS)
-            return (self._fixed_base_pow(self._tab_p, a, self.psq),
-                    self._fixed_base_pow(self._tab_q, a, self.qsq))
+            return (_fixed_base_pow(self._tab_p, a, self.psq), _fixed_base_pow(self._tab_q, a, self.qsq))
         p, q = self.p, self.q
         if self._gen_tabs is not None:
             ep = secrets.randbelow(int(p) - 1)
             eq = secrets.randbelow(int(q) - 1)
-            return (self._fixed_base_pow(self._gen_tabs[0], ep, self.psq),
-                    self._fixed_base_pow(self._gen_tabs[1], eq, self.qsq))
+            return (_fixed_base_pow(self._gen_tabs[0], ep, self.psq),
+                    _fixed_base_pow(self._gen_tabs[1], eq, self.qsq))
         yp = mpz(secrets.randbelow(int(p) - 1) + 1)
         yq = mpz(secrets.randbelow(int(q) - 1) + 1)
-        return gmpy2.powmod(yp, p, self.psq), gmpy2.powmod(yq, q, self.qsq)
+        return gmpy2.powmod_sec(yp, p, self.psq), gmpy2.powmod_sec(yq, q, self.qsq)
 
-    def encrypt(self, m: int):
+    _rn = obfuscator      # name used by older tests
+
+    def encrypt_with(self, m: int, rn: tuple):
+        """E(m) with a given fresh obfuscator from :meth:`obfuscator`."""
         n = self.public.n
         m = mpz(m) % n
-        rp, rq = self._rn()
+        rp, rq = rn
         gm = 1 + m * n                       # (n+1)^m mod n^2
         cp = gm % self.psq * rp % self.psq
         cq = gm % self.qsq * rq % self.qsq
         return cq + self.qsq * ((cp - cq) * self.qsq_inv % self.psq)
 
+    def encrypt(self, m: int):
+        """E(m) with fresh randomness; m is taken mod n (negative m encrypts n - |m|)."""
+        return self.encrypt_with(m, self.obfuscator())
+
+    # --- decryption ---------------------------------------------------------------------
     def decrypt_raw(self, c) -> int:
         """Plaintext in [0, n)."""
         p, q = self.p, self.q
-        mp = self._L(gmpy2.powmod(c, p - 1, self.psq), p) * self.hp % p
-        mq = self._L(gmpy2.powmod(c, q - 1, self.qsq), q) * self.hq % q
+        mp = self._L(gmpy2.powmod_sec(c % self.psq, p - 1, self.psq), p) * self.hp % p
+        mq = self._L(gmpy2.powmod_sec(c % self.qsq, q - 1, self.qsq), q) * self.hq % q
         return int(mq + q * ((mp - mq) * self.q_inv % p))
 
     def decrypt(self, c) -> int:
-        """Centred plaintext in (-n/2, n/2]."""
+        """Centred plaintext in (-n/2, n/2] (checks that c is a valid ciphertext first)."""
         self.public.check(c)
         m = self.decrypt_raw(c)
         n = int(self.public.n)
         return m - n if m > n // 2 else m
+
+    # --- the key holder's own worker processes -------------------------------------------
+    def worker_state(self) -> dict:
+        """What the key holder's own worker processes need to rebuild this key (never sent to
+        another party): primes, obfuscation mode and the certified generators."""
+        return {"p": int(self.p), "q": int(self.q), "obfuscation": self.obfuscation,
+                "gens": None if self._gens is None else [int(g) for g in self._gens]}
+
+    @classmethod
+    def from_worker_state(cls, st: dict) -> "PaillierPrivateKey":
+        return cls(st["p"], st["q"], st["obfuscation"], _gens=st.get("gens"))
 
     def secret_state(self) -> tuple:
         """(p, q, obfuscation) -- only for the key holder's own worker processes."""

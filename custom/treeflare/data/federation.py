@@ -61,14 +61,17 @@ def site_name(i: int) -> str:
 
 def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: float | None = None, seed: int = 0,
                        *, vertical: bool = False, n_passive: int = 1, test_size: float = GLOBAL_TEST_SIZE,
-                       local_test_size: float = LOCAL_TEST_SIZE) -> Federation:
-    """Hold out a global test set, then partition the rest among sites (rows, or columns if vertical)."""
+                       local_test_size: float = LOCAL_TEST_SIZE, stratify: bool = True) -> Federation:
+    """Hold out a global test set, then partition the rest among sites (rows, or columns if vertical).
+
+    ``stratify=False`` holds out a plain random share instead of a per-class one (for a real-valued
+    label, whose "classes" are mostly single rows)."""
     if vertical:
         table = table.with_row_ids()
     y = table.y_codes()
     if len(table.schema.classes) < 2 or len(np.unique(y)) < 2:
         raise DataError(f"{table.name or 'data'}: the label has a single class; need at least 2")
-    rest_rows, test_rows = stratified_split(y, test_size, seed)
+    rest_rows, test_rows = stratified_split(y if stratify else np.zeros(len(y), np.int64), test_size, seed)
     rest, server_test = table.subset(rest_rows), table.subset(test_rows, name="server")
     params = {"kind": "vertical" if vertical else kind, "alpha": alpha, "seed": seed, "test_size": test_size,
               "local_test_size": local_test_size}

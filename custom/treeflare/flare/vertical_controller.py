@@ -2,10 +2,14 @@
 
 The active site drives the protocol (``vertical_step``); the server forwards each message of
 its outbox to the addressed passive site (``vertical_msg``, one task per site, all in flight
-together), and hands the replies back to the active site.  The server holds no key and sees
-only what crosses it: public key, ciphertexts (fixed-width bytes), node-membership arrays,
-opaque split ids, partitions of node rows, prediction bits, and at the end the active site's
+together), and hands the replies back to the active site.  The server holds no key, but it sees
+everything that crosses it: the public key, the slot layouts (gradient bounds; for a regression
+the range of the residuals), ciphertexts, the row-to-node assignment of every layer (so every
+partition of the training rows, and which nodes closed early -- a classification node closes early
+when it is pure), the number of candidates per node, which party won each split, the test rows that
+reach each passive split and that split's prediction bits, and at the end the active site's test
 metrics and operation counts -- which it writes to ``vertical_result.json`` in its run folder.
+See SECURITY.md.
 
 Every reply is checked for shape (a dict with a ``type``, from a site that was addressed);
 a site that fails, times out or sends a malformed payload ends the job with a logged reason
@@ -83,7 +87,7 @@ class VerticalController(ResultWorkflow):
                 if not isinstance(res, dict):
                     raise JobFailed(f"{self.active_site}: final step without a result")
                 result.update({k: v for k, v in res.items() if k in (
-                    "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
+                    "objective", "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
                     "n_classes", "n_trees", "n_splits")})
                 result["server_protocol_s"] = time.perf_counter() - t0
                 result["messages_routed"] = routed

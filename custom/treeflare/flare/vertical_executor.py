@@ -7,8 +7,15 @@
 
 Data are read from ``<data_root>/<site>/{train,test}.csv`` (``$TREEFLARE_DATA_ROOT``
 overrides the folder: site-local binding).  Each site writes its own model file into its run
-folder; only ciphertexts, opaque split ids, partitions of node rows and prediction bits leave a
-site -- and, from the active site at the end, the test metrics and operation counts.
+folder.  What leaves a site (and so what the server sees): from the active site, the public key,
+ciphertexts, slot layouts, the row-to-node assignment of every layer, candidate ids, and the test
+rows that reach each passive split; from a passive site, ciphertexts, candidate ids, partitions of
+node rows and prediction bits for those test rows; and, from the active site at the end, the test
+metrics and operation counts.  See SECURITY.md.
+
+A passive site's limits (whatever the active site proposes) come from the executor's arguments or
+the environment: ``$TREEFLARE_VERTICAL_MIN_KEY_BITS``, ``$TREEFLARE_VERTICAL_MIN_NODE_ROWS``,
+``$TREEFLARE_VERTICAL_MAX_TREES``, ``$TREEFLARE_VERTICAL_MAX_DEPTH``.
 """
 from __future__ import annotations
 
@@ -26,12 +33,17 @@ import numpy as np
 from ..data import DataError, read_site
 from ..data.errors import public_error
 from ..reporting import write_json_atomic
-from ..vertical import ActiveParty, PassiveParty, ProtocolError, VerticalParams, crypto_report, metrics
+from ..vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
+                        metrics)
 from ..vertical.packing import SlotOverflowError
+from ..vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_TREES
 
 STEP, MSG = "vertical_step", "vertical_msg"
 DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
 MIN_KEY_BITS_ENV = "TREEFLARE_VERTICAL_MIN_KEY_BITS"
+MIN_NODE_ROWS_ENV = "TREEFLARE_VERTICAL_MIN_NODE_ROWS"
+MAX_TREES_ENV = "TREEFLARE_VERTICAL_MAX_TREES"
+MAX_DEPTH_ENV = "TREEFLARE_VERTICAL_MAX_DEPTH"
 ACTIVE_MODEL, PASSIVE_MODEL, ACTIVE_PRED = ("vertical_active_model.json", "vertical_passive_model.json",
                                             "vertical_active_predictions.json")
 
@@ -55,6 +67,9 @@ def to_wire(obj):
                                                                                           copy=False).tobytes()}
     if isinstance(obj, np.generic):
         raise ProtocolError(f"numpy scalar {type(obj).__name__} may not cross the wire")
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -(1 << 63) <= obj < (1 << 64):
+        # FLARE's msgpack would fail while encoding the reply, after this executor returned
+        raise ProtocolError("an integer beyond 64 bits may not cross the wire")
     return obj
 
 
@@ -90,7 +105,8 @@ def _site_tables(data_root: str, site: str):
 
 class VerticalExecutor(Executor):
     def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
-                 allow_mock: bool = False):
+                 allow_mock: bool = False, min_node_rows: int = DEFAULT_MIN_ROWS_NODE,
+                 max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH):
         """
         Args:
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
@@ -98,12 +114,19 @@ class VerticalExecutor(Executor):
             min_key_bits: a passive site refuses a public key shorter than this
               (``$TREEFLARE_VERTICAL_MIN_KEY_BITS`` overrides it on the site).
             allow_mock: accept the plaintext mock scheme (oracle/testing only; never in production).
+            min_node_rows: a passive site refuses a run whose minimum rows per node is lower, and never
+              answers for a smaller node (``$TREEFLARE_VERTICAL_MIN_NODE_ROWS``).
+            max_trees, max_depth: the largest model a passive site takes part in
+              (``$TREEFLARE_VERTICAL_MAX_TREES``, ``$TREEFLARE_VERTICAL_MAX_DEPTH``).
         """
         super().__init__()
         self.data_root = data_root
         self.workers = int(workers)
         self.min_key_bits = int(min_key_bits)
         self.allow_mock = bool(allow_mock)
+        self.min_node_rows = int(min_node_rows)
+        self.max_trees = int(max_trees)
+        self.max_depth = int(max_depth)
         self.active: ActiveParty | None = None
         self.passive: PassiveParty | None = None
         self.active_test_y = None
@@ -120,9 +143,17 @@ class VerticalExecutor(Executor):
             # The full error (cell values, local paths) stays in this site's log; the server gets the redacted form.
             self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
             self.log_debug(fl_ctx, traceback.format_exc())
+            self._close()
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
             reply["error"] = public_error(exc, passthrough=(ProtocolError, SlotOverflowError))
             return reply
+
+    def _close(self) -> None:
+        """Stop this site's worker processes and forget the run (after a failure the job ends)."""
+        for party in (self.active, self.passive):
+            if party is not None:
+                party.close()
+        self.active = self.passive = None
 
     def _run_dir(self, fl_ctx) -> Path:
         return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
@@ -138,8 +169,8 @@ class VerticalExecutor(Executor):
             train, test = _site_tables(self.data_root, site)
             X, names, _ = train.codes()
             Xt, _, _ = test.codes()
-            self.active_test_y = test.y_codes()
-            self.active = ActiveParty(site, X, train.y_codes(), Xt, names, len(train.schema.classes), passives,
+            y, self.active_test_y, n_classes = labels_for(params, train, test)
+            self.active = ActiveParty(site, X, y, Xt, names, n_classes, passives,
                                       params, ids_train=list(map(str, train.ids)),
                                       ids_test=list(map(str, test.ids)))
             inbox = None
@@ -157,8 +188,10 @@ class VerticalExecutor(Executor):
         write_json_atomic(run_dir / ACTIVE_PRED, {"pred": a.test_pred, "score": a.test_score,
                                                   "ids": a.ids_test})
         reply["done"] = True
-        reply["result"] = {
-            "global": metrics(self.active_test_y, a.test_pred, a.test_score, a.n_classes),
+        reply["result"] = to_wire({
+            "objective": a.objective.name if a.objective else None,
+            "global": metrics(self.active_test_y, a.test_pred, a.test_score, a.n_classes,
+                              a.objective.name if a.objective else None),
             "crypto": crypto_report(a), "layout": a.layout_info,
             "timings_s": {k: float(v) for k, v in a.timings.items()},
             "passive_timings_s": {p: st.get("timings_s", {}) for p, st in a.passive_stats.items()},
@@ -168,7 +201,7 @@ class VerticalExecutor(Executor):
                                        if not nd["leaf"] and nd["owner"] == a.name),
                          "passive": sum(1 for t in a.trees for nd in t["nodes"]
                                         if not nd["leaf"] and nd["owner"] != a.name)},
-        }
+        })
         self.active = None
         return reply
 
@@ -183,10 +216,16 @@ class VerticalExecutor(Executor):
                 raise ProtocolError(f"{site} holds labels: it is the active site, not a passive one")
             X, names, _ = train.codes()
             Xt, _, _ = test.codes()
-            min_bits = int(os.environ.get(MIN_KEY_BITS_ENV) or self.min_key_bits)
+            if self.passive is not None:
+                self.passive.close()
+            policy = PassivePolicy(min_key_bits=int(os.environ.get(MIN_KEY_BITS_ENV) or self.min_key_bits),
+                                   min_rows_node=int(os.environ.get(MIN_NODE_ROWS_ENV) or self.min_node_rows),
+                                   max_trees=int(os.environ.get(MAX_TREES_ENV) or self.max_trees),
+                                   max_depth=int(os.environ.get(MAX_DEPTH_ENV) or self.max_depth),
+                                   allow_mock=self.allow_mock)
             self.passive = PassiveParty(site, X, Xt, names, ids_train=list(map(str, train.ids)),
                                         ids_test=list(map(str, test.ids)), workers=self.workers or os.cpu_count(),
-                                        min_key_bits=min_bits, allow_mock=self.allow_mock)
+                                        policy=policy)
         if self.passive is None:
             raise ProtocolError("message before setup")
         out = self.passive.handle(msg)
@@ -196,6 +235,19 @@ class VerticalExecutor(Executor):
         reply = make_reply(ReturnCode.OK)
         reply["msg"] = to_wire(out)
         return reply
+
+
+def labels_for(params, train, test):
+    """(training labels, test labels, number of classes) as the model needs them: class indices, or
+    real values for a regression (the label column's values read as numbers)."""
+    if params.model == "gbdt" and params.objective == "squared_error":
+        def values(t):
+            try:
+                return np.array([float(v) for v in t.y], dtype=np.float64)
+            except ValueError:
+                raise DataError(f"label column {t.schema.label!r} is not numeric: a regression needs numbers") from None
+        return values(train), values(test), 0
+    return train.y_codes(), test.y_codes(), len(train.schema.classes)
 
 
 def load_json(path) -> dict:

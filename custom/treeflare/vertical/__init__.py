@@ -1,14 +1,16 @@
 """Vertical federated decision trees with packed Paillier encryption (pure protocol, no NVFlare)."""
-from .driver import (VerticalData, canonical, compare_runs, crypto_report, joint_model, make_parties,
-                     metrics, run_oracle, run_protocol, run_vertical, synthetic)
+from .active import ActiveParty, route
+from .driver import (VerticalData, canonical, close_parties, compare_runs, crypto_report, joint_model,
+                     make_parties, metrics, run_oracle, run_protocol, run_vertical, synthetic)
 from .messages import ProtocolError
+from .objectives import OBJECTIVES
 from .packing import SlotLayout, SlotOverflowError, required_width
 from .params import VerticalParams
-from .parties import ActiveParty, PassiveParty, route
+from .passive import PassiveParty, PassivePolicy
 
 __all__ = [
-    "VerticalData", "canonical", "compare_runs", "crypto_report", "joint_model", "make_parties",
-    "metrics", "run_oracle", "run_protocol", "run_vertical", "synthetic", "ProtocolError",
-    "SlotLayout", "SlotOverflowError", "required_width", "VerticalParams", "ActiveParty",
-    "PassiveParty", "route",
+    "VerticalData", "canonical", "close_parties", "compare_runs", "crypto_report", "joint_model",
+    "make_parties", "metrics", "run_oracle", "run_protocol", "run_vertical", "synthetic", "ProtocolError",
+    "OBJECTIVES", "SlotLayout", "SlotOverflowError", "required_width", "VerticalParams", "ActiveParty",
+    "PassiveParty", "PassivePolicy", "route",
 ]

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .active import ActiveParty
 from .params import VerticalParams
-from .parties import ActiveParty, PassiveParty
+from .passive import PassiveParty, PassivePolicy
 
 
 @dataclass
@@ -37,16 +38,21 @@ class VerticalData:
 
 
 def make_parties(data: VerticalData, params: VerticalParams, active_name="site-1",
-                 passive_names=None, min_key_bits=None, key_holder=None):
+                 passive_names=None, min_key_bits=None, key_holder=None, policy: PassivePolicy | None = None):
+    """The parties of one run.  The passives' policy defaults to accepting what ``params`` asks
+    (tests pass a stricter one)."""
     passive_names = passive_names or data.passive_names
     if min_key_bits is None:
         min_key_bits = params.key_bits if params.allow_insecure_key else 2048
+    if policy is None:
+        policy = PassivePolicy(min_key_bits=min_key_bits, min_rows_node=params.min_rows_node,
+                               allow_mock=params.scheme == "mock")
     active = ActiveParty(active_name, data.X_active, data.y, data.X_active_test, data.names_active,
                          data.n_classes, passive_names, params, data.ids_train, data.ids_test,
                          key_holder=key_holder)
     passives = {
         nm: PassiveParty(nm, X, Xt, names, data.ids_train, data.ids_test, workers=params.n_workers,
-                         min_key_bits=min_key_bits, allow_mock=params.scheme == "mock")
+                         min_key_bits=min_key_bits, allow_mock=params.scheme == "mock", policy=policy)
         for nm, X, Xt, names in zip(passive_names, data.X_passive, data.X_passive_test,
                                     data.names_passive)}
     return active, passives
@@ -71,9 +77,19 @@ def run_protocol(active: ActiveParty, passives: dict, record: list | None = None
 def run_vertical(data: VerticalData, params: VerticalParams, record=None, key_holder=None):
     t = time.perf_counter()
     active, passives = make_parties(data, params, key_holder=key_holder)
-    run_protocol(active, passives, record)
+    try:
+        run_protocol(active, passives, record)
+    finally:
+        close_parties(active, passives)
     active.timings["total"] = time.perf_counter() - t
     return active, passives
+
+
+def close_parties(active, passives) -> None:
+    """Stop every worker process of a run (normally done when the protocol finishes)."""
+    active.close()
+    for p in passives.values():
+        p.close()
 
 
 def run_oracle(data: VerticalData, params: VerticalParams):
@@ -116,16 +132,28 @@ def compare_runs(a, b) -> dict:
             "same_predictions": same_pred}
 
 
-def metrics(y_true, pred, score, n_classes) -> dict:
-    from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+def metrics(y_true, pred, score, n_classes, objective: str | None = None) -> dict:
+    """Classification: accuracy, macro-F1, AUC and log loss (2 classes) or multiclass log loss;
+    regression (``objective="squared_error"``): RMSE, MAE, R^2."""
+    from sklearn.metrics import (accuracy_score, f1_score, log_loss, mean_absolute_error, r2_score,
+                                 roc_auc_score)
     y_true = np.asarray(y_true)
+    if objective == "squared_error":
+        y, p = y_true.astype(np.float64), np.asarray(pred, dtype=np.float64)
+        return {"rmse": float(np.sqrt(np.mean((y - p) ** 2))), "mae": float(mean_absolute_error(y, p)),
+                "r2": float(r2_score(y, p)) if len(y) > 1 else None}
     out = {"accuracy": float(accuracy_score(y_true, pred)),
            "macro_f1": float(f1_score(y_true, pred, average="macro", labels=list(range(n_classes)),
                                       zero_division=0))}
+    s = np.asarray(score, dtype=np.float64)
+    labels = list(range(n_classes))
     if n_classes == 2:
-        s = np.asarray(score)
         s = s[:, 1] if s.ndim == 2 else s
         out["auc"] = float(roc_auc_score(y_true, s)) if len(np.unique(y_true)) == 2 else None
+        out["logloss"] = float(log_loss(y_true, np.clip(s, 1e-15, 1 - 1e-15), labels=labels))
+    elif s.ndim == 2:
+        p = np.clip(s, 1e-15, 1.0)
+        out["mlogloss"] = float(log_loss(y_true, p / p.sum(axis=1, keepdims=True), labels=labels))
     return out
 
 
@@ -142,14 +170,16 @@ def crypto_report(active: ActiveParty) -> dict:
             "messages": int(c["messages_to_passive"] + c["messages_to_active"]),
             "key_bits": int(active.kh.public.key_bits),
             "values_per_ciphertext": int(li.get("values_per_ciphertext", 1)),
+            "units_per_row": int(li.get("units_per_row", 1)),
             "slot_widths": li.get("widths"), "packing": li.get("packing"), "compress": li.get("compress")}
 
 
 # ---------------------------------------------------------------------------- synthetic data
 def synthetic(n=400, n_test=200, active_features=2, passive_features=(3,), n_classes=2, seed=0,
-              ties=False, extreme=False) -> VerticalData:
+              ties=False, extreme=False, regression_scale=None) -> VerticalData:
     """Labels depend on columns of every party; optional duplicate columns across parties
-    (exact ties) and extreme values / constant columns."""
+    (exact ties) and extreme values / constant columns.  ``regression_scale``: a real-valued
+    target of that magnitude instead of classes."""
     rng = np.random.default_rng(seed)
     n_all = n + n_test
     blocks = [rng.normal(size=(n_all, active_features))]
@@ -158,15 +188,19 @@ def synthetic(n=400, n_test=200, active_features=2, passive_features=(3,), n_cla
     if ties:
         for b in blocks[1:]:
             b[:, 0] = blocks[0][:, 0]          # a passive column equal to an active one
+    z = sum(b[:, : min(2, b.shape[1])].sum(axis=1) * (j + 1) for j, b in enumerate(blocks))
+    z = z + 0.5 * rng.normal(size=n_all)
     if extreme:
         blocks[0][:, -1] = 0.0                  # constant column
         for b in blocks[1:]:
             b[: n_all // 3, -1] = 1e300
             b[n_all // 3: n_all // 2, -1] = -1e300
-    z = sum(b[:, : min(2, b.shape[1])].sum(axis=1) * (j + 1) for j, b in enumerate(blocks))
-    z = z + 0.5 * rng.normal(size=n_all)
-    qs = np.quantile(z, np.linspace(0, 1, n_classes + 1)[1:-1])
-    y = np.searchsorted(qs, z).astype(np.int64)
+    if regression_scale is not None:
+        y = z * float(regression_scale)
+        n_classes = 0
+    else:
+        qs = np.quantile(z, np.linspace(0, 1, n_classes + 1)[1:-1])
+        y = np.searchsorted(qs, z).astype(np.int64)
     tr, te = slice(0, n), slice(n, n_all)
     return VerticalData(
         X_active=blocks[0][tr], y=y[tr], X_passive=[b[tr] for b in blocks[1:]],

@@ -1,9 +1,13 @@
-"""Split criteria on exact integer statistics.
+"""Split criteria on exact integer statistics, and the one function that picks a split.
 
 Every criterion maps integer channel sums (left child, parent) to a gain that is compared
-**exactly** (``fractions.Fraction`` for gini and the GBDT gain; entropy uses one fixed
-float formula on the same integers), so the federated build and the plaintext oracle pick
-identical splits, ties included (tie-break: party, feature, bin -- by iteration order).
+**exactly** (``fractions.Fraction`` for gini and the GBDT gain; entropy uses one fixed float
+formula on the same integers), so the federated build and the plaintext oracle pick identical
+splits, ties included (tie-break: candidate order, i.e. party, feature, bin).  Exact fractions
+are slow, so :func:`select` first computes every candidate's gain in floating point and only
+evaluates exactly the candidates within a safe margin of the float maximum (the float error is
+below 1e-15 of the terms' magnitude; the margin is 1e-9 of it): the result is the one a full exact
+scan would give.
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import math
 from fractions import Fraction
 
 from .quantize import fixed_scalar
+
+_MARGIN = 1e-9
 
 
 class Criterion:
@@ -21,7 +27,11 @@ class Criterion:
         raise NotImplementedError
 
     def gain(self, left: list, parent: list):
-        """Gain of a split, or None when the split is not admissible."""
+        """Exact gain of a split, or None when the split is not admissible."""
+        raise NotImplementedError
+
+    def float_gain(self, left: list, parent: list):
+        """(float gain, magnitude of its terms), or None when the split is not admissible."""
         raise NotImplementedError
 
     def leaf(self, parent: list):
@@ -49,7 +59,7 @@ class GiniCriterion(Criterion):
         if nl < self.min_leaf or nr < self.min_leaf:
             return None
         right = [p - l for p, l in zip(parent, left)]
-        if min(right) < 0:
+        if min(right) < 0 or min(left) < 0:
             raise ValueError("decoded counts exceed the node's counts")
         return nl, nr, n, right
 
@@ -62,6 +72,16 @@ class GiniCriterion(Criterion):
         sr = sum(c * c for c in right)
         sp = sum(c * c for c in parent)
         return Fraction(sl * nr * n + sr * nl * n - sp * nl * nr, nl * nr * n)
+
+    def float_gain(self, left, parent):
+        split = self.split_counts(left, parent)
+        if split is None:
+            return None
+        nl, nr, n, right = split
+        a = sum(c * c for c in left) / nl
+        b = sum(c * c for c in right) / nr
+        c = sum(v * v for v in parent) / n
+        return a + b - c, a + b + c
 
     def leaf(self, parent):
         return [int(c) for c in parent]
@@ -88,51 +108,120 @@ class EntropyCriterion(GiniCriterion):
             return None
         return _nh(parent) - _nh(left) - _nh(split[3])
 
+    def float_gain(self, left, parent):
+        split = self.split_counts(left, parent)
+        if split is None:
+            return None
+        a, b, c = _nh(parent), _nh(left), _nh(split[3])
+        return a - b - c, 0.0          # already the exact definition: no margin needed
+
 
 class GBDTCriterion(Criterion):
-    """Channels = (G, H) in fixed point 2^p.  gain = G_L^2/(H_L+l) + G_R^2/(H_R+l) - G^2/(H+l)
-    (all scaled by the same 2^p, so comparisons are exact)."""
+    """Channels = (G_0, H_0, G_1, H_1, ...) in fixed point 2^p, one (G, H) pair per output.
+    gain = sum_k G_Lk^2/(H_Lk+l) + G_Rk^2/(H_Rk+l) - G_k^2/(H_k+l) (all scaled by the same 2^p, so
+    comparisons are exact); a child needs sum_k H_k >= min_child_weight."""
 
     name = "gbdt"
 
     def __init__(self, reg_lambda: float, min_child_weight: float, precision: int,
-                 learning_rate: float):
+                 learning_rate: float, n_outputs: int = 1):
         self.lam = fixed_scalar(reg_lambda, precision)
         self.mcw = fixed_scalar(min_child_weight, precision)
+        self.flam = float(self.lam)
         self.lr = float(learning_rate)
         self.precision = int(precision)
+        self.k = int(n_outputs)
         if self.lam < 0 or self.mcw < 0:
             raise ValueError("lambda and min_child_weight must be >= 0")
 
     def node_ok(self, parent):
-        return parent[1] >= 2 * self.mcw and (parent[1] + self.lam) > 0
+        hs = parent[1::2]
+        return sum(hs) >= 2 * self.mcw and all(h + self.lam > 0 for h in hs)
 
     def _score(self, g, h):
         d = h + self.lam
         return Fraction(0) if d == 0 else Fraction(g * g) / d
 
-    def gain(self, left, parent):
-        gl, hl = left
-        g, h = parent
-        gr, hr = g - gl, h - hl
-        if hl < 0 or hr < 0:
+    def _children(self, left, parent):
+        hl = left[1::2]
+        hr = [h - x for h, x in zip(parent[1::2], hl)]
+        if min(hl) < 0 or min(hr) < 0:
             raise ValueError("decoded hessian sums are inconsistent with the node")
-        if hl < self.mcw or hr < self.mcw:
+        if sum(hl) < self.mcw or sum(hr) < self.mcw:
             return None
-        return self._score(gl, hl) + self._score(gr, hr) - self._score(g, h)
+        return hl, hr
+
+    def gain(self, left, parent):
+        ch = self._children(left, parent)
+        if ch is None:
+            return None
+        hl, hr = ch
+        total = Fraction(0)
+        for k in range(self.k):
+            g, h, gl = parent[2 * k], parent[2 * k + 1], left[2 * k]
+            total += self._score(gl, hl[k]) + self._score(g - gl, hr[k]) - self._score(g, h)
+        return total
+
+    def float_gain(self, left, parent):
+        ch = self._children(left, parent)
+        if ch is None:
+            return None
+        hl, hr = ch
+        lam = self.flam
+        tot, mag = 0.0, 0.0
+        for k in range(self.k):
+            g, h, gl = parent[2 * k], parent[2 * k + 1], left[2 * k]
+            terms = []
+            for gg, hh in ((gl, hl[k]), (g - gl, hr[k]), (g, h)):
+                d = float(hh) + lam
+                terms.append(0.0 if d == 0 else (gg * gg) / d)   # OverflowError if beyond float range
+            tot += terms[0] + terms[1] - terms[2]
+            mag += terms[0] + terms[1] + terms[2]
+        return tot, mag
 
     def leaf(self, parent):
-        g, h = parent
-        d = h + self.lam
-        if d == 0:
-            return 0.0
-        return -self.lr * float(Fraction(g) / d)
+        vals = []
+        for k in range(self.k):
+            g, h = parent[2 * k], parent[2 * k + 1]
+            d = h + self.lam
+            vals.append(0.0 if d == 0 else -self.lr * float(Fraction(g) / d))
+        return vals[0] if self.k == 1 else vals
 
 
-def make_criterion(params, n_classes: int) -> Criterion:
+def select(lefts, parent, crit: Criterion):
+    """Best candidates among ``lefts`` (left-child channel sums, in tie-break order).
+
+    Returns (exact best gain, indices of every candidate with exactly that gain, in order), or
+    (None, []) when no candidate is admissible."""
+    fl = []
+    try:
+        for i, left in enumerate(lefts):
+            r = crit.float_gain(left, parent)
+            if r is not None:
+                fl.append((i, r[0], r[1]))
+    except OverflowError:
+        # statistics beyond float range (huge regression targets): exact scan of every candidate
+        fl = [(i, 0.0, math.inf) for i, left in enumerate(lefts) if crit.gain(left, parent) is not None]
+    if not fl:
+        return None, []
+    fmax = max(g for _, g, _ in fl)
+    margin = _MARGIN * max(m for _, _, m in fl)
+    best, winners = None, []
+    for i, g, _m in fl:
+        if g < fmax - margin:
+            continue
+        e = crit.gain(lefts[i], parent)
+        if best is None or e > best:
+            best, winners = e, [i]
+        elif e == best:
+            winners.append(i)
+    return best, winners
+
+
+def make_criterion(params, n_classes: int, n_outputs: int = 1) -> Criterion:
     if params.model == "gbdt":
         return GBDTCriterion(params.reg_lambda, params.min_child_weight, params.precision,
-                             params.learning_rate)
+                             params.learning_rate, n_outputs)
     mcw = max(1, int(params.min_child_weight))
     if params.criterion == "gini":
         return GiniCriterion(mcw)

@@ -1,67 +1,241 @@
-"""Encrypted per-feature, per-bin sums at a passive party (the hot loop), optionally spread
-over worker processes (fork start: the ciphertexts are inherited, not copied per task)."""
-from __future__ import annotations
+"""Encrypted per-feature, per-bin sums at a passive party (the hot loop) and the compression of
+returned results, on a persistent pool of worker processes (:mod:`treeflare.crypto.workers`).
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+Every worker holds the tree's ciphertexts and the bins (loaded once per tree; each worker checks a
+share of the ciphertexts).  A layer's work is cut into pieces -- a node, or a slice of a large node's
+rows -- that go to whichever worker is free next, so a worker slowed down by other load on a shared
+machine simply does fewer; the party multiplies the partial per-bin products of a node's pieces.
+
+Features are summed **in pairs**: the rows of a node are first multiplied into the joint cells
+(bin of feature a, bin of feature b), then each feature's bins are products of its cells.  That
+takes |rows| + |cells| multiplications for two features instead of 2 |rows|, and the result is
+the same integer (a product mod n^2 does not depend on the order of its factors).
+"""
+from __future__ import annotations
 
 import numpy as np
 from gmpy2 import mpz
 
-from ..crypto import PaillierPublic
+from ..crypto.backend import public_from_json, public_to_json
+from ..crypto.workers import make_pool
 
-_MIN_ROWS_PARALLEL = 2000
-_STATE: dict = {}
-
-
-def _sum_paillier(cts, rows, nsq):
-    acc = mpz(1)
-    for i in rows:
-        acc = acc * cts[i] % nsq
-    return acc
+_MODULE = "treeflare.vertical.histo"
 
 
-def _feature_hist(pub, C, col_bins, ii, nb):
-    """hist[b] = [unit sums] for one feature; col_bins = bins of rows ii."""
-    order = np.argsort(col_bins, kind="stable")
-    sorted_bins = col_bins[order]
-    rows_sorted = ii[order]
-    bounds = np.searchsorted(sorted_bins, np.arange(nb + 1), side="left")
+def _groups(n_features: int) -> list:
+    return [tuple(range(f, min(f + 2, n_features))) for f in range(0, n_features, 2)]
+
+
+def _split(n: int, k: int) -> list:
+    b = [n * i // k for i in range(k + 1)]
+    return list(zip(b[:-1], b[1:]))
+
+
+# --------------------------------------------------------------------------------- worker side
+def _seg_idx(C, idx, starts, mul):
+    """Products of C[idx[s:e]] for consecutive segments (starts has the end appended)."""
     out = []
-    paillier = isinstance(pub, PaillierPublic)
-    for b in range(nb):
-        rows = rows_sorted[bounds[b]:bounds[b + 1]].tolist()
-        if paillier:
-            out.append([_sum_paillier(Cu, rows, pub.nsq) for Cu in C])
-        else:
-            out.append([mpz(sum(Cu[i] for i in rows)) for Cu in C])
+    for s, e in zip(starts[:-1], starts[1:]):
+        acc = C[idx[s]]
+        for i in idx[s + 1:e]:
+            acc = mul(acc, C[i])
+        out.append(acc)
     return out
 
 
-def _worker(f):
-    pub, C, bins, ii, nbins = (_STATE[k] for k in ("pub", "C", "bins", "ii", "nbins"))
-    hist = _feature_hist(pub, C, bins[ii, f], ii, nbins[f])
-    w = pub.ct_bytes
-    return b"".join(int(c).to_bytes(w, "big") for b in hist for c in b)
-
-
-def node_histograms(pub, C, bins, ii, nbins, workers=1):
-    """-> (hist[f][b][u], number of homomorphic additions)."""
-    n_feat = bins.shape[1]
-    units = len(C)
-    n_add = int(ii.size) * n_feat * units
-    if workers <= 1 or ii.size < _MIN_ROWS_PARALLEL or not isinstance(pub, PaillierPublic) or n_feat < 2:
-        return [_feature_hist(pub, C, bins[ii, f], ii, nbins[f]) for f in range(n_feat)], n_add
-    _STATE.update(pub=pub, C=C, bins=bins, ii=ii, nbins=nbins)
-    w = pub.ct_bytes
-    try:
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=min(workers, n_feat), mp_context=ctx) as ex:
-            raws = list(ex.map(_worker, range(n_feat)))
-    finally:
-        _STATE.clear()
+def _seg_vals(vals, starts, mul):
     out = []
-    for f, raw in enumerate(raws):
-        cts = [mpz.from_bytes(raw[i:i + w], "big") for i in range(0, len(raw), w)]
-        out.append([cts[b * units:(b + 1) * units] for b in range(nbins[f])])
-    return out, n_add
+    for s, e in zip(starts[:-1], starts[1:]):
+        acc = vals[s]
+        for v in vals[s + 1:e]:
+            acc = mul(acc, v)
+        out.append(acc)
+    return out
+
+
+def _segments(keys: np.ndarray) -> list:
+    if keys.size == 0:
+        return [0]
+    return np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]).tolist() + [int(keys.size)]
+
+
+def _mul_of(pub):
+    if pub.scheme == "paillier":
+        nsq = pub.nsq
+        return lambda a, b: a * b % nsq
+    return lambda a, b: a + b
+
+
+def _node_hist(st, rows: np.ndarray) -> list:
+    """out[f][b][u]: product over the node's rows of this worker with bin b of feature f (None if none)."""
+    bins, nbins, C, mul = st["bins"], st["nbins"], st["C"], st["mul"]
+    units = len(C)
+    out = [[[None] * units for _ in range(nb)] for nb in nbins]
+    if rows.size == 0:
+        return out
+    for grp in st["groups"]:
+        if len(grp) == 2:
+            fa, fb = grp
+            nbb = nbins[fb]
+            keys = bins[rows, fa].astype(np.int64) * nbb + bins[rows, fb]
+        else:
+            (fa,) = grp
+            keys = bins[rows, fa].astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        skeys = keys[order]
+        srows = rows[order].tolist()
+        starts = _segments(skeys)
+        cell_keys = skeys[np.asarray(starts[:-1], dtype=np.int64)]
+        n_cells = len(starts) - 1
+        st["mults"] += units * (rows.size - n_cells)
+        for u in range(units):
+            cells = _seg_idx(C[u], srows, starts, mul)
+            if len(grp) == 1:
+                for k, v in zip(cell_keys.tolist(), cells):
+                    out[fa][k][u] = v
+                continue
+            ka = cell_keys // nbb                      # sorted: cells of one bin of fa are contiguous
+            sa = _segments(ka)
+            kb = cell_keys % nbb
+            st["mults"] += 2 * n_cells - (len(sa) - 1) - len(np.unique(kb))
+            for b, v in zip(ka[np.asarray(sa[:-1], dtype=np.int64)].tolist(), _seg_vals(cells, sa, mul)):
+                out[fa][b][u] = v
+            ob = np.argsort(kb, kind="stable")
+            sb = _segments(kb[ob])
+            cells_b = [cells[i] for i in ob.tolist()]
+            for b, v in zip(kb[ob][np.asarray(sb[:-1], dtype=np.int64)].tolist(), _seg_vals(cells_b, sb, mul)):
+                out[fb][b][u] = v
+    return out
+
+
+def _op_setup(st, args, blobs):
+    st.clear()
+    st["pub"] = pub = public_from_json(args["pub"])
+    st["mul"] = _mul_of(pub)
+    st["nbins"] = [int(v) for v in args["nbins"]]
+    nf = len(st["nbins"])
+    st["bins"] = np.frombuffer(blobs[0], dtype=np.int32).reshape(-1, nf) if nf else np.zeros((0, 0), np.int32)
+    st["groups"] = [tuple(g) for g in args["groups"]]
+    st["C"] = None
+    return {}, []
+
+
+def _op_load(st, args, blobs):
+    """The tree's ciphertexts (row-major, ``units`` per row); this worker checks rows [lo, hi)."""
+    pub, units = st["pub"], int(args["units"])
+    flat = pub.from_bytes(blobs[0], check=False)
+    if len(flat) != st["bins"].shape[0] * units:
+        raise ValueError("ciphertext count does not match the rows")
+    lo, hi = (int(v) for v in args["check"])
+    pub.check_many(flat[lo * units:hi * units])
+    st["C"] = [flat[u::units] for u in range(units)]
+    return {}, []
+
+
+def _op_hist(st, args, blobs):
+    pub = st["pub"]
+    one = pub.one()
+    out = []
+    st["mults"] = 0
+    for raw in blobs:            # one or more row sets (global row indices)
+        h = _node_hist(st, np.frombuffer(raw, dtype=np.int32))
+        out.append(pub.to_bytes(one if c is None else c for f in h for b in f for c in b))
+    return {"mults": st["mults"]}, out
+
+
+def _op_compress(st, args, blobs):
+    """Horner packing: for fields x_0..x_m (lowest first) with widths w_j, E(sum_j 2^(w_0+..+w_(j-1)) x_j)."""
+    pub = st["pub"]
+    flat = pub.from_bytes(blobs[0], check=False)
+    out, pos = [], 0
+    for widths in args["widths"]:
+        group = flat[pos:pos + len(widths)]
+        pos += len(widths)
+        acc = group[-1]
+        for c, w in zip(reversed(group[:-1]), reversed(widths[:-1])):
+            acc = pub.add(pub.shift(acc, w), c)
+        out.append(acc)
+    return {}, [pub.to_bytes(out)]
+
+
+OPS = {"hist_setup": _op_setup, "hist_load": _op_load, "hist": _op_hist, "hist_compress": _op_compress}
+
+
+# --------------------------------------------------------------------------------- party side
+class HistEngine:
+    """A passive party's histogram and compression machinery for one run."""
+
+    def __init__(self, pub, bins: np.ndarray, nbins: list, workers: int = 1):
+        self.pub = pub
+        self.n, self.n_features = bins.shape
+        self.nbins = [int(v) for v in nbins]
+        k = max(1, min(int(workers or 1), self.n // 256 or 1)) if pub.scheme == "paillier" else 1
+        self.pool = make_pool(k, [_MODULE])
+        groups = _groups(self.n_features)
+        b32 = np.ascontiguousarray(bins, dtype=np.int32).tobytes()
+        self.pool.map("hist_setup", [{"pub": public_to_json(pub), "nbins": self.nbins, "groups": groups}] * self.pool.n,
+                      [[b32]] * self.pool.n)
+        self.units = 0
+        self.counts = {"multiplications": 0}
+
+    def load(self, raw: bytes, units: int) -> None:
+        """The tree's ciphertexts, ``units`` per row, row-major; each worker checks a share."""
+        self.pool.map("hist_load", [{"units": units, "check": [a, b]} for a, b in _split(self.n, self.pool.n)],
+                      [[raw]] * self.pool.n)
+        self.units = units
+
+    def histograms(self, nodes: dict) -> dict:
+        """{key: global row indices} -> {key: hist[f][b] = [unit ciphertexts]} (neutral for empty bins)."""
+        keys = list(nodes)
+        k = self.pool.n
+        tasks, owner = [], []
+        for key in keys:
+            rows = np.ascontiguousarray(nodes[key], dtype=np.int32)
+            pieces = 1 if k == 1 else max(1, min(2 * k, rows.size // 2048))
+            for a, b in _split(rows.size, pieces):
+                tasks.append(({}, [rows[a:b].tobytes()]))
+                owner.append(key)
+        replies = self.pool.run_tasks("hist", tasks)
+        self.counts["multiplications"] += sum(int(res["mults"]) for res, _ in replies)
+        pub, units = self.pub, self.units
+        one = pub.one()
+        merged = {}
+        for key, (_res, rb) in zip(owner, replies):
+            part = pub.from_bytes(rb[0], check=False)
+            if key not in merged:
+                merged[key] = part
+            else:
+                merged[key] = [x if y == one else y if x == one else pub.add(x, y) for x, y in zip(merged[key], part)]
+                self.counts["multiplications"] += len(part)
+        out = {}
+        for key in keys:
+            flat, hist, pos = merged[key], [], 0
+            for nb in self.nbins:
+                hist.append([flat[pos + b * units:pos + (b + 1) * units] for b in range(nb)])
+                pos += nb * units
+            out[key] = hist
+        return out
+
+    def compress(self, groups: list) -> list:
+        """groups: [[(ciphertext, width), ...] lowest field first] -> one ciphertext per group."""
+        if not groups:
+            return []
+        if all(len(g) == 1 for g in groups):
+            return [g[0][0] for g in groups]
+        n_tasks = 1 if self.pool.n == 1 else min(len(groups), 8 * self.pool.n)
+        # contiguous shares of about equal cost (sum of shift bits)
+        cost = np.cumsum([sum(w for _c, w in g[:-1]) + 1 for g in groups])
+        cuts = sorted(set([0] + [int(np.searchsorted(cost, cost[-1] * i / n_tasks)) for i in range(1, n_tasks)]
+                          + [len(groups)]))
+        tasks = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            share = groups[a:b]
+            tasks.append(({"widths": [[w for _c, w in g] for g in share]},
+                          [self.pub.to_bytes(c for g in share for c, _w in g)]))
+        out = []
+        for _res, rb in self.pool.run_tasks("hist_compress", tasks):
+            out.extend(self.pub.from_bytes(rb[0], check=False))
+        return out
+
+    def close(self) -> None:
+        self.pool.close()

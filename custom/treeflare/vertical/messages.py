@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _ID_RE = re.compile(r"^[0-9a-f]{16}$")
 
 

@@ -4,14 +4,13 @@ federated protocol builds the tree a centralised learner would build on the same
 integers (same binning per column, same exact gains, same tie-break: party, feature, bin)."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from .gains import make_criterion
-from .parties import _cum_candidates, _PlainHist
+from .gains import make_criterion, select
+from .objectives import make_objective, tree_channels
 from .params import VerticalParams
-from .quantize import apply_bins, fit_bins, to_fixed
+from .quantize import apply_bins, fit_bins
+from .stats import PlainHist, cum_candidates
 
 
 def centralized_build(data, params: VerticalParams, active_name="site-1"):
@@ -27,43 +26,44 @@ def centralized_build(data, params: VerticalParams, active_name="site-1"):
         bins = apply_bins(X, edges)
         for j in range(X.shape[1]):
             cols.append((p, j, nm[j], edges[j], bins[:, j]))
-    y = np.asarray(data.y, dtype=np.int64)
-    n = len(y)
-    crit = make_criterion(P, data.n_classes)
-    F = None
-    base = 0.0
+    obj = None
     if P.model == "gbdt":
-        prior = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
-        base = math.log(prior / (1 - prior))
-        F = np.full(n, base)
+        obj = make_objective(P.objective, data.n_classes)
+        y = np.asarray(data.y, dtype=np.float64 if P.objective == "squared_error" else np.int64)
+    else:
+        y = np.asarray(data.y, dtype=np.int64)
+    n = len(y)
+    K = obj.n_outputs if obj else 1
+    crit = make_criterion(P, data.n_classes, K)
+    F, base = None, None
+    if obj is not None:
+        base = obj.base_score(y)
+        F = np.tile(base, (n, 1))
     trees = []
+    min_rows = max(2, P.min_rows_node)
     for _t in range(P.n_trees):
-        if P.model == "tree":
-            chan = [[int(v) for v in (y == c)] for c in range(data.n_classes)]
-            lo, hi = [0] * data.n_classes, [1] * data.n_classes
-        else:
-            pr = 1.0 / (1.0 + np.exp(-F))
-            one = 1 << P.precision
-            chan = [to_fixed(pr - y, P.precision), to_fixed(pr * (1 - pr), P.precision)]
-            lo, hi = [-one, 0], [one, one >> 2]
-        st = _PlainHist(chan, lo, hi)
+        chan, lo, hi = tree_channels(y, data.n_classes) if obj is None else obj.channels(F, y, P.precision)
+        st = PlainHist(chan, lo, hi)
         nodes = []
         stack = [(0, 0, np.arange(n))]
         while stack:
             nid, depth, idx = stack.pop(0)
             cnt, tot = st.total(idx)
-            best_gain, best = None, None
-            if depth < P.max_depth and cnt >= 2 and crit.node_ok(tot):
+            best = None
+            if depth < P.max_depth and cnt >= min_rows and crit.node_ok(tot):
+                lefts, keys = [], []
                 for p, j, nm, edges, b in cols:
                     nb = len(edges) + 1
                     if nb < 2:
                         continue
                     bc, bv = st.sums(idx, b[idx], nb)
-                    for bb, _nl, left in _cum_candidates(bc, bv):
-                        g = crit.gain(left, tot)
-                        if g is not None and (best_gain is None or g > best_gain):
-                            best_gain, best = g, (p, j, nm, edges, b, bb)
-            if best is not None and best_gain > 0:
+                    for bb, _nl, left in cum_candidates(bc, bv):
+                        lefts.append(left)
+                        keys.append((p, j, nm, edges, b, bb))
+                gain, winners = select(lefts, tot, crit)
+                if gain is not None and gain > 0:
+                    best = keys[winners[0]]
+            if best is not None:
                 p, j, nm, edges, b, bb = best
                 go = b[idx] <= bb
                 nodes.append({"nid": nid, "depth": depth, "leaf": False, "n": cnt, "owner": p,
@@ -75,7 +75,7 @@ def centralized_build(data, params: VerticalParams, active_name="site-1"):
                 val = crit.leaf(tot)
                 nodes.append({"nid": nid, "depth": depth, "leaf": True, "n": cnt, "value": val})
                 if F is not None:
-                    F[idx] += val
+                    F[idx] += np.asarray(val, dtype=np.float64)
         trees.append(sorted(nodes, key=lambda d: d["nid"]))
     # predictions on the joined test columns
     col_of = {(p, j): tb[:, j] for p, tb in zip(parties, tblocks) for j in range(tb.shape[1])}
@@ -93,12 +93,13 @@ def centralized_build(data, params: VerticalParams, active_name="site-1"):
                 go = col_of[(d["owner"], d["feature_index"])] <= d["threshold"]
             cur[m] = np.where(go[m], d["left"], d["right"])
         leaves.append(cur)
-    if P.model == "gbdt":
-        Ft = np.full(nt, base)
+    if obj is not None:
+        Ft = np.tile(base, (nt, 1))
         for nodes, leaf in zip(trees, leaves):
             vals = {d["nid"]: d["value"] for d in nodes if d["leaf"]}
-            Ft += np.array([vals[int(v)] for v in leaf])
-        return trees, (Ft > 0).astype(np.int64), 1.0 / (1.0 + np.exp(-Ft))
+            Ft += np.array([np.asarray(vals[int(v)], dtype=np.float64).reshape(-1) for v in leaf])
+        pred, score = obj.transform(Ft)
+        return trees, pred, score
     vals = {d["nid"]: d["value"] for d in trees[0] if d["leaf"]}
     pred = np.array([int(np.argmax(vals[int(v)])) for v in leaves[0]], dtype=np.int64)
     prob = np.array([np.asarray(vals[int(v)], float) / sum(vals[int(v)]) for v in leaves[0]])

@@ -51,7 +51,11 @@ def to_fixed(values: np.ndarray, precision: int) -> list:
     for v in np.asarray(values, dtype=np.float64).tolist():
         if not math.isfinite(v):
             raise ValueError("non-finite value cannot be quantised")
-        out.append(int(round(v * scale)) if precision <= 60 else int(round(Fraction(v) * (1 << precision))))
+        x = v * scale
+        if not math.isfinite(x):
+            raise ValueError(f"value {v:.3g} does not fit in fixed point at {precision} fractional bits "
+                             "(scale the target down or lower the precision)")
+        out.append(int(round(x)) if precision <= 60 else int(round(Fraction(v) * (1 << precision))))
     return out
 
 

@@ -1,0 +1,519 @@
+"""The active party: holds the labels and the private key, and drives the protocol.
+
+``step(inbox) -> outbox`` (``{passive_name: message}``; ``None`` when finished).  Nothing here
+imports NVFlare: the in-process driver (:mod:`.driver`) and the FLARE controller/executors run
+exactly this code and only route the messages.
+
+Per tree the active party quantises the reference data once (:mod:`.objectives`), packs all
+channels of a row into one plaintext (or as few as fit; or one per channel with
+``packing=False``), encrypts (persistent worker processes), and sends it with the first layer.
+Per layer every passive party returns compressed cumulative sums for each open node under random
+ids; the active party checks their number against what the passive declared at setup (features x
+(bins - 1) per node), decrypts, unpacks, compares exact gains of its own and the passive
+candidates (:func:`.gains.select`), and asks the winning passive party, by id only, for the
+left/right partition (when several of its candidates tie, it sends all of them and the passive
+picks the first by feature and bin, as the oracle does).  Prediction goes layer by layer: each
+passive split is asked only about the test rows that reach it.
+
+(Over 400 lines: the active side is one generator whose phases -- setup, layers, decoding, split search,
+partitions, prediction -- share its state; splitting it would pass that state around instead.)
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+
+import numpy as np
+
+from ..crypto import CiphertextError, KeyHolder, make_key_holder
+from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan, unpack_fields
+from ..crypto.workers import WorkerError
+from .gains import make_criterion, select
+from .messages import (PROTOCOL_VERSION, ProtocolError, check_split_id, ids_digest, int_array, int_list,
+                       message_stats, require)
+from .objectives import make_objective, tree_channels
+from .params import VerticalParams
+from .quantize import apply_bins, fit_bins
+from .stats import PlainHist, cum_candidates
+
+_MAX_DECLARED_FEATURES = 100_000
+
+
+class _Timer:
+    def __init__(self, timings, key):
+        self.timings, self.key = timings, key
+
+    def __enter__(self):
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timings[self.key] += time.perf_counter() - self.t
+
+
+class ActiveParty:
+    def __init__(self, name: str, X_train, y_train, X_test, feature_names, n_classes: int,
+                 passive_names, params: VerticalParams, ids_train=None, ids_test=None,
+                 key_holder: KeyHolder | None = None):
+        self.name = name
+        self.params = P = params.validate()
+        self.X_train = np.asarray(X_train, dtype=np.float64)
+        self.X_test = np.asarray(X_test, dtype=np.float64)
+        self.n = self.X_train.shape[0]
+        self.n_classes = int(n_classes)
+        self.objective = None
+        if P.model == "gbdt" and P.objective == "squared_error":
+            self.y = np.asarray(y_train, dtype=np.float64)
+            if self.y.shape != (self.n,) or not np.all(np.isfinite(self.y)):
+                raise ValueError("regression targets must be finite, one per training row")
+            self.objective = make_objective(P.objective, 0)
+        else:
+            self.y = np.asarray(y_train).astype(np.int64)
+            if self.y.shape != (self.n,):
+                raise ValueError("labels do not match the training rows")
+            if self.n_classes < 2 or self.y.min() < 0 or self.y.max() >= self.n_classes:
+                raise ValueError("labels must be integer codes in [0, n_classes)")
+            if P.model == "gbdt":
+                self.objective = make_objective(P.objective, self.n_classes)
+        self.n_outputs = self.objective.n_outputs if self.objective else 1
+        self.feature_names = list(feature_names)
+        self.passives = list(passive_names)
+        if not self.passives:
+            raise ValueError("at least one passive party is needed")
+        self.ids_train = list(ids_train) if ids_train is not None else list(range(self.n))
+        self.ids_test = list(ids_test) if ids_test is not None else list(range(len(self.X_test)))
+        self.edges = fit_bins(self.X_train, P.bins)
+        self.bins = apply_bins(self.X_train, self.edges)
+        self.crit = make_criterion(P, self.n_classes, self.n_outputs)
+        self.kh = key_holder
+        self.trees: list = []
+        self.timings = defaultdict(float)
+        self.comm = Counter()
+        self.layout_info: dict = {}
+        self.passive_stats: dict = {}
+        self.declared: dict = {}
+        self.test_pred = None
+        self.test_score = None
+        self._gen = None
+        self.base_score = 0.0
+
+    # ---------------------------------------------------------------- driver interface
+    def step(self, inbox):
+        """Advance the protocol.  inbox = replies to the previous outbox ({name: reply}).
+        Returns the next outbox ({passive_name: message}) or None when finished."""
+        ct_bytes = self.kh.public.ct_bytes if self.kh is not None else 0
+        if inbox:
+            for r in inbox.values():
+                c, b = message_stats(r, ct_bytes)
+                self.comm["ciphertexts_to_active"] += c
+                self.comm["bytes_to_active"] += b
+                self.comm["messages_to_active"] += 1
+        if self._gen is None:
+            self._gen = self._protocol()
+            out = next(self._gen)
+        else:
+            try:
+                out = self._gen.send(inbox)
+            except StopIteration:
+                return None
+        ct_bytes = self.kh.public.ct_bytes
+        for m in out.values():
+            c, b = message_stats(m, ct_bytes)
+            self.comm["ciphertexts_to_passive"] += c
+            self.comm["bytes_to_passive"] += b
+            self.comm["messages_to_passive"] += 1
+        return out
+
+    def close(self) -> None:
+        """Stop the key holder's worker processes (also done when the protocol finishes)."""
+        if self.kh is not None:
+            self.kh.close()
+
+    def _reply(self, replies, p, kind):
+        if not isinstance(replies, dict) or p not in replies:
+            raise ProtocolError(f"no reply from {p}")
+        r = replies[p]
+        if not isinstance(r, dict) or r.get("type") != kind:
+            got = r.get("type") if isinstance(r, dict) else type(r).__name__
+            detail = r.get("error") if isinstance(r, dict) else None
+            raise ProtocolError(f"{p}: expected a {kind!r} reply, got {got!r}"
+                                + (f" ({detail})" if detail else ""))
+        return r
+
+    # ---------------------------------------------------------------- protocol
+    def _protocol(self):
+        P = self.params
+        with _Timer(self.timings, "keygen"):
+            if self.kh is None:
+                self.kh = make_key_holder(P.scheme, P.key_bits, P.obfuscation, P.allow_insecure_key)
+        with _Timer(self.timings, "workers_start"):
+            self.kh.start(P.n_workers)
+        pub = self.kh.public
+        setup = {"type": "setup", "version": PROTOCOL_VERSION, "pk": pub.to_message(),
+                 "n_train": int(self.n), "n_test": int(len(self.X_test)),
+                 "ids_train": ids_digest(self.ids_train), "ids_test": ids_digest(self.ids_test),
+                 "bins": int(P.bins), "model": P.model, "n_trees": int(P.n_trees),
+                 "max_depth": int(P.max_depth), "min_rows_node": int(P.min_rows_node),
+                 "hist_subtraction": bool(P.hist_subtraction)}
+        replies = yield {p: dict(setup) for p in self.passives}
+        for p in self.passives:
+            r = self._reply(replies, p, "setup_ok")
+            nf = require(r, "n_features", int)
+            if not 0 <= nf <= _MAX_DECLARED_FEATURES:
+                raise ProtocolError(f"{p}: declares {nf} features (at most {_MAX_DECLARED_FEATURES})")
+            self.declared[p] = nf
+
+        F = None
+        if self.objective is not None:
+            base = self.objective.base_score(self.y)
+            self.base_score = [float(v) for v in base] if self.n_outputs > 1 else float(base[0])
+            F = np.tile(base, (self.n, 1))
+        self.timings["train_start"] = time.perf_counter()
+        for t in range(P.n_trees):
+            t0 = time.perf_counter()
+            tree, leaf_of = yield from self._build_tree(t, F)
+            self.trees.append(tree)
+            if F is not None:
+                vals = {nd["nid"]: nd["value"] for nd in tree["nodes"] if nd["leaf"]}
+                for nid, idx in leaf_of.items():
+                    F[idx] += np.asarray(vals[nid], dtype=np.float64)
+            self.timings[f"tree_{t}"] = time.perf_counter() - t0
+        self.timings["train"] = time.perf_counter() - self.timings.pop("train_start")
+
+        with _Timer(self.timings, "predict"):
+            yield from self._predict()
+        replies = yield {p: {"type": "finish"} for p in self.passives}
+        for p in self.passives:
+            r = self._reply(replies, p, "done")
+            self.passive_stats[p] = r.get("stats", {})
+        self.close()
+
+    # ---------------------------------------------------------------- reference data
+    def _channels(self, F):
+        if self.objective is None:
+            return tree_channels(self.y, self.n_classes)
+        return self.objective.channels(F, self.y, self.params.precision)
+
+    def _encrypt_tree(self, F):
+        P = self.params
+        pub = self.kh.public
+        with _Timer(self.timings, "quantise_pack"):
+            try:
+                chan, lo, hi = self._channels(F)
+                layout = SlotLayout.for_channels(lo, hi, self.n)
+                vals = np.array(chan, dtype=object).T
+                layout.check_values(vals)                      # slot overflow impossible: asserted
+                units = layout.units(pub.usable_bits, P.packing)
+            except (ValueError, SlotOverflowError) as e:
+                raise ValueError(f"the {P.model} reference data cannot be packed: {e}") from None
+            per_unit = [layout.unit_layout(a, b).pack_rows(vals[:, a:b]) for a, b in units]
+            plain = [v for row in zip(*per_unit) for v in row]          # row-major
+            stats = PlainHist(chan, lo, hi)
+        with _Timer(self.timings, "encrypt"):
+            raw = self.kh.encrypt_bytes(plain, P.n_workers)
+        del plain, per_unit
+        unit_widths = [sum(layout.widths[a:b]) for a, b in units]
+        grad = {"layout": layout.to_message(), "packing": bool(P.packing), "compress": bool(P.compress),
+                "cts": np.frombuffer(raw, dtype=np.uint8)}
+        whole = pub.usable_bits // layout.total_width
+        self.layout_info = {"widths": list(layout.widths), "total_width": layout.total_width,
+                            "units_per_row": len(units), "unit_widths": unit_widths,
+                            "values_per_ciphertext": (pub.usable_bits // max(unit_widths)) if P.compress else 1,
+                            "capacity_values": whole, "usable_bits": pub.usable_bits,
+                            "packing": bool(P.packing), "compress": bool(P.compress)}
+        return layout, units, unit_widths, stats, grad
+
+    def _build_tree(self, t, F):
+        P = self.params
+        layout, units, unit_widths, stats, grad = self._encrypt_tree(F)
+        nodes: dict = {}
+        node_idx = {0: np.arange(self.n)}
+        layer = [0]
+        leaf_of = {}
+        min_rows = max(2, P.min_rows_node)
+        for depth in range(P.max_depth + 1):
+            totals = {nid: stats.total(node_idx[nid]) for nid in layer}
+            open_ = [nid for nid in layer
+                     if depth < P.max_depth and totals[nid][0] >= min_rows and self.crit.node_ok(totals[nid][1])]
+            best, masks = {}, {}
+            if open_:
+                assign = np.full(self.n, -1, dtype=np.int32)
+                for nid in layer:
+                    assign[node_idx[nid]] = nid
+                msg = {"type": "layer", "tree": int(t), "depth": int(depth), "assign": assign,
+                       "open": [int(v) for v in open_]}
+                if depth == 0:
+                    msg["gradients"] = grad
+                replies = yield {p: dict(msg) for p in self.passives}
+                cands = self._passive_candidates(replies, open_, layout, units, unit_widths, totals)
+                with _Timer(self.timings, "split_search"):
+                    for nid in open_:
+                        b = self._best_split(node_idx[nid], totals[nid], stats, cands.get(nid, {}))
+                        if b is not None:
+                            best[nid] = b
+                req = defaultdict(list)
+                for nid, b in best.items():
+                    if b["party"] != self.name:
+                        req[b["party"]].append(b["tied"])
+                if req:
+                    replies = yield {p: {"type": "split", "ids": tied} for p, tied in req.items()}
+                    masks = self._partitions(replies, req, best, node_idx)
+            next_layer = []
+            for nid in layer:
+                idx = node_idx[nid]
+                cnt, tot = totals[nid]
+                if nid in best:
+                    b = best[nid]
+                    go_left = self.bins[idx, b["feature"]] <= b["bin"] if b["party"] == self.name else masks[nid]
+                    l, r = 2 * nid + 1, 2 * nid + 2
+                    node_idx[l], node_idx[r] = idx[go_left], idx[~go_left]
+                    nd = {"nid": nid, "depth": depth, "leaf": False, "n": cnt, "owner": b["party"],
+                          "left": l, "right": r}
+                    if b["party"] == self.name:
+                        f = b["feature"]
+                        nd.update(feature=self.feature_names[f], feature_index=f, bin=b["bin"],
+                                  threshold=float(self.edges[f][b["bin"]]))
+                    else:
+                        nd["split_id"] = b["split_id"]
+                    nodes[nid] = nd
+                    next_layer += [l, r]
+                else:
+                    nodes[nid] = {"nid": nid, "depth": depth, "leaf": True, "n": cnt,
+                                  "value": self.crit.leaf(tot)}
+                    leaf_of[nid] = idx
+                del node_idx[nid]
+            layer = next_layer
+            if not layer:
+                break
+        return {"nodes": [nodes[k_] for k_ in sorted(nodes)]}, leaf_of
+
+    # ---------------------------------------------------------------- decrypt & decode
+    def _passive_candidates(self, replies, open_, layout, units, unit_widths, totals):
+        """{node: {passive: [(id, left channel sums)]}} from the passives' histogram replies."""
+        P = self.params
+        pub = self.kh.public
+        fields = [(layout.widths[a:b], layout.signed[a:b], a, b) for a, b in units]
+        jobs, raws = [], []
+        with _Timer(self.timings, "deserialize"):
+            for p in self.passives:
+                r = self._reply(replies, p, "hist")
+                nodes = require(r, "nodes", list)
+                if sorted(require(nd, "nid", int) for nd in nodes) != sorted(open_):
+                    raise ProtocolError(f"{p}: histogram reply does not cover the open nodes")
+                bound = self.declared[p] * (P.bins - 1)
+                for nd in nodes:
+                    ids = require(nd, "ids", list)
+                    if len(ids) > bound:
+                        raise ProtocolError(f"{p}: {len(ids)} candidates for node {nd['nid']}, more than the {bound} "
+                                            f"its {self.declared[p]} declared features x {P.bins - 1} thresholds allow")
+                    for s in ids:
+                        check_split_id(s)
+                    if len(set(ids)) != len(ids):
+                        raise ProtocolError(f"{p}: duplicate split ids")
+                    plan = pack_plan(len(ids), unit_widths, pub.usable_bits, P.compress)
+                    try:
+                        raw = pub.wire_bytes(require(nd, "cts", np.ndarray), len(plan))
+                        pub.from_bytes(raw, check=True)
+                    except CiphertextError as e:
+                        raise ProtocolError(f"{p}: {e}") from None
+                    jobs.append((p, nd["nid"], ids, plan))
+                    raws.append(raw)
+                    self.comm["hist_nodes"] += 1
+        with _Timer(self.timings, "decrypt"):
+            try:
+                plain = self.kh.decrypt_bytes(b"".join(raws), P.n_workers)
+            except (CiphertextError, WorkerError) as e:
+                raise ProtocolError(f"returned ciphertexts do not decrypt: {e}") from None
+        out = defaultdict(dict)
+        with _Timer(self.timings, "unpack"):
+            pos = 0
+            nch = layout.n_channels
+            for p, nid, ids, plan in jobs:
+                vecs = [[0] * nch for _ in ids]
+                try:
+                    for fl in plan:
+                        ws, ss = [], []
+                        for _i, u in fl:
+                            ws += fields[u][0]
+                            ss += fields[u][1]
+                        vals = unpack_fields(plain[pos], ws, ss)
+                        pos += 1
+                        k = 0
+                        for i, u in fl:
+                            a, b = fields[u][2], fields[u][3]
+                            vecs[i][a:b] = vals[k:k + b - a]
+                            k += b - a
+                except SlotOverflowError as e:
+                    raise ProtocolError(f"{p}: returned statistics do not decode: {e}") from None
+                parent = totals[nid][1]
+                for v in vecs:
+                    if not self._consistent(v, parent):
+                        raise ProtocolError(f"{p}: split statistics inconsistent with node {nid}")
+                out[nid][p] = list(zip(ids, vecs))
+        return out
+
+    def _consistent(self, left, parent) -> bool:
+        if self.objective is None:            # label counts
+            return all(0 <= a <= b for a, b in zip(left, parent))
+        return all(0 <= a <= b for a, b in zip(left[1::2], parent[1::2]))     # hessian sums
+
+    def _best_split(self, idx, total, stats, cands):
+        _cnt, parent = total
+        lefts, owners = [], []
+        # own features first (party order: active, then passives in order), feature, bin
+        for f in range(self.bins.shape[1]):
+            nb = len(self.edges[f]) + 1
+            if nb < 2:
+                continue
+            bc, bv = stats.sums(idx, self.bins[idx, f], nb)
+            for b, _nl, left in cum_candidates(bc, bv):
+                lefts.append(left)
+                owners.append((self.name, f, b))
+        for p in self.passives:
+            for sid, left in cands.get(p, []):
+                lefts.append(left)
+                owners.append((p, sid, None))
+        best, winners = select(lefts, parent, self.crit)
+        if best is None or not best > 0:
+            return None
+        party = owners[winners[0]][0]
+        if party == self.name:
+            _p, f, b = owners[winners[0]]
+            return {"party": party, "feature": f, "bin": b, "gain": best}
+        tied = [owners[i][1] for i in winners if owners[i][0] == party]
+        return {"party": party, "tied": tied, "gain": best,
+                "lefts": {owners[i][1]: lefts[i] for i in winners if owners[i][0] == party}}
+
+    def _partitions(self, replies, req, best, node_idx):
+        by_entry = {}
+        for nid, b in best.items():
+            if "tied" in b:
+                by_entry[(b["party"], b["tied"][0])] = nid
+        masks = {}
+        with _Timer(self.timings, "partition"):
+            for p, entries in req.items():
+                r = self._reply(replies, p, "partition")
+                chosen = require(r, "ids", list)
+                sizes = int_list(r, "sizes", 0, self.n)
+                left = int_array(r, "left", None, 0, 1)
+                if len(chosen) != len(entries) or len(sizes) != len(entries) or sum(sizes) != left.size:
+                    raise ProtocolError(f"{p}: partition reply does not match the request")
+                pos = 0
+                for tied, sid, sz in zip(entries, chosen, sizes):
+                    nid = by_entry[(p, tied[0])]
+                    if sid not in tied:
+                        raise ProtocolError(f"{p}: partition of node {nid} names a candidate that was not offered")
+                    if sz != len(node_idx[nid]):
+                        raise ProtocolError(f"{p}: partition of node {nid} has the wrong size")
+                    m = left[pos:pos + sz].astype(bool)
+                    pos += sz
+                    nl = int(m.sum())
+                    if nl == 0 or nl == sz:
+                        raise ProtocolError(f"{p}: partition of node {nid} leaves a child empty")
+                    if self.objective is None and nl != sum(best[nid]["lefts"][sid]):
+                        raise ProtocolError(f"{p}: partition of node {nid} contradicts its statistics")
+                    best[nid]["split_id"] = sid
+                    masks[nid] = m
+        return masks
+
+    # ---------------------------------------------------------------- prediction
+    def _predict(self):
+        """Layer by layer over all trees: a passive split is asked only about the test rows that reach it."""
+        nt = len(self.X_test)
+        by_tree = [{nd["nid"]: nd for nd in tree["nodes"]} for tree in self.trees]
+        cur = [np.zeros(nt, dtype=np.int64) for _ in self.trees]
+        depth_max = max((nd["depth"] for tree in self.trees for nd in tree["nodes"]), default=0)
+        for depth in range(depth_max + 1):
+            asks = defaultdict(list)      # passive -> [(tree, node, split id, rows)]
+            for t, nodes in enumerate(by_tree):
+                for nid, nd in nodes.items():
+                    if nd["depth"] != depth or nd["leaf"] or nd["owner"] == self.name:
+                        continue
+                    rows = np.flatnonzero(cur[t] == nid)
+                    if rows.size:
+                        asks[nd["owner"]].append((t, nid, nd["split_id"], rows))
+            decisions = {}
+            if asks:
+                replies = yield {p: {"type": "predict", "depth": depth,
+                                     "nodes": [{"id": sid, "rows": rows.astype(np.int32)}
+                                               for _t, _n, sid, rows in v]}
+                                 for p, v in asks.items()}
+                for p, v in asks.items():
+                    r = self._reply(replies, p, "predictions")
+                    got = require(r, "nodes", list)
+                    if len(got) != len(v):
+                        raise ProtocolError(f"{p}: prediction reply does not match the request")
+                    for (t, nid, sid, rows), g in zip(v, got):
+                        if require(g, "id", str) != sid:
+                            raise ProtocolError(f"{p}: prediction reply does not match the request")
+                        bits = int_array(g, "bits", (rows.size + 7) // 8, 0, 255).astype(np.uint8)
+                        decisions[(t, nid)] = np.unpackbits(bits)[:rows.size].astype(bool)
+            for t, nodes in enumerate(by_tree):
+                for nid, nd in nodes.items():
+                    if nd["depth"] != depth or nd["leaf"]:
+                        continue
+                    rows = np.flatnonzero(cur[t] == nid)
+                    if not rows.size:
+                        continue
+                    if nd["owner"] == self.name:
+                        with np.errstate(invalid="ignore"):
+                            go = self.X_test[rows, nd["feature_index"]] <= nd["threshold"]
+                    else:
+                        go = decisions[(t, nid)]
+                    cur[t][rows] = np.where(go, nd["left"], nd["right"])
+        self._finish_predictions(cur)
+
+    def _finish_predictions(self, leaves):
+        nt = len(self.X_test)
+        if self.objective is not None:
+            F = np.tile(np.asarray(self.base_score, dtype=np.float64).reshape(-1), (nt, 1))
+            for tree, leaf in zip(self.trees, leaves):
+                vals = {nd["nid"]: nd["value"] for nd in tree["nodes"] if nd["leaf"]}
+                if nt:
+                    F += np.array([np.asarray(vals[int(v)], dtype=np.float64).reshape(-1) for v in leaf])
+            self.test_pred, self.test_score = self.objective.transform(F)
+        else:
+            tree = self.trees[0]
+            counts = {nd["nid"]: nd["value"] for nd in tree["nodes"] if nd["leaf"]}
+            prob = np.zeros((nt, self.n_classes))
+            for i, nid in enumerate(leaves[0]):
+                c = np.asarray(counts[int(nid)], dtype=np.float64)
+                prob[i] = c / c.sum()
+            self.test_score = prob
+            self.test_pred = np.array([int(np.argmax(counts[int(nid)])) for nid in leaves[0]], dtype=np.int64)
+
+    # ---------------------------------------------------------------- outputs
+    def model(self) -> dict:
+        return {"format": "treeflare.vertical.active/2", "party": self.name, "model": self.params.model,
+                "objective": self.objective.name if self.objective else None,
+                "params": self.params.to_dict(), "n_classes": self.n_classes,
+                "base_score": self.base_score, "features": self.feature_names,
+                "passives": self.passives, "trees": self.trees}
+
+    def ops(self) -> dict:
+        ops = Counter(self.kh.ops) if self.kh is not None else Counter()
+        for st in self.passive_stats.values():
+            for k_, v in (st.get("ops") or {}).items():
+                ops[k_] += int(v)
+        return dict(ops)
+
+
+def route(tree, X, decisions, me) -> np.ndarray:
+    """Leaf id of every row; own splits evaluated here, passive ones from `decisions` (split id ->
+    bool per row).  For the plaintext reference and tests; the protocol routes layer by layer."""
+    nodes = {nd["nid"]: nd for nd in tree["nodes"]}
+    cur = np.zeros(len(X), dtype=np.int64)
+    for nid in sorted(nodes):
+        nd = nodes[nid]
+        if nd["leaf"]:
+            continue
+        m = cur == nid
+        if not m.any():
+            continue
+        if nd["owner"] == me:
+            with np.errstate(invalid="ignore"):
+                go = X[:, nd["feature_index"]] <= nd["threshold"]
+        else:
+            go = decisions[nd["split_id"]]
+        cur[m] = np.where(go[m], nd["left"], nd["right"])
+    return cur
+

@@ -1,0 +1,459 @@
+"""The passive party: holds its own feature columns only and answers the active party's requests.
+
+Every request is checked against what was agreed at setup (trees, depth, minimum rows per node,
+key size) and against what this party saw and answered before:
+
+* layers come in order (tree by tree, depth by depth, within the agreed caps), and a new tree
+  starts with fresh gradients at depth 0;
+* node ids match the depth (2^d - 1 .. 2^(d+1) - 2), at most 2^d nodes are open;
+* every row of a layer sits in a child of the node it was in one layer up, a split node's rows
+  all go to its two children (both non-empty), a closed node's rows leave the tree, and a split
+  this party made is followed exactly;
+* an open node with fewer rows than the agreed minimum gets no answer at all (the request fails);
+* one split request per layer, for candidates of this layer only; prediction requests only for
+  trained splits, once each, with the test rows that reach the node (checked against this party's
+  own earlier answers where it owns the parent split).
+
+Candidates are shuffled before compression (their order would reveal feature boundaries), carry
+fresh random ids, and thresholds never leave this party.  These checks narrow what a malicious
+active party can learn; they cannot stop it from encoding rows in its own plaintexts (see
+SECURITY.md).
+
+(Over 400 lines because each check sits next to the request it guards, in the one class that holds the
+state the checks compare against.)
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..crypto import CiphertextError, public_from_message
+from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan
+from ..crypto.workers import WorkerError
+from .histo import HistEngine
+from .messages import PROTOCOL_VERSION, ProtocolError, check_split_id, ids_digest, int_array, int_list, require
+from .params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_TREES
+from .quantize import apply_bins, fit_bins
+
+_MAX_CHANNELS = 4096
+_RNG = secrets.SystemRandom()
+
+
+@dataclass
+class PassivePolicy:
+    """What this site accepts, whatever the active party proposes."""
+    min_key_bits: int = 2048
+    max_key_bits: int = 4096
+    min_rows_node: int = DEFAULT_MIN_ROWS_NODE   # a setup proposing fewer rows per node is refused
+    max_trees: int = MAX_TREES
+    max_depth: int = MAX_DEPTH
+    allow_mock: bool = False
+
+
+class PassiveParty:
+    def __init__(self, name: str, X_train, X_test, feature_names, ids_train=None, ids_test=None,
+                 workers: int = 1, min_key_bits: int | None = None, allow_mock: bool | None = None,
+                 policy: PassivePolicy | None = None):
+        self.name = name
+        self.X_train = np.asarray(X_train, dtype=np.float64)
+        self.X_test = np.asarray(X_test, dtype=np.float64)
+        self.n = self.X_train.shape[0]
+        self.n_test = self.X_test.shape[0]
+        self.feature_names = list(feature_names)
+        self.ids_train = list(ids_train) if ids_train is not None else list(range(self.n))
+        self.ids_test = list(ids_test) if ids_test is not None else list(range(self.n_test))
+        self.workers = max(1, int(workers or 1))
+        self.policy = policy or PassivePolicy()
+        self.min_key_bits = int(min_key_bits if min_key_bits is not None else self.policy.min_key_bits)
+        self.allow_mock = bool(allow_mock if allow_mock is not None else self.policy.allow_mock)
+        self.pub = None
+        self.engine: HistEngine | None = None
+        self.edges = None
+        self.bins = None
+        self.splits: dict = {}        # split id -> {feature, feature_index, bin, threshold, tree, node, depth}
+        self._pending: dict = {}      # candidate id -> (node, feature, bin), this layer only
+        self._grad = None
+        self._cache: dict = {}        # node -> histogram (open nodes of the previous layer)
+        self._idx: dict = {}
+        self.tree, self.depth = -1, -1
+        self._prev_assign, self._prev_open = None, []
+        self._own: dict = {}          # node -> left mask of the split this party made in the previous layer
+        self._split_done = True
+        self._predicting = False
+        self._answered: dict = {}     # (tree, node) -> (test rows, left mask) of answered prediction requests
+        self.timings = defaultdict(float)
+        self.ops = Counter()
+
+    # ------------------------------------------------------------------------------- dispatch
+    def handle(self, msg: dict) -> dict:
+        kind = require(msg, "type", str)
+        fn = {"setup": self._setup, "layer": self._layer, "split": self._split,
+              "predict": self._predict, "finish": self._finish}.get(kind)
+        if fn is None:
+            raise ProtocolError(f"unknown message type {kind!r}")
+        if kind != "setup" and self.pub is None:
+            raise ProtocolError("protocol not set up")
+        return fn(msg)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    # ------------------------------------------------------------------------------- setup
+    def _setup(self, msg):
+        if self.pub is not None:
+            raise ProtocolError("protocol already set up")
+        if require(msg, "version", int) != PROTOCOL_VERSION:
+            raise ProtocolError("protocol version mismatch")
+        try:
+            pub = public_from_message(require(msg, "pk", dict))
+        except (CiphertextError, ValueError) as e:
+            raise ProtocolError(f"bad public key: {e}") from None
+        if pub.scheme == "mock" and not self.allow_mock:
+            raise ProtocolError("refusing the mock (plaintext) scheme: real encryption required")
+        if pub.key_bits < self.min_key_bits:
+            raise ProtocolError(f"key of {pub.key_bits} bits is below this site's minimum {self.min_key_bits}")
+        if pub.key_bits > self.policy.max_key_bits:
+            raise ProtocolError(f"key of {pub.key_bits} bits is above this site's maximum {self.policy.max_key_bits}")
+        if require(msg, "n_train", int) != self.n or require(msg, "n_test", int) != self.n_test:
+            raise ProtocolError("row counts differ from the active party's")
+        if require(msg, "ids_train", str) != ids_digest(self.ids_train) or \
+                require(msg, "ids_test", str) != ids_digest(self.ids_test):
+            raise ProtocolError("sample ids are not aligned with the active party's")
+        bins = require(msg, "bins", int)
+        if not 2 <= bins <= 1024:
+            raise ProtocolError("bins out of range")
+        self.n_trees = require(msg, "n_trees", int)
+        self.max_depth = require(msg, "max_depth", int)
+        self.min_rows = require(msg, "min_rows_node", int)
+        pol = self.policy
+        if not 1 <= self.n_trees <= pol.max_trees:
+            raise ProtocolError(f"{self.n_trees} trees proposed; this site allows at most {pol.max_trees}")
+        if not 1 <= self.max_depth <= pol.max_depth:
+            raise ProtocolError(f"depth {self.max_depth} proposed; this site allows at most {pol.max_depth}")
+        if self.min_rows < max(2, pol.min_rows_node):
+            raise ProtocolError(f"minimum of {self.min_rows} rows per node proposed; this site requires at "
+                                f"least {pol.min_rows_node}")
+        self.hist_subtraction = bool(msg.get("hist_subtraction", True))
+        t = time.perf_counter()
+        self.edges = fit_bins(self.X_train, bins)
+        self.bins = apply_bins(self.X_train, self.edges)
+        self.nbins = [len(e) + 1 for e in self.edges]
+        self.features = [f for f, nb in enumerate(self.nbins) if nb >= 2]   # constant columns give no split
+        self.pub = pub
+        self.engine = HistEngine(pub, self.bins[:, self.features], [self.nbins[f] for f in self.features],
+                                 self.workers)
+        self.timings["binning"] += time.perf_counter() - t
+        return {"type": "setup_ok", "n_features": len(self.feature_names)}
+
+    def _load_gradients(self, g):
+        if not isinstance(g, dict):
+            raise ProtocolError("gradients must be a dict")
+        try:
+            layout = SlotLayout.from_message(require(g, "layout", dict))
+        except (ValueError, SlotOverflowError) as e:
+            raise ProtocolError(f"bad slot layout: {e}") from None
+        if layout.n_max < self.n:
+            raise ProtocolError("slot layout too small for the number of rows")
+        if layout.n_channels > _MAX_CHANNELS:
+            raise ProtocolError(f"slot layout with more than {_MAX_CHANNELS} channels")
+        packing = require(g, "packing", bool)
+        compress = require(g, "compress", bool)
+        try:
+            units = layout.units(self.pub.usable_bits, packing)
+        except SlotOverflowError as e:
+            raise ProtocolError(f"slot layout does not fit the key: {e}") from None
+        t = time.perf_counter()
+        try:
+            raw = self.pub.wire_bytes(require(g, "cts", np.ndarray), self.n * len(units))
+            self.engine.load(raw, len(units))
+        except (CiphertextError, WorkerError) as e:
+            raise ProtocolError(str(e)) from None
+        self.timings["deserialize"] += time.perf_counter() - t
+        self._grad = {"units": len(units), "unit_widths": [sum(layout.widths[a:b]) for a, b in units],
+                      "compress": compress}
+        self._cache = {}
+
+    # ------------------------------------------------------------------------------- layers
+    def _check_layer(self, t, d, assign, open_, has_grad):
+        if self._predicting:
+            raise ProtocolError("training request after prediction started")
+        if has_grad:
+            if d != 0 or t != self.tree + 1:
+                raise ProtocolError(f"gradients must start the next tree ({self.tree + 1}) at depth 0, "
+                                    f"got tree {t} depth {d}")
+        elif t != self.tree or d != self.depth + 1 or self.tree < 0:
+            raise ProtocolError(f"layer out of order: tree {t} depth {d} after tree {self.tree} depth {self.depth}")
+        if t >= self.n_trees:
+            raise ProtocolError(f"tree {t} is beyond the {self.n_trees} trees agreed at setup")
+        if d >= self.max_depth:
+            raise ProtocolError(f"depth {d} is beyond the maximum depth {self.max_depth} agreed at setup")
+        lo_id, hi_id = (1 << d) - 1, (1 << (d + 1)) - 2
+        present = assign[assign >= 0]
+        if present.size and (int(present.min()) < lo_id or int(present.max()) > hi_id):
+            raise ProtocolError(f"node ids inconsistent with depth {d} (must be in [{lo_id}, {hi_id}])")
+        if not open_ or len(set(open_)) != len(open_):
+            raise ProtocolError("open node list empty or duplicated")
+        if len(open_) > (1 << d):
+            raise ProtocolError(f"{len(open_)} open nodes at depth {d}: more than 2^{d}")
+        if any(not lo_id <= v <= hi_id for v in open_):
+            raise ProtocolError(f"open node ids inconsistent with depth {d}")
+        if d == 0:
+            if not np.all(assign == 0):
+                raise ProtocolError("at depth 0 every row must be in the root")
+        else:
+            self._check_children(assign)
+        sizes = {}
+        for nid in open_:
+            sizes[nid] = int(np.count_nonzero(assign == nid))
+            if sizes[nid] < max(2, self.min_rows):
+                raise ProtocolError(f"node {nid} has {sizes[nid]} rows, fewer than the {self.min_rows} agreed "
+                                    "at setup: no answer")
+
+    def _check_children(self, assign):
+        prev = self._prev_assign
+        in_open = np.isin(prev, np.asarray(self._prev_open, dtype=np.int64))
+        if np.any(assign[~in_open] != -1):
+            raise ProtocolError("rows outside the previous layer's open nodes were put in a node")
+        a, p = assign[in_open], prev[in_open]
+        if not np.all((a == -1) | (a == 2 * p + 1) | (a == 2 * p + 2)):
+            raise ProtocolError("a row moved to a node that is not a child of its node one layer up")
+        for pid in self._prev_open:
+            ch = assign[prev == pid]
+            closed = ch == -1
+            if closed.any():
+                if not closed.all():
+                    raise ProtocolError(f"node {pid}: some rows left the tree while others went to its children")
+                if pid in self._own:
+                    raise ProtocolError(f"node {pid} was split by this party but its rows left the tree")
+                continue
+            left = ch == 2 * pid + 1
+            if left.all() or not left.any():
+                raise ProtocolError(f"node {pid}: a split with an empty child")
+            if pid in self._own and not np.array_equal(left, self._own[pid]):
+                raise ProtocolError(f"node {pid}: its children differ from the partition this party returned")
+
+    def _layer(self, msg):
+        t, d = require(msg, "tree", int), require(msg, "depth", int)
+        assign = int_array(msg, "assign", self.n, -1, 2**31 - 1)
+        open_ = int_list(msg, "open", 0, 2**31 - 1)
+        has_grad = "gradients" in msg
+        self._check_layer(t, d, assign, open_, has_grad)
+        if has_grad:
+            self._load_gradients(msg["gradients"])
+        if self._grad is None:
+            raise ProtocolError("layer request before any gradients")
+        idx = {}
+
+        def rows(nid):
+            if nid not in idx:
+                idx[nid] = np.flatnonzero(assign == nid)
+            return idx[nid]
+
+        t0 = time.perf_counter()
+        hists = self._histograms(d, open_, rows)
+        self.timings["histogram"] += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        G, pub = self._grad, self.pub
+        units, uw = G["units"], G["unit_widths"]
+        self._pending = {}
+        per_node = []
+        groups = []
+        for nid in open_:
+            ii = rows(nid)
+            cands = self._candidates(ii, hists[nid])
+            _RNG.shuffle(cands)                 # order would reveal feature boundaries
+            ids = [secrets.token_hex(8) for _ in cands]
+            for sid, (f, b, _left) in zip(ids, cands):
+                self._pending[sid] = (nid, f, b)
+            plan = pack_plan(len(cands), uw, pub.usable_bits, G["compress"])
+            groups.extend([(cands[i][2][u], uw[u]) for i, u in fields] for fields in plan)
+            per_node.append((nid, ids, len(plan)))
+        self.timings["cumulate"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        packed = self.engine.compress(groups)
+        self.ops["shifts"] += sum(len(g) - 1 for g in groups)
+        self.ops["additions"] += sum(len(g) - 1 for g in groups)
+        self.timings["compress"] += time.perf_counter() - t0
+        out, pos = [], 0
+        for nid, ids, n_ct in per_node:
+            out.append({"nid": int(nid), "ids": ids, "cts": pub.serialize(packed[pos:pos + n_ct])})
+            pos += n_ct
+        self._cache = {nid: hists[nid] for nid in open_}
+        self._idx = idx
+        self.tree, self.depth = t, d
+        self._prev_assign, self._prev_open = assign, list(open_)
+        self._own = {}
+        self._split_done = False
+        return {"type": "hist", "nodes": out}
+
+    def _histograms(self, d, open_, rows) -> dict:
+        """hist[node][f][b] = [unit ciphertexts]: direct for some nodes, parent / sibling for others."""
+        direct, derived = set(), {}
+        for nid in open_:
+            if self.hist_subtraction and d > 0:
+                par = (nid - 1) // 2
+                sib = nid + 1 if nid % 2 else nid - 1
+                if par in self._cache:
+                    ns, nn = rows(sib).size, rows(nid).size
+                    if ns < nn or (ns == nn and sib < nid):
+                        derived[nid] = (par, sib)
+                        direct.add(sib)
+                        continue
+            direct.add(nid)
+        before = self.engine.counts["multiplications"]
+        hists = self.engine.histograms({nid: rows(nid) for nid in sorted(direct)})
+        self.ops["additions"] += self.engine.counts["multiplications"] - before
+        pub = self.pub
+        one = pub.one()
+        for nid, (par, sib) in derived.items():
+            ph, sh = self._cache[par], hists[sib]
+            flat_s = [c for f in sh for b in f for c in b]
+            todo = [i for i, c in enumerate(flat_s) if c != one]
+            inv = dict(zip(todo, pub.invert_many([flat_s[i] for i in todo])))
+            self.ops["subtractions"] += len(todo)
+            self.ops["additions"] += len(todo)
+            flat_p = [c for f in ph for b in f for c in b]
+            res = [pub.add(p, inv[i]) if i in inv else p for i, p in enumerate(flat_p)]
+            h, pos = [], 0
+            units = self._grad["units"]
+            for f in sh:
+                h.append([res[pos + b * units:pos + (b + 1) * units] for b in range(len(f))])
+                pos += len(f) * units
+            hists[nid] = h
+        return hists
+
+    def _candidates(self, ii, hist) -> list:
+        """Admissible thresholds of every feature: (feature, bin, cumulative left unit ciphertexts)."""
+        pub = self.pub
+        out = []
+        for fe, f in enumerate(self.features):
+            nb = self.nbins[f]
+            cnt = np.bincount(self.bins[ii, f], minlength=nb).tolist()
+            n_all = sum(cnt)
+            left, nl = None, 0
+            for b in range(nb - 1):
+                c = cnt[b]
+                nl += c
+                if c:
+                    if left is None:
+                        left = list(hist[fe][b])
+                    else:
+                        left = [pub.add(x, y) for x, y in zip(left, hist[fe][b])]
+                        self.ops["additions"] += len(left)
+                if c > 0 and 0 < nl < n_all:
+                    out.append((f, b, left))
+        return out
+
+    # ------------------------------------------------------------------------------- splits
+    def _split(self, msg):
+        entries = require(msg, "ids", list)
+        if not entries:
+            raise ProtocolError("split request empty")
+        groups = []
+        for e in entries:
+            tied = [e] if isinstance(e, str) else e
+            if not isinstance(tied, list) or not tied or len(set(map(str, tied))) != len(tied):
+                raise ProtocolError("split request entries must be non-empty lists of distinct ids")
+            for sid in tied:
+                check_split_id(sid)
+                if sid not in self._pending:
+                    raise ProtocolError(f"unknown split id {sid!r}")
+            groups.append(tied)
+        if self._split_done:
+            raise ProtocolError("one split request per layer")
+        nodes = []
+        for tied in groups:
+            nids = {self._pending[s][0] for s in tied}
+            if len(nids) != 1:
+                raise ProtocolError("tied candidates of different nodes in one entry")
+            nodes.append(nids.pop())
+        if len(set(nodes)) != len(nodes):
+            raise ProtocolError("two split entries for one node")
+        t = time.perf_counter()
+        chosen, sizes, parts = [], [], []
+        for tied, nid in zip(groups, nodes):
+            # ties between this party's candidates: the first by (feature, bin), as the oracle does
+            sid = min(tied, key=lambda s: (self._pending[s][1], self._pending[s][2]))
+            _nid, f, b = self._pending[sid]
+            ii = self._idx[nid]
+            m = self.bins[ii, f] <= b
+            self._own[nid] = m
+            chosen.append(sid)
+            sizes.append(int(ii.size))
+            parts.append(m.astype(np.uint8))
+            self.splits[sid] = {"feature": self.feature_names[f], "feature_index": int(f), "bin": int(b),
+                                "threshold": float(self.edges[f][b]), "tree": int(self.tree), "node": int(nid),
+                                "depth": int(self.depth)}
+        self._split_done = True
+        self.timings["partition"] += time.perf_counter() - t
+        return {"type": "partition", "ids": chosen, "sizes": sizes,
+                "left": np.concatenate(parts) if parts else np.zeros(0, np.uint8)}
+
+    # ------------------------------------------------------------------------------- prediction
+    def _predict(self, msg):
+        if self.tree != self.n_trees - 1:
+            raise ProtocolError("prediction requested before every agreed tree was started")
+        depth = require(msg, "depth", int)
+        nodes = require(msg, "nodes", list)
+        if not nodes:
+            raise ProtocolError("prediction request without nodes")
+        self._predicting = True
+        t0 = time.perf_counter()
+        seen = set()
+        per_tree = defaultdict(list)
+        todo = []
+        for entry in nodes:
+            sid = check_split_id(require(entry, "id", str))
+            if sid not in self.splits:
+                raise ProtocolError(f"unknown split id {sid!r}")
+            s = self.splits[sid]
+            key = (s["tree"], s["node"])
+            if key in self._answered or sid in seen:
+                raise ProtocolError(f"split {sid} was already asked for")
+            seen.add(sid)
+            if s["depth"] != depth:
+                raise ProtocolError(f"split {sid} is not at depth {depth}")
+            rows = int_array(entry, "rows", None, 0, self.n_test - 1)
+            if rows.size == 0 or np.unique(rows).size != rows.size:
+                raise ProtocolError(f"split {sid}: test rows empty or repeated")
+            par = (s["node"] - 1) // 2
+            if s["node"] == 0:
+                if rows.size != self.n_test:
+                    raise ProtocolError("every test row reaches the root")
+            elif (s["tree"], par) in self._answered:
+                prow, pleft = self._answered[(s["tree"], par)]
+                expect = prow[pleft] if s["node"] == 2 * par + 1 else prow[~pleft]
+                if not np.array_equal(np.sort(rows), np.sort(expect)):
+                    raise ProtocolError(f"split {sid}: rows differ from those this party sent down from node {par}")
+            per_tree[s["tree"]].append(rows)
+            todo.append((sid, key, rows, s))
+        for tree, lists in per_tree.items():
+            allr = np.concatenate(lists)
+            if np.unique(allr).size != allr.size:
+                raise ProtocolError(f"tree {tree}: a test row asked for at two nodes of one depth")
+        out = []
+        for sid, key, rows, s in todo:
+            with np.errstate(invalid="ignore"):
+                go = self.X_test[rows, s["feature_index"]] <= s["threshold"]
+            self._answered[key] = (rows, go)
+            out.append({"id": sid, "bits": np.packbits(go.astype(np.uint8))})
+        self.timings["predict"] += time.perf_counter() - t0
+        return {"type": "predictions", "nodes": out}
+
+    def _finish(self, msg):
+        self._grad = None
+        self._cache = {}
+        self.close()
+        return {"type": "done", "stats": {"ops": {k: int(v) for k, v in self.ops.items()},
+                                          "timings_s": {k: float(v) for k, v in self.timings.items()}}}
+
+    def model(self) -> dict:
+        return {"format": "treeflare.vertical.passive/2", "party": self.name,
+                "features": self.feature_names, "splits": self.splits}
