@@ -81,15 +81,22 @@ class SiteBinding:
                               require_label=bool(schema.classes))
 
 
-def _site_config_path(fl_ctx) -> Path | None:
-    env = os.environ.get(SITE_CONFIG_ENV)
-    if env:
-        return Path(env)
+def site_config_dir(fl_ctx) -> Path | None:
+    """The site's ``local/`` folder in its startup kit (None outside FLARE)."""
     if fl_ctx is None:
         return None
     try:
-        local = Path(fl_ctx.get_engine().get_workspace().get_site_config_dir())
+        return Path(fl_ctx.get_engine().get_workspace().get_site_config_dir())
     except Exception:
+        return None
+
+
+def _site_config_path(fl_ctx, config_dir=None) -> Path | None:
+    env = os.environ.get(SITE_CONFIG_ENV)
+    if env:
+        return Path(env)
+    local = Path(config_dir) if config_dir else site_config_dir(fl_ctx)
+    if local is None:
         return None
     path = local / SITE_CONFIG_FILE
     return path if path.is_file() else None
@@ -123,9 +130,10 @@ def parse_binding(data: object, source: str) -> SiteBinding:
                        min_category_rows=k, source=source)
 
 
-def load_binding(site: str, fl_ctx=None, job_data_root: str = "") -> SiteBinding:
-    """This site's data binding (see the module doc for the order)."""
-    path = _site_config_path(fl_ctx)
+def load_binding(site: str, fl_ctx=None, job_data_root: str = "", config_dir=None) -> SiteBinding:
+    """This site's data binding (see the module doc for the order); ``config_dir``: the kit's ``local/`` folder
+    when there is no ``fl_ctx`` at hand (see :func:`site_config_dir`)."""
+    path = _site_config_path(fl_ctx, config_dir)
     if path is not None:
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:
