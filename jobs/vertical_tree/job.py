@@ -8,6 +8,11 @@ thresholds.
     python jobs/vertical_tree/job.py --model gbdt --dataset default_credit_card --passive 2 \\
         --trees 3 --max-depth 3 --workspace /tmp/vtree
 
+On parties that hold their own columns (no --dataset/--csv here), the schema comes from the parties:
+
+    python jobs/vertical_tree/job.py --schema discover --label default --id uid --passive 2 --env poc \\
+        --workspace /tmp/vtree
+
 Writes DIR/report.json and (simulator) each party's model file under DIR/models/.
 """
 from __future__ import annotations
@@ -21,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from treeflare.cli import add_data_args, add_vertical_args, check_args, load_table, main_guard
-from treeflare.data import DataError, prepare_federation, read_site, write_federation
+from treeflare.cli import add_data_args, add_schema_args, add_vertical_args, check_args, load_table, main_guard, \
+    schema_source
+from treeflare.data import DataError, prepare_federation, read_site, site_name, write_federation
 from treeflare.reporting import format_table, write_json_atomic
 
 JOB_NAME = "vertical_tree"
@@ -41,6 +47,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p, default_dataset="default_credit_card")
+    add_schema_args(p)
     add_vertical_args(p, flag=False, passive=1)
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=["tree", "gbdt"], default="tree",
@@ -91,7 +98,7 @@ def vertical_params(args):
         raise DataError(str(exc)) from None
 
 
-def build_job(args, params, data_root: Path, sites: list[str], job_info: dict):
+def build_job(args, params, data_root: Path | None, sites: list[str], job_info: dict, schema=None):
     from nvflare.job_config.api import FedJob
 
     from treeflare.flare.runner import ship_package
@@ -103,7 +110,8 @@ def build_job(args, params, data_root: Path, sites: list[str], job_info: dict):
                                      task_timeout=args.task_timeout, job_info=job_info),
                   id="vertical_controller")
     min_bits = args.key_bits if args.allow_insecure_key else 2048
-    job.to_clients(VerticalExecutor(data_root=str(data_root), workers=args.workers, min_key_bits=min_bits),
+    job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.workers,
+                                    min_key_bits=min_bits, schema=None if schema is None else schema.to_dict()),
                    tasks=[STEP, MSG])
     ship_package(job)
     return job
@@ -159,45 +167,63 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
     return found
 
 
+def check_binary(args, schema, name: str) -> None:
+    if args.model == "gbdt" and len(schema.classes) != 2:  # else the active site fails once FLARE runs
+        raise DataError(f"--model gbdt needs a binary label; {name} has {len(schema.classes)} classes "
+                        "(use --model tree)")
+
+
 @main_guard
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = vertical_params(args)
-    from treeflare.flare.runner import read_server_result, run_job
+    from treeflare.flare.runner import one_poc, read_server_result, run_job
     from treeflare.flare.vertical_controller import RESULT_FILE
 
     workspace = Path(args.workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
     timings = {}
     t = time.perf_counter()
-    table = load_table(args)  # the data layer gives it row ids if it has none
-    if args.model == "gbdt" and len(table.schema.classes) != 2:  # else the active site fails once FLARE runs
-        raise DataError(f"--model gbdt needs a binary label; {table.name or 'the data'} has "
-                        f"{len(table.schema.classes)} classes (use --model tree)")
-    fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive)
-    data_dir = write_federation(fed, workspace / "data", overwrite=True)
+    data_dir, schema_info = None, {"schema": "the submitter's data"}  # none: the parties hold their own columns
+    if schema_source(args) == "data":
+        table = load_table(args)  # the data layer gives it row ids if it has none
+        fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True,
+                                 n_passive=args.passive)
+        check_binary(args, fed.schema, table.name or "the data")
+        data_dir = write_federation(fed, workspace / "data", overwrite=True)
+        sites, schema, dataset = fed.site_names, fed.schema, fed.summary["dataset"]
+    else:
+        sites, schema, dataset = [site_name(i) for i in range(args.passive + 1)], None, "the parties' own data"
     timings["prepare_data"] = time.perf_counter() - t
-    sites = fed.site_names
     data_root = Path(args.data_root) if args.data_root else data_dir
-    job_info = {"dataset": fed.summary["dataset"], "model": args.model}
-    job = build_job(args, params, data_root, sites, job_info)
 
-    t = time.perf_counter()
-    run_dir = run_job(job, args, sites)
-    timings["flare_run"] = time.perf_counter() - t
+    with one_poc(args, sites):  # one POC for both jobs of --schema discover
+        if schema is None:
+            from treeflare.flare.schema_discovery import sites_schema
+
+            t = time.perf_counter()
+            schema, schema_info = sites_schema(args, sites, data_root=args.data_root or "", vertical=True)
+            timings["schema_discovery"] = time.perf_counter() - t
+            check_binary(args, schema, dataset)
+        job_info = {"dataset": dataset, "model": args.model}
+        job = build_job(args, params, data_root, sites, job_info, schema)
+        t = time.perf_counter()
+        run_dir = run_job(job, args, sites)
+        timings["flare_run"] = time.perf_counter() - t
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
     if server is None:
         return 1
 
     files = collect_site_files(run_dir, sites, workspace / "models")
     oracle = None
-    if not args.no_oracle and all(s in files for s in sites) and "_pred" in files:
+    if not args.no_oracle and data_dir is not None and all(s in files for s in sites) and "_pred" in files:
         t = time.perf_counter()
         oracle = compare_with_oracle(files, files["_pred"], vertical_data(data_dir, sites), params, sites)
         timings["oracle"] = time.perf_counter() - t
     crypto = dict(server["crypto"])
     report = {
-        "job": JOB_NAME, "model": args.model, "dataset": fed.summary["dataset"], "n_sites": len(sites),
+        "job": JOB_NAME, "model": args.model, "dataset": dataset, "n_sites": len(sites),
+        "schema_source": schema_info,
         "sites": {"active": sites[0], "passive": sites[1:]},
         "params": {**params.to_dict(), "env": args.env, "seed": args.seed},
         "global": server["global"],

@@ -5,8 +5,9 @@
 * a **passive** site answers ``vertical_msg``: one message in, one reply out
   (:meth:`PassiveParty.handle`).
 
-Data are read from ``<data_root>/<site>/{train,test}.csv`` (``$TREEFLARE_DATA_ROOT``
-overrides the folder: site-local binding).  Each site writes its own model file into its run
+Data are read against the job's schema from the site's own binding (``local/treeflare_site.json``,
+``$TREEFLARE_DATA_ROOT``; see ``site_config``), else from ``<data_root>/<site>/{train,test}.csv``; without a
+schema in the job, from ``<data_root>`` as a federation folder with its ``partition.json``.  Each site writes its own model file into its run
 folder; only ciphertexts, opaque split ids, partitions of node rows and prediction bits leave a
 site -- and, from the active site at the end, the test metrics and operation counts.
 """
@@ -23,11 +24,12 @@ from nvflare.apis.shareable import Shareable, make_reply
 
 import numpy as np
 
-from ..data import DataError, read_site
+from ..data import DataError, Schema, read_site
 from ..data.errors import public_error
 from ..reporting import write_json_atomic
 from ..vertical import ActiveParty, PassiveParty, ProtocolError, VerticalParams, crypto_report, metrics
 from ..vertical.packing import SlotOverflowError
+from .site_config import load_binding
 
 STEP, MSG = "vertical_step", "vertical_msg"
 DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
@@ -80,7 +82,11 @@ def from_wire(obj, _depth=0):
     return obj
 
 
-def _site_tables(data_root: str, site: str):
+def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=None):
+    if schema is not None:  # this party's columns of the job's schema, from its own binding
+        binding = load_binding(site, fl_ctx, data_root)
+        schema = Schema.from_dict(schema)
+        return tuple(binding.read(which, schema, site, own_columns=True) for which in ("train", "test"))
     root = os.environ.get(DATA_ROOT_ENV) or data_root
     if not root:
         raise DataError(f"{site}: no data root configured (executor data_root or ${DATA_ROOT_ENV})")
@@ -90,10 +96,11 @@ def _site_tables(data_root: str, site: str):
 
 class VerticalExecutor(Executor):
     def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
-                 allow_mock: bool = False):
+                 allow_mock: bool = False, schema: dict | None = None):
         """
         Args:
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
+            schema: the job's schema (``Schema.to_dict()``); each party reads the columns its files hold.
             workers: processes for the crypto at this site (0 = all cores).
             min_key_bits: a passive site refuses a public key shorter than this
               (``$TREEFLARE_VERTICAL_MIN_KEY_BITS`` overrides it on the site).
@@ -104,6 +111,7 @@ class VerticalExecutor(Executor):
         self.workers = int(workers)
         self.min_key_bits = int(min_key_bits)
         self.allow_mock = bool(allow_mock)
+        self.schema = schema
         self.active: ActiveParty | None = None
         self.passive: PassiveParty | None = None
         self.active_test_y = None
@@ -135,7 +143,7 @@ class VerticalExecutor(Executor):
             if self.workers:
                 params.workers = self.workers
             passives = [str(p) for p in task["passives"]]
-            train, test = _site_tables(self.data_root, site)
+            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
             X, names, _ = train.codes()
             Xt, _, _ = test.codes()
             self.active_test_y = test.y_codes()
@@ -178,7 +186,7 @@ class VerticalExecutor(Executor):
         if not isinstance(msg, dict):
             raise ProtocolError("message is not a dict")
         if msg.get("type") == "setup":
-            train, test = _site_tables(self.data_root, site)
+            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
             if train.y is not None:
                 raise ProtocolError(f"{site} holds labels: it is the active site, not a passive one")
             X, names, _ = train.codes()
