@@ -209,20 +209,19 @@ def read_schema_file(path) -> Schema:
     """A reviewed ``schema.json`` (written by ``scripts/schema.py``, perhaps edited by a person)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"--schema {path}: file not found (write one with scripts/schema.py, or pass --schema "
-                        "discover)")
+        raise DataError(f"{path}: schema file not found (write one with scripts/schema.py, or pass --schema discover)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"--schema {path}: not valid JSON ({exc})") from None
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
     try:
         schema = Schema.from_dict(data)
     except DataError as exc:
-        raise DataError(f"--schema {path}: {exc}") from None
+        raise DataError(f"{path}: {exc}") from None
     if len(schema.classes) < 2:
-        raise DataError(f"--schema {path}: the label needs at least 2 classes, the file lists {list(schema.classes)}")
+        raise DataError(f"{path}: the label needs at least 2 classes, the file lists {list(schema.classes)}")
     if not schema.features:
-        raise DataError(f"--schema {path}: no feature columns")
+        raise DataError(f"{path}: no feature columns")
     return schema
 
 
