@@ -1,12 +1,16 @@
-"""Real simulator runs with misbehaving sites, sharing one run (four sites, in a workspace whose path holds a
+"""Real simulator runs with misbehaving sites, sharing one ID3 run (six sites, in a workspace whose path holds a
 space, issue 14 item 14):
 
 * site-3 is hostile: it trains, then sends the server a tree with a NaN threshold;
 * site-4 holds a social-security-like value ``123-45-6789`` in a numeric column of its train.csv (issue 14
   item 5): it is dropped with a reason naming the column and line, and neither the value nor the site's local
-  path reaches the server's log, its result file or report.json. The site's own log keeps the whole message.
+  path reaches the server's log, its result file or report.json. The site's own log keeps the whole message;
+* site-5 sends a categorical code of 2**63 with no declared category counts (issue 14 item 1, which used to end
+  the job): dropped at training by the server's own schema;
+* site-6 declares 10,000 categories per column (issue 14 item 2, which used to turn ~60 rules into ~230,000):
+  the server ignores the declaration, its tree costs what an honest one does, and it stays.
 
-The job completes on the other sites, the report names both dropped sites and why, and the server did not crash."""
+The job completes on the other sites, the report names the dropped sites and why, and the server did not crash."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ BAD_LINE = 7  # of site-4/train.csv
 def synthetic_csv(path):
     """Numeric and categorical columns and a learnable label (CART finds it in a few splits)."""
     rng = np.random.default_rng(0)
-    n = 800
+    n = 1800
     a, b = rng.uniform(0, 100, n).round(2), rng.normal(0, 1, n).round(3)
     colour = rng.choice(["red", "green", "blue"], n)
     y = np.where(a + np.where(colour == "red", 15, 0) > 55, "high", "low")
@@ -42,7 +46,7 @@ def hostile_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     csv = synthetic_csv(tmp / "people.csv")
     # The sites' data, as the job would write it, with site-4's file then corrupted at the site.
-    site_data = write_federation(prepare_federation(load_csv(csv, label="y"), 4, "iid", None, seed=1),
+    site_data = write_federation(prepare_federation(load_csv(csv, label="y"), 6, "iid", None, seed=1),
                                  tmp / "site data" / "fed")
     bad = site_data / "site-4" / "train.csv"
     lines = bad.read_text().splitlines()
@@ -51,7 +55,9 @@ def hostile_run(tmp_path_factory):
     ws = tmp / "work space"
     with flare_lock():
         proc = run_script("tests/hostile_job.py",
-                          ["--algorithm", "cart", "--csv", str(csv), "--label", "y", "--sites", "4",
+                          ["--hostile-mode", "nan_threshold@site-3", "--hostile-mode", "huge_code@site-5",
+                           "--hostile-mode", "many_categories@site-6",
+                           "--algorithm", "id3", "--csv", str(csv), "--label", "y", "--sites", "6",
                            "--partition", "iid", "--seed", "1", "--max-depth", "4", "--min-clients", "2",
                            "--data-root", str(site_data), "--workspace", str(ws)],
                           tmp, timeout=300)
@@ -68,7 +74,7 @@ def test_hostile_site_is_dropped_and_named(hostile_run):
     proc, ws, _ = hostile_run
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     report = json.loads((ws / "report.json").read_text())
-    assert report["n_sites"] == 2 and set(report["sites"]) == {"site-1", "site-2"}
+    assert report["n_sites"] == 3 and set(report["sites"]) == {"site-1", "site-2", "site-6"}
     reason = report["dropped_sites"]["site-3"]
     assert reason.startswith("icdta4fl_train: invalid payload") and "not finite" in reason, reason
     assert "site-3" not in report["selected_sites"]
@@ -103,3 +109,17 @@ def test_bad_cell_is_named_but_never_shown_to_the_server(hostile_run):
     # the whole story stays at the site
     site_log = "".join(p.read_text(errors="replace") for p in (ws / "flare" / "icdta4fl" / "site-4").rglob("log.txt"))
     assert SECRET in site_log and str(site_data) in site_log
+
+
+def test_hostile_category_codes_cannot_end_the_job(hostile_run):
+    proc, ws, _ = hostile_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((ws / "report.json").read_text())
+    assert report.get("status", "completed") == "completed"
+    reason = report["dropped_sites"]["site-5"]
+    assert reason.startswith("icdta4fl_train: invalid payload") and "is above" in reason, reason
+    assert "site-6" not in report["dropped_sites"] and "site-6" in report["sites"]
+    # site-6's declared 10,000 categories bought it no extra rules: as few as the honest trees'
+    assert max(report["aggregation"]["n_rules_local"]) < 200, report["aggregation"]
+    # and the refinement round ran over the three remaining sites
+    assert report["refinement"]["status"] == "completed" and report["refinement"]["history"][0]["sites"] == 3

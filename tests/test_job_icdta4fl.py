@@ -20,7 +20,7 @@ def car_run(tmp_path_factory):
     ws = tmp / "ws"
     proc = run_script("jobs/icdta4fl/job.py",
                       ["--algorithm", "cart", "--dataset", "car", "--sites", "3", "--partition", "iid",
-                       "--seed", "1", "--max-depth", "4", "--workspace", str(ws)], tmp, timeout=240)
+                       "--seed", "1", "--max-depth", "4", "--workspace", str(ws), "--progress"], tmp, timeout=240)
     return proc, ws
 
 
@@ -55,6 +55,11 @@ def test_report_content(car_run):
     assert g["n_leaves"] <= report["aggregation"]["max_leaves"] and g["depth"] <= report["aggregation"]["max_depth"]
     assert "global (ICDTA4FL, refined 1 round)" in proc.stdout and "one-round tree (the paper's)" in proc.stdout
     assert str(ws / "report.json") in proc.stdout
+    # progress lines, printed while FLARE ran (--progress: stdout is not a terminal here), before the table
+    for line in ("local training: 3/3 sites replied", "peer scoring: 3/3 sites replied", "aggregation: ",
+                 "refinement round 1: encrypted counts: 3/3 sites replied", "refinement round 1/1: "):
+        assert line in proc.stdout, line
+    assert proc.stdout.index("local training: 3/3") < proc.stdout.index("model (global test set)")
 
 
 def test_artifacts(car_run):
@@ -70,6 +75,16 @@ def test_artifacts(car_run):
     assert (ws / "global_tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     one = GlobalTree.load_json(ws / "global_tree_one_round.json")
     assert one.get_n_leaves() == report["one_round"]["n_leaves"]
+    # the workspace predicts on raw rows: scripts/predict.py on the server's test set scores as the report says
+    predict = run_script("scripts/predict.py", ["--model", str(ws), "--csv", str(ws / "data" / "server" / "test.csv"),
+                                                "--out", str(ws.parent / "p.csv"), "--explain"], ws.parent)
+    assert predict.returncode == 0, predict.stderr
+    import pandas as pd
+
+    out = pd.read_csv(ws.parent / "p.csv", dtype=str)
+    truth = pd.read_csv(ws / "data" / "server" / "test.csv", dtype=str)["class"]
+    assert (out["predicted"] == truth).mean() == pytest.approx(report["global"]["accuracy"], abs=1e-12)
+    assert out["explanation"].str.len().min() > 0 and set(out.columns) >= {"p_unacc", "p_acc"}
 
 
 def test_export_runs_without_installed_package(tmp_path):

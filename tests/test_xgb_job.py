@@ -75,7 +75,7 @@ def centralized_reference(ws, report):
 def test_horizontal_binary_report_matches_centralized(tmp_path):
     csv = small_csv(tmp_path / "small.csv")
     report, ws, proc = run_job(tmp_path, "--csv", str(csv), "--label", "label", "--rounds", "5", "--max-depth", "3",
-                            "--eta", "0.3", "--baselines", "centralized")
+                            "--eta", "0.3", "--baselines", "centralized", "--progress")
     assert report["job"] == "xgb_histogram" and report["mode"] == "horizontal" and report["n_sites"] == 3
     assert set(report["global"]) == {"auc", "accuracy", "logloss"}
     assert set(report["baselines"]) == {"centralized", "native_distributed"}
@@ -94,6 +94,21 @@ def test_horizontal_binary_report_matches_centralized(tmp_path):
     assert "NVFlare horizontal (direct)" in proc.stdout  # the short table
     check_direct(report)
     assert report["transport"]["models_identical"] is True  # every rank ends with the same model
+    # progress from the server's side, one line per round, printed while FLARE ran (--progress: stdout is a pipe)
+    rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
+    assert [r.split()[1] for r in rounds] == [f"{i}/5" for i in range(1, 6)] and " eval auc 0." in rounds[-1]
+    assert proc.stdout.index("round 5/5") < proc.stdout.index("NVFlare horizontal (direct)")
+    # the workspace predicts on raw rows: scripts/predict.py on the server's test set gives the report's model
+    predict = run_script("scripts/predict.py", ["--model", str(ws), "--csv", str(ws / "federation" / "server" /
+                                                "test.csv"), "--out", str(tmp_path / "p.csv")], tmp_path)
+    assert predict.returncode == 0, predict.stderr
+    import pandas as pd
+    from treeflare.xgb import global_test, score_booster
+
+    _, proba = score_booster(booster, global_test(ws / "federation"), 2)
+    out = pd.read_csv(tmp_path / "p.csv")
+    assert list(out.columns) == ["predicted", "p_0", "p_1"] and len(out) == report["n_test"]
+    assert abs(out["p_1"].to_numpy() - proba).max() < 1e-6
 
 
 @pytest.mark.flare
@@ -123,6 +138,15 @@ def test_vertical_predictions_identical_to_centralized(tmp_path):
     assert set(report["global"]) == {"accuracy", "macro_f1", "mlogloss"}  # car: 4 classes
     check_direct(report)  # site-1, the label owner, is rank 0
     assert list((ws / "tb_events").rglob("events.out.tfevents.*"))
+    # every party holds the whole model (XGBoost's vertical mode): it predicts only on rows with every party's
+    # columns, and says so for the server's test set, which holds ids and labels only
+    from treeflare.data import DataError
+    from treeflare.prediction import load_model, predict_csv
+
+    model = load_model(ws)
+    assert model.model.mode == "vertical" and model.model.ranks == {"site-1": 0, "site-2": 1, "site-3": 2}
+    with pytest.raises(DataError, match="'doors' held by site-2 \\(rank 1\\)"):
+        predict_csv(model, ws / "federation" / "server" / "test.csv", tmp_path / "p.csv")
 
 
 @pytest.mark.flare

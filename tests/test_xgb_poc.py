@@ -78,7 +78,7 @@ def test_direct_on_poc_uses_tls_and_writes_the_report(poc):
 
     ws, port = poc["root"] / "ok", free_port()
     proc = subprocess.run(_job(poc, ws, port, "--dataset", "car", "--rounds", "3", "--max-depth", "3",
-                               "--baselines", "centralized"),
+                               "--baselines", "centralized", "--progress"),
                           env=poc["env"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((ws / "report.json").read_text())
@@ -90,6 +90,8 @@ def test_direct_on_poc_uses_tls_and_writes_the_report(poc):
     log = next((ws / "flare" / "poc_result").glob("*/workspace/xgb_federated_server.log")).read_text()
     assert f"Federated server listening on 0.0.0.0:{port}" in log and "Insecure" not in log
     assert not listening(port) and not _fedserver_pids(port)
+    # progress lines from the server (show_stats while it runs, the downloaded progress.jsonl for the last ones)
+    assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("round ")] == ["1/3", "2/3", "3/3"]
 
 
 def test_tls_refuses_clients_without_a_certificate_and_a_killed_site_ends_the_job(poc):

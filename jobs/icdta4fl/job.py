@@ -25,6 +25,7 @@ import numpy as np
 from treeflare.cli import (add_data_args, add_partition_args, add_schema_args, check_args, load_table, main_guard,
                            prepare_from_args, schema_source)
 from treeflare.data import DataError, Schema, read_site, read_site_csv, site_name, write_federation
+from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.icdta4fl import pipeline
 from treeflare.icdta4fl.encoding import encode, feature_space
 from treeflare.reporting import format_table, write_json_atomic
@@ -68,6 +69,7 @@ def parse_args(argv=None):
     g.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_run_args(p)
+    add_progress_args(p)
     return check_args(p.parse_args(argv))
 
 
@@ -76,6 +78,7 @@ def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str])
 
     from treeflare.flare.icdta4fl_controller import ICDTA4FLController
     from treeflare.flare.icdta4fl_executor import TASKS, ICDTA4FLExecutor
+    from treeflare.flare.progress import ProgressReporter
     from treeflare.flare.runner import ship_package
 
     local = {"max_depth": args.max_depth}
@@ -97,6 +100,7 @@ def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str])
         refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon,
                        "key_bits": args.refine_key_bits, "key_holder": args.refine_key_holder},
     ), id="icdta4fl_controller")
+    job.to_server(ProgressReporter(), id=PROGRESS_ID)  # phase lines the job script prints while FLARE runs
     job.to_clients(ICDTA4FLExecutor(data_root=str(data_root) if data_root else ""), tasks=TASKS)
     ship_package(job)
     return job
@@ -211,7 +215,7 @@ def main(argv=None) -> int:
                        "schema_source": source}
         job = build_job(args, summary, data_root, sites)
         t = time.perf_counter()
-        run_dir = run_job(job, args, sites)
+        run_dir = run_job(job, args, sites, progress=printer_for(args))
         timings["flare_run"] = time.perf_counter() - t
 
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)

@@ -15,7 +15,9 @@ Two transports for XGBoost's collective operations (--transport):
 Steps: prepare the federation folder under --workspace with the data layer; build the job with our
 TreeflareXGBDataLoader; ship the treeflare package as custom code; run it (simulator, POC or a provisioned
 system); then score the global model on the server's test set, compute the centralized and XGBoost-native
-distributed baselines, and write report.json, model.json and tb_events/.
+distributed baselines, and write report.json, model.json (with the training schema inside, for
+scripts/predict.py) and tb_events/. While FLARE runs, one progress line per boosting round (rank 0's eval metric,
+elapsed time, an estimate of what is left) is printed on a terminal (--progress: always; --quiet: never).
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from treeflare.cli import add_data_args, add_partition_args, add_schema_args, lo
 from treeflare.cli import check_args as shared_check_args
 from treeflare.cli import schema_source
 from treeflare.data import site_name, write_federation
+from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.flare.runner import add_run_args, one_poc, recipe_job, run_job, ship_package
+from treeflare.flare.xgb_progress import XGBRoundProgress
 from treeflare.reporting import format_table, write_json_atomic
 from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build, make_params, metric_keys
 from treeflare.xgb.encoding import global_test
 from treeflare.xgb.metrics import metric_diffs, score_booster
+from treeflare.xgb.model import save_with_schema
 from treeflare.xgb.fedserver import DEFAULT_XGB_PORT, MAX_PORT, FederatedServerError, check_port
 from treeflare.xgb.params import DEFAULT_ETA, DEFAULT_MAX_DEPTH, DEFAULT_ROUNDS
 
@@ -91,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has for schema discovery")
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     add_run_args(p)
+    add_progress_args(p)
     return p
 
 
@@ -285,11 +291,14 @@ def run(args, table=None) -> dict:
             job = build_direct_job(folder, schema, params, args, sites)
         else:
             job = recipe_job(build_recipe(folder, schema, params, args, sites))
+        # per-round progress from the server's side (rank 0's eval metric), printed while FLARE runs
+        job.to_server(XGBRoundProgress(site=sites[0], rounds=args.rounds, metric=params["eval_metric"]),
+                      id=PROGRESS_ID)
         ship_package(job, sites)
         if args.timing_dir:
             shutil.rmtree(args.timing_dir, ignore_errors=True)
         t = time.perf_counter()
-        server_run_dir = run_job(job, args, sites)  # exits here with --export
+        server_run_dir = run_job(job, args, sites, progress=printer_for(args))  # exits here with --export
         timings["flare_run"] = time.perf_counter() - t
 
     server = None
@@ -307,7 +316,9 @@ def run(args, table=None) -> dict:
     else:
         timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
     model_path = workspace / "model.json"
-    shutil.copyfile(model_src, model_path)
+    # the schema travels in the model (the direct transport's sites already put it there; NVFlare's recipes do not)
+    ranks = (server or {}).get("ranks") or {s: i for i, s in enumerate(sites)}
+    save_with_schema(model_src, model_path, schema, args.mode, ranks)
     tb_src = Path(server_run_dir) / "tb_events"
     if tb_src.is_dir():
         shutil.copytree(tb_src, workspace / "tb_events", dirs_exist_ok=True)

@@ -298,6 +298,16 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     return Table(out, y, schema, ids, name)
 
 
+def features_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=None, name="") -> Table:
+    """The feature columns of new rows, for a prediction: parsed and checked as in training (a missing feature
+    column is an error naming it; a missing value or an unknown category is read as training reads it),
+    extra columns ignored. The label and id columns are not read at all: new rows may leave the label blank
+    and need no id."""
+    plain = Schema(schema.features, schema.label, (), None)
+    frame = frame.drop(columns=[c for c in (schema.label, schema.id_column) if c and c in frame.columns])
+    return frame_to_table(frame, plain, file=file, site=site, name=name, require_label=False, strict_columns=False)
+
+
 def load_csv(path, label: str, categorical=None, id_column=None, schema: Schema | None = None,
              sep=",", name: str | None = None, ordinal: dict | None = None) -> Table:
     """Load your own CSV (with a header row). Kinds are inferred unless a schema is given; ``ordinal`` maps a

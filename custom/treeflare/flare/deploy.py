@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,10 +222,12 @@ def collect_job(admin_kit: Path, job_id: str, out_dir: Path, *, timeout: float =
 
 
 def submit_and_collect(admin_kit: Path, job_dir: Path, out_dir: Path, *, timeout: float = 3600.0,
-                       site_dirs=None) -> JobOutcome:
+                       site_dirs=None, watch=None) -> JobOutcome:
+    """``watch(job_id)``: a context manager kept open while the job runs (e.g. printing its progress)."""
     job_id = submit_job(admin_kit, job_dir)
     print(f"submitted job {job_id} ({Path(job_dir).name}); waiting up to {timeout:.0f} s", flush=True)
-    return collect_job(admin_kit, job_id, out_dir, timeout=timeout, site_dirs=site_dirs)
+    with (watch(job_id) if watch else nullcontext()):
+        return collect_job(admin_kit, job_id, out_dir, timeout=timeout, site_dirs=site_dirs)
 
 
 def local_site_dirs(admin_kit: Path) -> dict:

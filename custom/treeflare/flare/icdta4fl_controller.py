@@ -31,9 +31,12 @@ from ..icdta4fl.payloads import (check_counts_reply, check_global_reply, check_s
 from ..reporting import write_text_atomic
 from ..trees.validate import PayloadError
 from .icdta4fl_executor import REFINE_COUNTS, REFINE_DECRYPT, SCORE_GLOBAL, SCORE_TREES, TRAIN
+from .progress import PROGRESS_ID
 from .workflow import JobFailed, ResultWorkflow
 
 RESULT_FILE = "icdta4fl_result.json"
+PHASES = {TRAIN: "local training", SCORE_TREES: "peer scoring", SCORE_GLOBAL: "global evaluation",
+          REFINE_COUNTS: "encrypted counts", REFINE_DECRYPT: "decrypting the sum"}
 DEFAULT_REFINE = {"rounds": 1, "key_bits": 2048, "epsilon": None, "key_holder": None}
 
 
@@ -134,6 +137,8 @@ class ICDTA4FLController(ResultWorkflow):
         model.set_data_schema(self._schema, self.algorithm)  # so the saved model takes raw rows
         timings["aggregation"] = time.perf_counter() - t
         selected = stats["selected"]
+        self._progress(fl_ctx, f"aggregation: {len(selected)} of {len(trees)} trees merged into the one-round tree "
+                               f"({model.get_n_leaves()} leaves, depth {model.get_depth()})")
 
         result.update({
             "n_sites": len(sites), "sites_trained": sites, "scorers": scorers,
@@ -182,7 +187,7 @@ class ICDTA4FLController(ResultWorkflow):
         # 1. the one-round tree against the selected local trees, on the sites' own validation data
         t = time.perf_counter()
         checked = self._ask(SCORE_GLOBAL, {"tree": one_round.tree_.to_dict()}, sites, result, abort_signal,
-                            fl_ctx, check_global_reply, required=1)
+                            fl_ctx, check_global_reply, required=1, phase="one-round tree on the sites' validation rows")
         common = [i for i, s in enumerate(scorers) if s in checked]
         merged = {m: float(np.mean([checked[scorers[i]][m] for i in common])) if common else -1.0
                   for m in ("accuracy", "macro_f1")}
@@ -229,6 +234,9 @@ class ICDTA4FLController(ResultWorkflow):
             if server_test is not None:
                 entry["accuracy"] = float(np.mean(tree.predict(server_test[0]) == server_test[1]))
             info["history"].append(entry)
+            acc = f", test accuracy {entry['accuracy']:.4f}" if "accuracy" in entry else ""
+            self._progress(fl_ctx, f"refinement round {r}/{self._refine['rounds']}: {entry['n_leaves']} leaves, "
+                                   f"depth {entry['depth']}{acc} ({entry['seconds']:.1f} s)")
             contributors = [s for s in contributors if s not in result["dropped_sites"]]
         info["rounds_done"] = len(info["history"])
         timings["refinement"] = sum(h["seconds"] for h in info["history"])
@@ -324,9 +332,28 @@ class ICDTA4FLController(ResultWorkflow):
                                      for i, s in enumerate(sites)},
         }
 
-    def _ask(self, name, data, sites, result, abort_signal, fl_ctx, check, required=None) -> dict:
+    def _progress(self, fl_ctx, text: str) -> None:
+        """A progress line for the job script (when the job has a progress reporter)."""
+        engine = fl_ctx.get_engine() if fl_ctx is not None else None
+        reporter = getattr(engine, "get_component", lambda _id: None)(PROGRESS_ID)
+        if reporter is not None:
+            reporter.emit(text)
+
+    def _ask(self, name, data, sites, result, abort_signal, fl_ctx, check, required=None, phase=None) -> dict:
         """Broadcast one task, keep the valid replies, record why the others were dropped."""
-        task = Task(name=name, data=Shareable(data), timeout=self.task_timeout)
+        replies = []
+        phase = phase or PHASES.get(name, name)
+        if data.get("round"):
+            phase = f"refinement round {data['round']}: {phase}"
+
+        def received(client_task, fl_ctx):  # NVFlare calls it with these keywords; it must never raise
+            try:
+                replies.append(client_task.client.name)
+                self._progress(fl_ctx, f"{phase}: {len(replies)}/{len(sites)} sites replied")
+            except Exception as exc:  # noqa: BLE001 - progress is never worth a result
+                self.log_warning(fl_ctx, f"progress line not written: {exc}")
+
+        task = Task(name=name, data=Shareable(data), timeout=self.task_timeout, result_received_cb=received)
         self.broadcast_and_wait(task, fl_ctx, targets=sites, min_responses=len(sites), abort_signal=abort_signal)
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed(f"aborted during {name}")

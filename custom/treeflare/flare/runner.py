@@ -20,6 +20,7 @@ from nvflare.apis.job_def import ALL_SITES
 
 from ..cli import interrupted_by
 from ..reporting import write_json_atomic
+from .progress import PROGRESS_FILE
 
 CUSTOM_DIR = Path(__file__).resolve().parents[2]  # <repo>/custom, which holds treeflare/
 # Clients poll for tasks every 2 s by default; our workflows exchange a handful of short tasks.
@@ -162,8 +163,11 @@ def end_child_processes(keep: set[int] = frozenset(), grace: float = 5.0) -> lis
     return [p.pid for p in procs]
 
 
-def run_job(job, args, sites: list[str]) -> Path:
-    """Run ``job`` where ``args.env`` says and return the server's run folder (its artifacts)."""
+def run_job(job, args, sites: list[str], progress=None) -> Path:
+    """Run ``job`` where ``args.env`` says and return the server's run folder (its artifacts).
+
+    ``progress``: a :class:`~treeflare.flare.progress.ProgressPrinter` that prints the server's progress lines
+    while the job runs (the job needs a ``ProgressReporter`` on the server), or None."""
     if getattr(args, "export", None):
         out = export_job(job, args.export)
         print(f"job exported to {out}\nsubmit it with: nvflare job submit -j {out}")
@@ -179,8 +183,13 @@ def run_job(job, args, sites: list[str]) -> Path:
             with shell_safe_paths(root) as sim_root:
                 env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(sim_root),
                              log_config=args.log_level)
+                server_file = root / job.name / "server" / "simulate_job" / PROGRESS_FILE
+                watch = progress.follow_file(server_file) if progress else contextlib.nullcontext()
                 try:
-                    env.deploy(job)
+                    with watch:
+                        env.deploy(job)
+                    if progress:
+                        progress.show_file(server_file, fresh_only=True)  # the lines since the last poll
                 except RuntimeError as exc:
                     if interrupted_by():  # NVFlare caught our KeyboardInterrupt and reported a failed run
                         raise KeyboardInterrupt from None
@@ -191,20 +200,23 @@ def run_job(job, args, sites: list[str]) -> Path:
             end_child_processes(keep=before)
         return root / job.name / "server" / "simulate_job"
     if args.env == "poc":
-        return _run_poc(job, args, sites, workspace)
+        return _run_poc(job, args, sites, workspace, progress)
     if not args.startup_kit:
         raise SystemExit("error: --env prod needs --startup-kit (the admin's startup kit folder)")
-    return _run_prod(job, args, workspace)
+    return _run_prod(job, args, workspace, progress)
 
 
-def _submit(job, args, workspace: Path, admin_kit: Path, site_dirs: dict) -> Path:
+def _submit(job, args, workspace: Path, admin_kit: Path, site_dirs: dict, progress=None) -> Path:
     """Export, submit, wait, download the server's result and gather the sites' run folders found on this
     machine: ``<workspace>/flare/<env>_result/{<job_id>/workspace, <site>/<job_id>/}``."""
     from .deploy import submit_and_collect
 
     out = workspace / "flare" / f"{args.env}_result"
     job_dir = export_job(job, workspace / "flare" / "job")
-    outcome = submit_and_collect(admin_kit, job_dir, out, timeout=args.timeout, site_dirs=site_dirs)
+    watch = (lambda job_id: progress.follow_admin(admin_kit, job_id)) if progress else None
+    outcome = submit_and_collect(admin_kit, job_dir, out, timeout=args.timeout, site_dirs=site_dirs, watch=watch)
+    if progress and outcome.server_dir is not None:
+        progress.show_file(Path(outcome.server_dir) / PROGRESS_FILE)  # the lines after the last poll
     print(f"job {outcome.job_id}: {outcome.status}; server result in {outcome.server_dir}", flush=True)
     if not outcome.ok:
         print(f"warning: job {outcome.job_id} ended {outcome.status}: {STATUS_HELP.get(outcome.status, '')} "
@@ -223,12 +235,12 @@ STATUS_HELP = {
 }
 
 
-def _run_poc(job, args, sites: list[str], workspace: Path) -> Path:
+def _run_poc(job, args, sites: list[str], workspace: Path, progress=None) -> Path:
     from .deploy import DeployError
 
     with one_poc(args, sites) as poc:
         try:
-            return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs())
+            return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs(), progress)
         except DeployError as exc:
             raise SystemExit(f"error: {exc}")
 
@@ -270,12 +282,12 @@ def one_poc(args, sites: list[str]):
         raise SystemExit(f"error: {exc}")
 
 
-def _run_prod(job, args, workspace: Path) -> Path:
+def _run_prod(job, args, workspace: Path, progress=None) -> Path:
     from .deploy import DeployError, local_site_dirs
 
     kit = Path(args.startup_kit).resolve()
     try:
-        return _submit(job, args, workspace, kit, local_site_dirs(kit))
+        return _submit(job, args, workspace, kit, local_site_dirs(kit), progress)
     except DeployError as exc:
         raise SystemExit(f"error: {exc}")
 

@@ -6,8 +6,9 @@ On the ``xgb_direct_train`` task the site checks the task against its own expect
 error naming host and port instead of XGBoost's minutes of retries), loads its data with the job's data loader
 and trains. Outside the simulator it always uses TLS with its startup kit's root CA and client key/certificate,
 and refuses a task that asks for plain TCP. Per-round metrics go to the job's metrics writer (TensorBoard on the
-server), the model to ``<run dir>/model.json``; the reply carries only rank, timings, sizes and the model's
-sha256 (every rank must end with the same model).
+server), the model to ``<run dir>/model.json`` with the shared schema attached (``treeflare.xgb.model``: a site
+can predict with it on raw rows); the reply carries only rank, timings, sizes and the model's sha256 (every rank
+must end with the same model).
 """
 
 from __future__ import annotations
@@ -128,6 +129,12 @@ class XGBDirectExecutor(Executor):
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
         model_path = run_dir / self.model_file_name
+        if isinstance(getattr(loader, "schema", None), dict):  # the model carries its schema (for predictions)
+            from ..data import Schema
+            from ..xgb.model import attach_schema
+
+            attach_schema(booster, Schema.from_dict(loader.schema), "vertical" if self.vertical else "horizontal",
+                          spec["ranks"])
         booster.save_model(str(model_path))
         reply = make_reply(ReturnCode.OK)
         reply["rank"] = spec["rank"]

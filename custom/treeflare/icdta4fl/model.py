@@ -72,17 +72,19 @@ class GlobalTree:
         """Encoded rows: a DataFrame of raw values is encoded with the model's schema; arrays pass as they are."""
         import pandas as pd
 
-        if not isinstance(X, pd.DataFrame):
-            return X
+        return self.encode_rows(X) if isinstance(X, pd.DataFrame) else X
+
+    def encode_rows(self, frame, file="input"):
+        """A DataFrame of raw values (named as in the schema) as the encoded matrix the tree reads; errors name
+        ``file``, the column and the line. The label and id columns, if present, are not read."""
         if self.data_schema is None:
             raise ValueError("this model carries no data schema: pass rows encoded as in training")
-        from ..data.csv_io import frame_to_table
+        from ..data.csv_io import features_table
         from .encoding import encode
 
         # the data layer parses text cells (as read from a CSV): give it the frame's values as text
-        raw = X.astype(object).where(X.notna(), "").astype(str)
-        table = frame_to_table(raw, self.data_schema, file="input", require_label=False, strict_columns=False)
-        return encode(table, self.encoding)
+        raw = frame.astype(object).where(frame.notna(), "").astype(str)
+        return encode(features_table(raw, self.data_schema, file=file), self.encoding)
 
     # ------------------------------------------------------------------ estimator API
     def predict_proba(self, X) -> np.ndarray:

@@ -1,0 +1,192 @@
+"""Predictions on new rows for a trained model of either kind: the ICDTA4FL global tree (``global_tree.json``) or
+the federated XGBoost model (``model.json``). Used by ``scripts/predict.py``; importable for the same in code::
+
+    from treeflare.prediction import load_model, predict_csv
+    predict_csv("out/xgb_adult", "new.csv", "predictions.csv", id_column="id")
+
+A model is found from a file or a folder (a job's workspace holds ``global_tree.json`` or ``model.json``) and
+reads raw CSV values named as in the schema it was trained with. Output: the id column (``--id``, or the
+schema's id column when the CSV has it), ``predicted`` (the class), ``p_<class>`` per class in the schema's class
+order, and with ``explain`` (ICDTA4FL only) ``explanation``, the row's decision path in words.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .data import DataError, Schema
+
+KINDS = {"global_tree.json": "icdta4fl", "model.json": "xgboost"}
+KIND_NAMES = {"icdta4fl": "ICDTA4FL global tree", "xgboost": "XGBoost"}
+PREDICTED = "predicted"
+EXPLANATION = "explanation"
+ONE_LEAF = "(no conditions: the tree is a single leaf)"
+
+
+@dataclass
+class LoadedModel:
+    kind: str  # "icdta4fl" | "xgboost"
+    path: Path
+    model: object  # GlobalTree | XGBModel
+
+    @property
+    def schema(self) -> Schema:
+        return self.model.data_schema
+
+    @property
+    def classes(self) -> list[str]:
+        return [str(c) for c in self.model.classes_]
+
+    def describe(self) -> str:
+        extra = f", {self.model.mode}" if self.kind == "xgboost" else f", {self.model.encoding}"
+        return f"{KIND_NAMES[self.kind]} ({self.path}{extra})"
+
+
+def find_model(path) -> tuple[str, Path]:
+    """(kind, file) for a model file or a folder holding one (a job's workspace)."""
+    path = Path(path)
+    if path.is_dir():
+        found = [(kind, path / name) for name, kind in KINDS.items() if (path / name).is_file()]
+        if not found:
+            raise DataError(f"{path}: no model in this folder: expected global_tree.json (ICDTA4FL job) or "
+                            "model.json (XGBoost job)")
+        if len(found) > 1:
+            raise DataError(f"{path}: holds both global_tree.json and model.json; name the model file with --model")
+        return found[0]
+    if not path.is_file():
+        raise DataError(f"{path}: model not found (give a model file or a job's workspace folder)")
+    return _sniff(path), path
+
+
+def _sniff(path: Path) -> str:
+    """A model file's kind from its content: ICDTA4FL's versioned JSON, or anything else XGBoost may load."""
+    from .icdta4fl.model import MODEL_SCHEMA
+
+    with path.open("rb") as fh:
+        head = fh.read(4096)
+    if head.lstrip()[:1] == b"{" and MODEL_SCHEMA.encode() in head:
+        return "icdta4fl"
+    return "xgboost"  # JSON or UBJSON; XGBoost itself says whether it is a model
+
+
+def read_schema_file(path) -> Schema:
+    """A schema JSON (``Schema.to_dict``) or a federation's ``partition.json`` (which holds one)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: schema file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise DataError(f"{path}: not a JSON schema ({exc})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
+        doc = doc["schema"]
+    try:
+        return Schema.from_dict(doc)
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None
+
+
+def load_model(path, schema=None) -> LoadedModel:
+    """The model at ``path`` (file or folder), ready for raw rows. ``schema`` (a path or a Schema) is needed only
+    for a model that carries none: an XGBoost model.json or a global_tree.json written before models carried
+    their schema; beside an XGBoost model, a job workspace's ``federation/partition.json`` is used."""
+    kind, file = find_model(path)
+    if isinstance(schema, (str, Path)):
+        schema = read_schema_file(schema)
+    if kind == "icdta4fl":
+        return LoadedModel(kind, file, _load_tree(file, schema))
+    from .xgb.model import ModelError, XGBModel
+
+    if schema is None and (file.parent / "federation" / "partition.json").is_file():
+        schema = read_schema_file(file.parent / "federation" / "partition.json")
+    try:
+        return LoadedModel(kind, file, XGBModel.load(file, schema))
+    except ModelError as exc:
+        raise DataError(str(exc)) from None
+
+
+def _load_tree(file: Path, schema: Schema | None):
+    from .icdta4fl.model import GlobalTree, ModelPayloadError
+
+    try:
+        model = GlobalTree.load_json(file)
+    except (ModelPayloadError, OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{file}: not a usable ICDTA4FL model ({exc})") from None
+    if model.data_schema is None:
+        if schema is None:
+            raise DataError(f"{file}: this model carries no data schema (written before models carried one): "
+                            "give the schema it was trained with (--schema, e.g. the federation's partition.json)")
+        errors = []
+        for encoding in ("cart", "id3"):  # which one the model's feature names say
+            try:
+                model.set_data_schema(schema, encoding)
+                break
+            except (ModelPayloadError, ValueError) as exc:
+                errors.append(str(exc))
+        else:
+            raise DataError(f"{file}: the schema does not fit this model ({errors[0]})")
+    return model
+
+
+def check_explain(loaded: LoadedModel, explain: bool) -> None:
+    if explain and loaded.kind != "icdta4fl":
+        raise DataError("--explain shows an ICDTA4FL tree's decision path; an XGBoost model adds up many trees, so "
+                        "a row has no single path to show (leave out --explain)")
+
+
+def predict_frame(loaded: LoadedModel, raw, *, file="input", id_column: str | None = None,
+                  explain: bool = False):
+    """A DataFrame of predictions for raw rows (as read by ``treeflare.data.csv_io.read_raw``)."""
+    import pandas as pd
+
+    check_explain(loaded, explain)
+    if id_column is not None and id_column not in raw.columns:
+        raise DataError(f"{file}: id column {id_column!r} not found; columns are {list(raw.columns)}",
+                        problem=f"id column {id_column!r} not found", file=file, column=id_column)
+    if id_column is None and loaded.schema.id_column in raw.columns:
+        id_column = loaded.schema.id_column
+    X = loaded.model.encode_rows(raw, file=file)
+    proba = np.asarray(loaded.model.predict_proba(X), dtype=np.float64)
+    predicted = loaded.model.predict(X)
+    out = pd.DataFrame(index=range(len(raw)))
+    if id_column is not None:
+        out[id_column] = raw[id_column].str.strip().to_numpy()
+    names = [PREDICTED, *(f"p_{c}" for c in loaded.classes), *([EXPLANATION] if explain else [])]
+    clash = [n for n in names if n == id_column]
+    if clash or len(set(names)) != len(names):
+        raise DataError(f"output column names clash ({names}, id {id_column!r}); rename the id column")
+    out[PREDICTED] = np.asarray(predicted, dtype=object)
+    for j, c in enumerate(loaded.classes):
+        out[f"p_{c}"] = proba[:, j]
+    if explain:
+        out[EXPLANATION] = [" and ".join(loaded.model.explain(x)) or ONE_LEAF for x in X]
+    return out
+
+
+def predict_csv(model, csv, out, *, id_column: str | None = None, explain: bool = False, schema=None) -> dict:
+    """Read ``csv``, predict with ``model`` (a path or a LoadedModel), write ``out`` atomically (all or nothing).
+    Returns a summary (rows, model kind, classes, counts per predicted class)."""
+    from .data.csv_io import read_raw
+    from .reporting import write_text_atomic
+
+    csv, out = Path(csv), Path(out)
+    if out.exists() and out.is_dir():
+        raise DataError(f"--out {out}: is a folder; give a file name")
+    if csv.exists() and out.exists() and out.resolve() == csv.resolve():
+        raise DataError(f"--out {out}: is the input CSV; choose another file")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, schema)
+    check_explain(loaded, explain)  # before reading a large CSV
+    raw = read_raw(csv)
+    frame = predict_frame(loaded, raw, file=str(csv), id_column=id_column, explain=explain)
+    text = io.StringIO()
+    frame.to_csv(text, index=False)
+    write_text_atomic(out, text.getvalue())
+    counts = frame[PREDICTED].value_counts()
+    return {"rows": int(len(frame)), "model": loaded.describe(), "kind": loaded.kind, "out": str(out),
+            "classes": loaded.classes, "predicted": {c: int(counts.get(c, 0)) for c in loaded.classes},
+            "columns": list(frame.columns)}
