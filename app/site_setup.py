@@ -4,6 +4,7 @@
     python app/site_setup.py provision --project configs/project.yml --workspace WS [--server H] [--port P]
                                        [--sites N] [--data-dir DIR] [--install-package]
     python app/site_setup.py bind KIT --data-dir DIR [--label-column C] [--id-column C] [--train F] [--test F]
+                                  [--min-category-rows K]
     python app/site_setup.py allow-package KIT [--prefix treeflare.]
 
 ``bind`` writes ``KIT/local/treeflare_site.json``: where this site's CSV files are and what its label/id
@@ -34,7 +35,8 @@ def _write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None, test=None) -> Path:
+def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None, test=None,
+         min_category_rows=None) -> Path:
     local = Path(kit) / "local"
     if not local.is_dir():
         raise SystemExit(f"error: {kit} is not a startup kit (no local/ folder)")
@@ -42,6 +44,10 @@ def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None
     for key, value in (("train", train), ("test", test), ("label_column", label_column), ("id_column", id_column)):
         if value:
             binding[key] = value
+    if min_category_rows is not None:
+        if min_category_rows < 1:
+            raise SystemExit("error: --min-category-rows must be >= 1")
+        binding["min_category_rows"] = int(min_category_rows)
     out = local / SITE_FILE
     _write_json_atomic(out, binding)
     return out
@@ -130,6 +136,9 @@ def main(argv=None) -> int:
     b.add_argument("--id-column")
     b.add_argument("--train")
     b.add_argument("--test")
+    b.add_argument("--min-category-rows", type=int,
+                   help="schema discovery: report a category value only if this many of the site's rows hold it "
+                        "(a floor: a job asking for more gets more)")
     a = sub.add_parser("allow-package", help="allow the installed treeflare package in a kit's class allow list")
     a.add_argument("kit", type=Path)
     a.add_argument("--prefix", default=PACKAGE_PREFIX)
@@ -138,7 +147,8 @@ def main(argv=None) -> int:
         provision(args.project, args.workspace, args.server, args.port, args.sites, args.data_dir,
                   args.install_package)
     elif args.cmd == "bind":
-        print(bind(args.kit, args.data_dir, args.label_column, args.id_column, args.train, args.test))
+        print(bind(args.kit, args.data_dir, args.label_column, args.id_column, args.train, args.test,
+                   args.min_category_rows))
     else:
         print(allow_package(args.kit, args.prefix))
     return 0

@@ -102,6 +102,49 @@ def test_icdta4fl_through_poc(poc):
         assert "icdta4fl_train" in (result / site / job_id / "log.txt").read_text()
 
 
+def test_icdta4fl_on_the_sites_own_data_discovers_the_schema(poc, tmp_path):
+    """No --dataset/--csv on a POC: the schema is discovered from the sites' files (--schema discover is the default
+    there), written to schema.json, and the job trains on those files. The sites' CSVs differ in row order,
+    column order and a rare value (3 rows at site-3), which stays out of the schema. Car's ordered columns are
+    declared with --ordinal (discovery cannot know an order); lug_boot is left to be discovered as categorical."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from treeflare.data import Feature, load_dataset, prepare_federation, write_federation
+    from treeflare.data.embedded import ORDINAL
+
+    rare = "rare-value-4711"
+    data = write_federation(prepare_federation(load_dataset("car"), n_sites=3, seed=2), tmp_path / "data")
+    site2, site3 = data / "site-2" / "train.csv", data / "site-3" / "train.csv"
+    pd.read_csv(site2, dtype=str).sample(frac=1.0, random_state=0).to_csv(site2, index=False)
+    third = pd.read_csv(site3, dtype=str)
+    third.loc[:2, "lug_boot"] = rare
+    third[third.columns[::-1]].to_csv(site3, index=False)
+    ws = poc["root"] / "icdta4fl_sites"
+    t = time.perf_counter()
+    ordinal = [f"{c}={'<'.join(levels)}" for c, levels in ORDINAL["car"].items() if c != "lug_boot"]
+    proc = run_cmd(["bash", POC_SH, "run", "icdta4fl", "--label", "class", "--sites", "3", "--data-root", str(data),
+                    *[a for spec in ordinal for a in ("--ordinal", spec)], "--max-depth", "4", "--refine-rounds", "0", "--task-timeout", "60", "--workspace", str(ws)],
+                   poc["env"], timeout=240)
+    poc["timings"]["icdta4fl_discover"] = time.perf_counter() - t
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    assert "schema discovery on site-1, site-2, site-3" in proc.stdout
+    schema = json.loads((ws / "schema.json").read_text())
+    car = load_dataset("car").schema
+    expected = replace(car, features=tuple(Feature("lug_boot", "categorical", ("big", "med", "small"))
+                                           if f.name == "lug_boot" else f for f in car.features), _index={})
+    assert schema == {**expected.to_dict(), "discovery": schema["discovery"]}
+    assert rare not in (ws / "schema.json").read_text()
+    report = json.loads((ws / "report.json").read_text())
+    assert report["params"]["env"] == "poc" and report["dataset"] == "the sites' own data"
+    assert report["schema_source"]["schema"] == "discovered" and report["baselines"]["centralized"] is None
+    assert report["dropped_sites"] == {} and set(report["sites"]) == {"site-1", "site-2", "site-3"}
+    assert 0.75 < report["global"]["accuracy"] <= 1.0  # the server's test set is in --data-root here
+    assert sum(info["n_train"] for info in report["sites"].values()) == \
+        sum(info["n_rows"] for info in schema["discovery"]["sites"].values())
+
+
 def _vertical_ready() -> bool:
     return (REPO / "jobs" / "vertical_tree" / "job.py").is_file() and \
         (REPO / "custom" / "treeflare" / "flare" / "vertical_executor.py").is_file()

@@ -35,6 +35,7 @@ import warnings
 
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
 from .data.csv_io import check_levels
+from .data.discovery import DEFAULT_MIN_CATEGORY_ROWS
 
 USAGE_ERROR = 2
 
@@ -62,6 +63,44 @@ def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | Non
                         "trees split it by threshold on that order; a value not listed is an error")
     parser.set_defaults(_default_dataset=default_dataset)
     return g
+
+
+def add_schema_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--schema discover|FILE`` and ``--min-category-rows K``: the schema of data only the sites hold."""
+    g = parser.add_argument_group("schema of data the sites hold (instead of --dataset/--csv)")
+    g.add_argument("--schema", metavar="discover|FILE", default=None,
+                   help="discover: the sites describe their bound data and the server merges the descriptions "
+                        "(a first small job; the default with --env poc/prod when no --dataset/--csv is given); "
+                        "FILE: a reviewed schema.json (scripts/schema.py writes one). --label, --id, --categorical "
+                        "and --ordinal declare what discovery cannot know")
+    g.add_argument("--min-category-rows", type=int, default=None, metavar="K",
+                   help="--schema discover: a site reports a category value only if K of its rows or more hold it "
+                        f"(default {DEFAULT_MIN_CATEGORY_ROWS}; rarer values read as unknown)")
+
+
+def schema_source(args: argparse.Namespace) -> str:
+    """Where a job's schema comes from: "data" (the submitter's --dataset/--csv, or the script's default
+    dataset), "discover" (the sites, by a discovery job) or "file" (``--schema FILE``). Raises DataError for a
+    combination that cannot be meant."""
+    schema = getattr(args, "schema", None)
+    has_data = bool(getattr(args, "dataset", None) or getattr(args, "csv", None))
+    if schema is not None and not str(schema).strip():
+        raise DataError("--schema needs 'discover' or a schema.json file")
+    if schema is not None and has_data:
+        raise DataError("--schema is for data the sites hold; with --dataset/--csv the schema comes from that data "
+                        "(give one or the other)")
+    if schema is None:
+        schema = "discover" if not has_data and getattr(args, "env", "sim") in ("poc", "prod") else None
+        args.schema = schema
+    source = "data" if schema is None else "discover" if schema == "discover" else "file"
+    if source != "discover" and getattr(args, "min_category_rows", None) is not None:
+        raise DataError("--min-category-rows applies only to --schema discover")
+    if source == "file":
+        given = [opt for opt, dest in (("--label", "label"), ("--id", "id"), ("--categorical", "categorical"),
+                                       ("--ordinal", "ordinal")) if getattr(args, dest, None)]
+        if given:
+            raise DataError(f"{', '.join(given)}: --schema {schema} already says it; edit the file instead")
+    return source
 
 
 def parse_categorical(text: str | None) -> list[str]:
@@ -194,13 +233,13 @@ ARG_RULES = {
     "rounds": _integer(1), "eta": _number(0, above=True), "nthread": _integer(1),
     "early_stopping_rounds": _integer(0), "trees": _integer(1), "bins": _integer(2, 1024),
     "learning_rate": _number(0, above=True), "reg_lambda": _number(0), "min_child_weight": _number(0),
-    "precision": _integer(8, 60), "workers": _integer(0),
+    "precision": _integer(8, 60), "workers": _integer(0), "min_category_rows": _integer(1),
     # ICDTA4FL refinement
     "refine_rounds": _integer(0, 10), "refine_epsilon": _number(0, above=True),
     "refine_key_bits": ((lambda v: _integer(2048, 4096)[0](v) and v % 2 == 0),
                         "an even integer in [2048, 4096] (4096-bit keys take about a minute to generate)"),
 }
-OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees", "refine_epsilon"}
+OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees", "refine_epsilon", "min_category_rows"}
 OPTION_NAMES = {"reg_lambda": "--lambda"}
 
 

@@ -4,8 +4,12 @@ every site under Paillier encryption (--refine-rounds, default 1; 0 = the paper'
 
     python jobs/icdta4fl/job.py --algorithm cart --dataset nursery --sites 5 --workspace /tmp/icdta4fl
 
+On sites that hold their own data (no --dataset/--csv here), the schema comes from the sites:
+
+    python jobs/icdta4fl/job.py --schema discover --label outcome --sites 3 --env poc --workspace /tmp/icdta4fl
+
 Writes report.json, global_tree.json, rules.txt and global_tree.png (and global_tree_one_round.json) into
---workspace.
+--workspace (and schema.json with --schema discover).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from treeflare.cli import add_data_args, add_partition_args, check_args, load_table, main_guard, prepare_from_args
-from treeflare.data import DataError, Schema, read_site, read_site_csv, write_federation
+from treeflare.cli import (add_data_args, add_partition_args, add_schema_args, check_args, load_table, main_guard,
+                           prepare_from_args, schema_source)
+from treeflare.data import DataError, Schema, read_site, read_site_csv, site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.icdta4fl import pipeline
 from treeflare.icdta4fl.encoding import encode, feature_space
@@ -35,6 +40,7 @@ def parse_args(argv=None):
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p)
+    add_schema_args(p)
     add_partition_args(p)
     g = p.add_argument_group("ICDTA4FL")
     g.add_argument("--algorithm", choices=["cart", "id3"], default="cart")
@@ -67,7 +73,7 @@ def parse_args(argv=None):
     return check_args(p.parse_args(argv))
 
 
-def build_job(args, fed_summary: dict, data_root: Path, sites: list[str]):
+def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str]):
     from nvflare.job_config.api import FedJob
 
     from treeflare.flare.icdta4fl_controller import ICDTA4FLController
@@ -84,18 +90,18 @@ def build_job(args, fed_summary: dict, data_root: Path, sites: list[str]):
     if args.global_max_depth is not None:
         aggregation["max_depth"] = args.global_max_depth
     job = FedJob(name=JOB_NAME, min_clients=args.min_clients)
-    server_test = data_root / "server" / "test.csv"
+    server_test = data_root / "server" / "test.csv" if data_root else None  # the sites' own data: none
     job.to_server(ICDTA4FLController(
         schema=fed_summary["schema"], algorithm=args.algorithm, local_params=local,
         selection={"statistic": args.statistic, "q": args.percentile}, aggregation=aggregation,
         min_clients=args.min_clients, task_timeout=args.task_timeout,
-        server_test=str(server_test) if server_test.is_file() else "",
+        server_test=str(server_test) if server_test and server_test.is_file() else "",
         job_info={"dataset": fed_summary["dataset"], "partition": fed_summary["partition"]},
         refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon,
                        "key_bits": args.refine_key_bits, "key_holder": args.refine_key_holder},
     ), id="icdta4fl_controller")
     job.to_server(ProgressReporter(), id=PROGRESS_ID)  # phase lines the job script prints while FLARE runs
-    job.to_clients(ICDTA4FLExecutor(data_root=str(data_root)), tasks=TASKS)
+    job.to_clients(ICDTA4FLExecutor(data_root=str(data_root) if data_root else ""), tasks=TASKS)
     ship_package(job)
     return job
 
@@ -134,6 +140,7 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "baselines": {"centralized": centralized, **{k: v for k, v in server.get("baselines", {}).items()
                                                       if k in ("mean_local", "best_local")}},
         "dropped_sites": server["dropped_sites"],
+        "schema_source": fed_summary.get("schema_source", {"schema": "the submitter's data"}),
         "aggregation": server["aggregation"],
         "params": {"max_depth": args.max_depth, "criterion": args.criterion, "statistic": args.statistic,
                    "percentile": args.percentile, "max_leaves": args.max_leaves,
@@ -154,6 +161,9 @@ def print_summary(report: dict, workspace: Path) -> None:
     if refined and one:
         rows.append(["one-round tree (the paper's)", one.get("accuracy"), one.get("macro_f1"), one["n_leaves"],
                      one["depth"]])
+    if report["global"].get("accuracy") is None:  # no global test set here: each site's own test file
+        rows += [[f"global, {s}'s test set", g.get("accuracy"), g.get("macro_f1"), "", ""]
+                 for s, info in report["sites"].items() if (g := info.get("global"))]
     for key in ("centralized", "mean_local", "best_local"):
         b = report["baselines"].get(key)
         if b:
@@ -174,26 +184,39 @@ def print_summary(report: dict, workspace: Path) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from treeflare.flare.icdta4fl_controller import RESULT_FILE
-    from treeflare.flare.runner import read_server_result, run_job
+    from treeflare.flare.runner import one_poc, read_server_result, run_job
 
     workspace = Path(args.workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
     timings = {}
     t = time.perf_counter()
-    table = load_table(args)
-    fed = prepare_from_args(table, args)
-    if args.refine_rounds and args.refine_key_holder and args.refine_key_holder not in fed.site_names:
+    data_dir = None  # the federation this script writes from the submitter's data (none when the sites hold it)
+    if schema_source(args) == "data":
+        fed = prepare_from_args(load_table(args), args)
+        sites, schema, summary = fed.site_names, fed.schema, fed.summary
+        data_dir = write_federation(fed, workspace / "data", overwrite=True)
+    else:
+        sites, schema, summary = [site_name(i) for i in range(args.sites)], None, None
+    if args.refine_rounds and args.refine_key_holder and args.refine_key_holder not in sites:
         raise DataError(f"--refine-key-holder {args.refine_key_holder!r} is not one of the sites "
-                        f"({', '.join(fed.site_names)})")
-    data_dir = write_federation(fed, workspace / "data", overwrite=True)
+                        f"({', '.join(sites)})")
     timings["prepare_data"] = time.perf_counter() - t
-    sites = fed.site_names
     data_root = Path(args.data_root) if args.data_root else data_dir
 
-    job = build_job(args, fed.summary, data_root, sites)
-    t = time.perf_counter()
-    run_dir = run_job(job, args, sites, progress=printer_for(args))
-    timings["flare_run"] = time.perf_counter() - t
+    with one_poc(args, sites):  # one POC for both jobs of --schema discover
+        if schema is None:
+            t = time.perf_counter()
+            from treeflare.flare.schema_discovery import sites_schema
+
+            schema, source = sites_schema(args, sites, data_root=args.data_root or "")
+            timings["schema_discovery"] = time.perf_counter() - t
+            summary = {"schema": schema.to_dict(), "dataset": "the sites' own data",
+                       "partition": {"kind": "site-held", "alpha": None, "seed": None},
+                       "schema_source": source}
+        job = build_job(args, summary, data_root, sites)
+        t = time.perf_counter()
+        run_dir = run_job(job, args, sites, progress=printer_for(args))
+        timings["flare_run"] = time.perf_counter() - t
 
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
     if server is None:
@@ -201,10 +224,12 @@ def main(argv=None) -> int:
     for name in ARTIFACTS:
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, workspace / name)
-    t = time.perf_counter()
-    centralized = centralized_baseline(args, data_dir, fed.schema, sites)
-    timings["centralized_baseline"] = time.perf_counter() - t
-    report = build_report(args, server, fed.summary, centralized, timings)
+    centralized = None  # needs every site's rows: only when this script wrote them
+    if data_dir is not None:
+        t = time.perf_counter()
+        centralized = centralized_baseline(args, data_dir, schema, sites)
+        timings["centralized_baseline"] = time.perf_counter() - t
+    report = build_report(args, server, summary, centralized, timings)
     write_json_atomic(workspace / "report.json", report)
     print_summary(report, workspace)
     return 0

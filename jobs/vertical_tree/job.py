@@ -10,8 +10,15 @@ the row-to-node assignments, partitions, prediction bits and test metrics (SECUR
 
 ``--model gbdt`` picks its loss from the label (``--objective`` to choose): 2 classes -> binary
 logistic, 3 to 20 -> softmax (one multi-output tree per round), a numeric label with more than 20
-distinct values -> squared error.  Writes DIR/report.json (with a centralised XGBoost baseline of
-the same settings) and (simulator) each party's model file under DIR/models/.
+distinct values -> squared error.
+
+On parties that hold their own columns (no --dataset/--csv here), the schema comes from the parties:
+
+    python jobs/vertical_tree/job.py --schema discover --label default --id uid --passive 2 --env poc \\
+        --workspace /tmp/vtree
+
+Writes DIR/report.json (with a centralised XGBoost baseline of the same settings when the submitter has the
+data) and (simulator) each party's model file under DIR/models/.
 """
 from __future__ import annotations
 
@@ -24,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from treeflare.cli import add_data_args, add_vertical_args, check_args, load_table, main_guard
+from treeflare.cli import add_data_args, add_schema_args, add_vertical_args, check_args, load_table, main_guard, \
+    schema_source
+from treeflare.data import DataError, prepare_federation, read_site, site_name, write_federation
 from treeflare.vertical.objectives import OBJECTIVES
-from treeflare.data import DataError, prepare_federation, read_site, write_federation
 from treeflare.reporting import format_table, write_json_atomic
 
 JOB_NAME = "vertical_tree"
@@ -46,6 +54,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p, default_dataset="default_credit_card")
+    add_schema_args(p)
     add_vertical_args(p, flag=False, passive=1)
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=["tree", "gbdt"], default="tree",
@@ -90,9 +99,9 @@ def parse_args(argv=None):
     return args
 
 
-def choose_objective(table, model: str, requested: str) -> str:
+def choose_objective(schema, model: str, requested: str) -> str:
     """The gbdt loss for this label (``requested`` unless 'auto'); checks that the label fits it."""
-    classes = list(table.schema.classes)
+    classes = list(schema.classes)
     try:
         [float(c) for c in classes]
         numeric = True
@@ -100,7 +109,7 @@ def choose_objective(table, model: str, requested: str) -> str:
         numeric = False
     if model == "tree":
         if len(classes) > MAX_CLASSES:
-            raise DataError(f"label {table.schema.label!r} has {len(classes)} distinct values: the tree model "
+            raise DataError(f"label {schema.label!r} has {len(classes)} distinct values: the tree model "
                             f"classifies (at most {MAX_CLASSES} classes); use --model gbdt for a regression")
         return "binary"
     obj = requested
@@ -110,12 +119,12 @@ def choose_objective(table, model: str, requested: str) -> str:
         else:
             obj = "binary" if len(classes) == 2 else "softmax"
     if obj == "squared_error" and not numeric:
-        raise DataError(f"--objective squared_error needs a numeric label; {table.schema.label!r} has values such as "
+        raise DataError(f"--objective squared_error needs a numeric label; {schema.label!r} has values such as "
                         f"{classes[0]!r}")
     if obj == "binary" and len(classes) != 2:
-        raise DataError(f"--objective binary needs 2 classes; label {table.schema.label!r} has {len(classes)}")
+        raise DataError(f"--objective binary needs 2 classes; label {schema.label!r} has {len(classes)}")
     if obj == "softmax" and len(classes) > MAX_CLASSES:
-        raise DataError(f"--objective softmax: label {table.schema.label!r} has {len(classes)} distinct values "
+        raise DataError(f"--objective softmax: label {schema.label!r} has {len(classes)} distinct values "
                         f"(at most {MAX_CLASSES} classes)")
     return obj
 
@@ -134,7 +143,7 @@ def vertical_params(args, objective: str = "binary"):
         raise DataError(str(exc)) from None
 
 
-def build_job(args, params, data_root: Path, sites: list[str], job_info: dict):
+def build_job(args, params, data_root: Path | None, sites: list[str], job_info: dict, schema=None):
     from nvflare.job_config.api import FedJob
 
     from treeflare.flare.runner import ship_package
@@ -146,8 +155,9 @@ def build_job(args, params, data_root: Path, sites: list[str], job_info: dict):
                                      task_timeout=args.task_timeout, job_info=job_info),
                   id="vertical_controller")
     min_bits = args.key_bits if args.allow_insecure_key else 2048
-    job.to_clients(VerticalExecutor(data_root=str(data_root), workers=args.workers, min_key_bits=min_bits,
-                                    min_node_rows=min(args.min_rows_node, 10)),
+    job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.workers,
+                                    min_key_bits=min_bits, min_node_rows=min(args.min_rows_node, 10),
+                                    schema=None if schema is None else schema.to_dict()),
                    tasks=[STEP, MSG])
     ship_package(job)
     return job
@@ -209,29 +219,40 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     vertical_params(args)                       # argument errors before any data is read
-    from treeflare.flare.runner import read_server_result, run_job
+    from treeflare.flare.runner import one_poc, read_server_result, run_job
     from treeflare.flare.vertical_controller import RESULT_FILE
 
     workspace = Path(args.workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
     timings = {}
     t = time.perf_counter()
-    table = load_table(args)  # the data layer gives it row ids if it has none
-    objective = choose_objective(table, args.model, args.objective)
-    params = vertical_params(args, objective)
-    fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True, n_passive=args.passive,
-                             stratify=objective != "squared_error" or args.model == "tree")
-    data_dir = write_federation(fed, workspace / "data", overwrite=True)
+    data_dir, schema_info = None, {"schema": "the submitter's data"}  # none: the parties hold their own columns
+    if schema_source(args) == "data":
+        table = load_table(args)  # the data layer gives it row ids if it has none
+        objective = choose_objective(table.schema, args.model, args.objective)
+        fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True,
+                                 n_passive=args.passive, stratify=objective != "squared_error" or args.model == "tree")
+        data_dir = write_federation(fed, workspace / "data", overwrite=True)
+        sites, schema, dataset = fed.site_names, fed.schema, fed.summary["dataset"]
+    else:
+        sites, schema, dataset = [site_name(i) for i in range(args.passive + 1)], None, "the parties' own data"
     timings["prepare_data"] = time.perf_counter() - t
-    sites = fed.site_names
     data_root = Path(args.data_root) if args.data_root else data_dir
-    job_info = {"dataset": fed.summary["dataset"], "model": args.model,
-                "objective": objective if args.model == "gbdt" else None}
-    job = build_job(args, params, data_root, sites, job_info)
 
-    t = time.perf_counter()
-    run_dir = run_job(job, args, sites)
-    timings["flare_run"] = time.perf_counter() - t
+    with one_poc(args, sites):  # one POC for both jobs of --schema discover
+        if schema is None:
+            from treeflare.flare.schema_discovery import sites_schema
+
+            t = time.perf_counter()
+            schema, schema_info = sites_schema(args, sites, data_root=args.data_root or "", vertical=True)
+            timings["schema_discovery"] = time.perf_counter() - t
+            objective = choose_objective(schema, args.model, args.objective)
+        params = vertical_params(args, objective)
+        job_info = {"dataset": dataset, "model": args.model, "objective": objective if args.model == "gbdt" else None}
+        job = build_job(args, params, data_root, sites, job_info, schema)
+        t = time.perf_counter()
+        run_dir = run_job(job, args, sites)
+        timings["flare_run"] = time.perf_counter() - t
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
     if server is None:
         return 1
@@ -239,12 +260,12 @@ def main(argv=None) -> int:
     files = collect_site_files(run_dir, sites, workspace / "models")
     oracle = baseline = None
     data = None
-    if not args.no_oracle and all(s in files for s in sites) and "_pred" in files:
+    if not args.no_oracle and data_dir is not None and all(s in files for s in sites) and "_pred" in files:
         t = time.perf_counter()
         data = vertical_data(data_dir, sites, params)
         oracle = compare_with_oracle(files, files["_pred"], data, params, sites)
         timings["oracle"] = time.perf_counter() - t
-    if not args.no_baseline and args.model == "gbdt":
+    if not args.no_baseline and args.model == "gbdt" and data_dir is not None:
         from treeflare.vertical.baseline import xgboost_baseline
 
         t = time.perf_counter()
@@ -253,7 +274,7 @@ def main(argv=None) -> int:
     crypto = dict(server["crypto"])
     report = {
         "job": JOB_NAME, "model": args.model, "objective": server.get("objective"),
-        "dataset": fed.summary["dataset"], "n_sites": len(sites),
+        "dataset": dataset, "n_sites": len(sites), "schema_source": schema_info,
         "sites": {"active": sites[0], "passive": sites[1:]},
         "params": {**params.to_dict(), "env": args.env, "seed": args.seed},
         "global": server["global"],

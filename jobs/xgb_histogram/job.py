@@ -3,6 +3,7 @@
 
     python jobs/xgb_histogram/job.py --dataset adult --sites 3 --rounds 50 --workspace out/xgb_adult
     python jobs/xgb_histogram/job.py --dataset nursery --mode vertical --sites 3 --workspace out/xgb_nv
+    python jobs/xgb_histogram/job.py --schema discover --label y --sites 3 --env poc --workspace out/xgb_sites
 
 Two transports for XGBoost's collective operations (--transport):
   direct (default)  the server starts XGBoost's own federated gRPC server (--xgb-port) and every site's XGBoost
@@ -28,11 +29,12 @@ import sys
 import time
 from pathlib import Path
 
-from treeflare.cli import add_data_args, add_partition_args, load_table, main_guard, prepare_from_args
+from treeflare.cli import add_data_args, add_partition_args, add_schema_args, load_table, main_guard, prepare_from_args
 from treeflare.cli import check_args as shared_check_args
-from treeflare.data import write_federation
+from treeflare.cli import schema_source
+from treeflare.data import site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
-from treeflare.flare.runner import add_run_args, recipe_job, run_job, ship_package
+from treeflare.flare.runner import add_run_args, one_poc, recipe_job, run_job, ship_package
 from treeflare.flare.xgb_progress import XGBRoundProgress
 from treeflare.reporting import format_table, write_json_atomic
 from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build, make_params, metric_keys
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_data_args(p)
+    add_schema_args(p)
     add_partition_args(p, sites=3)
     g = p.add_argument_group("XGBoost")
     g.add_argument("--mode", choices=["horizontal", "vertical"], default="horizontal",
@@ -87,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--messaging", choices=["direct", "reliable"], default="direct",
                    help="--transport flare only: direct = one FLARE request/reply per XGBoost operation; reliable "
                         "= NVFlare's default ReliableMessage exchange (request, ack, reply, acks)")
+    g.add_argument("--data-root", default=None,
+                   help="the sites' data folder as the sites see it, <DIR>/<site>/{train,test}.csv (default: the "
+                        "folder this script prepares; a site's own binding, local/treeflare_site.json, wins)")
+    g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has for schema discovery")
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     add_run_args(p)
     add_progress_args(p)
@@ -139,15 +146,15 @@ def prepare(table, args) -> tuple[Path, object]:
     return fed_dir, fed
 
 
-def data_loader(fed_dir: Path, fed, args, vertical: bool):
+def data_loader(folder: str, schema, args, vertical: bool):
+    """The sites' loader: ``folder``/<site>/ unless a site's own binding says otherwise, read against ``schema``."""
     from treeflare.flare.xgb_data_loader import TreeflareXGBDataLoader
 
     timing = str(args.timing_dir.resolve()) if args.timing_dir else None
-    return TreeflareXGBDataLoader(folder=str(fed_dir), schema=fed.schema.to_dict(), vertical=vertical,
-                                  timing_dir=timing)
+    return TreeflareXGBDataLoader(folder=folder, schema=schema.to_dict(), vertical=vertical, timing_dir=timing)
 
 
-def build_direct_job(fed_dir: Path, fed, params: dict, args, sites: list[str]):
+def build_direct_job(folder: str, schema, params: dict, args, sites: list[str]):
     """Our XGBDirectController on the server (starts and stops XGBoost's federated server) and XGBDirectExecutor on
     every site, with NVFlare's TensorBoard relay for per-round metrics (the same tb_events/ as the flare
     transport)."""
@@ -178,11 +185,11 @@ def build_direct_job(fed_dir: Path, fed, params: dict, args, sites: list[str]):
         job.to(TBWriter(event_type="analytix_log_stats"), site, id="log_writer")
         job.to(ConvertToFedEvent(events_to_convert=["analytix_log_stats"], fed_event_prefix="fed."), site,
                id="event_to_fed")
-        job.to(data_loader(fed_dir, fed, args, vertical), site, id="dataloader")
+        job.to(data_loader(folder, schema, args, vertical), site, id="dataloader")
     return job
 
 
-def build_recipe(fed_dir: Path, fed, params: dict, args, sites: list[str]):
+def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):
     """--transport flare: NVFlare's XGB recipe (histogram_based_v2) with our data loader on every site."""
     from nvflare.app_opt.xgboost.histogram_based_v2.fed_executor import FedXGBHistogramExecutor
     from nvflare.app_opt.xgboost.recipes import XGBHorizontalRecipe, XGBVerticalRecipe
@@ -221,7 +228,7 @@ def build_recipe(fed_dir: Path, fed, params: dict, args, sites: list[str]):
         for wf in recipe._job._deploy_map["server"].app_config.workflows:
             if hasattr(wf.controller, "client_ranks"):
                 wf.controller.client_ranks = {s: i for i, s in enumerate(sites)}
-    set_per_site_config(recipe, {s: {"data_loader": data_loader(fed_dir, fed, args, vertical)} for s in sites})
+    set_per_site_config(recipe, {s: {"data_loader": data_loader(folder, schema, args, vertical)} for s in sites})
     return recipe
 
 
@@ -255,29 +262,44 @@ def run(args, table=None) -> dict:
     timings: dict[str, float | None] = {}
     workspace = Path(args.workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
-    if table is None:
-        table = load_table(args)
+    vertical = args.mode == "vertical"
+    fed_dir, schema_info = None, {"schema": "the submitter's data"}  # no federation folder: the sites hold the data
     t = time.perf_counter()
-    fed_dir, fed = prepare(table, args)
+    if table is not None or schema_source(args) == "data":
+        table = load_table(args) if table is None else table
+        fed_dir, fed = prepare(table, args)
+        sites, schema, dataset = fed.site_names, fed.schema, table.name or "csv"
+    else:
+        sites, schema, dataset = [site_name(i) for i in range(args.sites)], None, "the sites' own data"
     timings["prepare_data"] = time.perf_counter() - t
-    sites = fed.site_names
-    n_classes = len(fed.schema.classes)
-    params = make_params(n_classes, max_depth=args.max_depth, eta=args.eta, nthread=args.nthread, seed=args.seed)
+    folder = args.data_root or (str(fed_dir) if fed_dir else "")
 
     if args.timing_dir is None and args.env in ("sim", "poc"):  # sites on this machine: time the training phase
         args.timing_dir = workspace / "flare" / "timing"
-    if args.transport == "direct":
-        job = build_direct_job(fed_dir, fed, params, args, sites)
-    else:
-        job = recipe_job(build_recipe(fed_dir, fed, params, args, sites))
-    # per-round progress from the server's side (rank 0's eval metric), printed while FLARE runs
-    job.to_server(XGBRoundProgress(site=sites[0], rounds=args.rounds, metric=params["eval_metric"]), id=PROGRESS_ID)
-    ship_package(job, sites)
-    if args.timing_dir:
-        shutil.rmtree(args.timing_dir, ignore_errors=True)
-    t = time.perf_counter()
-    server_run_dir = run_job(job, args, sites, progress=printer_for(args))  # exits here with --export
-    timings["flare_run"] = time.perf_counter() - t
+    with one_poc(args, sites):  # one POC for both jobs of --schema discover
+        if schema is None:
+            from treeflare.flare.schema_discovery import sites_schema
+
+            t = time.perf_counter()
+            # vertical: site-1, the label owner and rank 0, comes first, so the schema's columns are in rank order
+            schema, schema_info = sites_schema(args, sites, data_root=args.data_root or "", vertical=vertical)
+            timings["schema_discovery"] = time.perf_counter() - t
+        n_classes = len(schema.classes)
+        params = make_params(n_classes, max_depth=args.max_depth, eta=args.eta, nthread=args.nthread,
+                             seed=args.seed)
+        if args.transport == "direct":
+            job = build_direct_job(folder, schema, params, args, sites)
+        else:
+            job = recipe_job(build_recipe(folder, schema, params, args, sites))
+        # per-round progress from the server's side (rank 0's eval metric), printed while FLARE runs
+        job.to_server(XGBRoundProgress(site=sites[0], rounds=args.rounds, metric=params["eval_metric"]),
+                      id=PROGRESS_ID)
+        ship_package(job, sites)
+        if args.timing_dir:
+            shutil.rmtree(args.timing_dir, ignore_errors=True)
+        t = time.perf_counter()
+        server_run_dir = run_job(job, args, sites, progress=printer_for(args))  # exits here with --export
+        timings["flare_run"] = time.perf_counter() - t
 
     server = None
     if args.transport == "direct":
@@ -296,18 +318,20 @@ def run(args, table=None) -> dict:
     model_path = workspace / "model.json"
     # the schema travels in the model (the direct transport's sites already put it there; NVFlare's recipes do not)
     ranks = (server or {}).get("ranks") or {s: i for i, s in enumerate(sites)}
-    save_with_schema(model_src, model_path, fed.schema, args.mode, ranks)
+    save_with_schema(model_src, model_path, schema, args.mode, ranks)
     tb_src = Path(server_run_dir) / "tb_events"
     if tb_src.is_dir():
         shutil.copytree(tb_src, workspace / "tb_events", dirs_exist_ok=True)
 
-    booster = xgb.Booster(model_file=str(model_path))
-    test = global_test(fed_dir)
-    global_metrics, proba = score_booster(booster, test, n_classes)
+    global_metrics, proba, test = None, None, None
+    if fed_dir is not None:  # the global test set and the baselines need the rows this script partitioned
+        booster = xgb.Booster(model_file=str(model_path))
+        test = global_test(fed_dir)
+        global_metrics, proba = score_booster(booster, test, n_classes)
 
     baselines: dict[str, dict | None] = {b: None for b in BASELINES}
     comparison: dict[str, dict] = {}
-    wanted = parse_baselines(args.baselines)
+    wanted = parse_baselines(args.baselines) if fed_dir is not None else []
     from treeflare.xgb import baselines as bl
 
     if "centralized" in wanted:
@@ -327,13 +351,14 @@ def run(args, table=None) -> dict:
 
     report = {
         "job": JOB,
-        "dataset": table.name or "csv",
+        "dataset": dataset,
+        "schema_source": schema_info,
         "mode": args.mode,
         "n_sites": len(sites),
         "params": {"rounds": args.rounds, "max_depth": args.max_depth, "eta": args.eta, "nthread": args.nthread,
                    "early_stopping_rounds": args.early_stopping_rounds, "seed": args.seed,
                    "partition": args.partition if args.mode == "horizontal" else "vertical",
-                   "alpha": args.alpha, "n_classes": n_classes, "classes": list(fed.schema.classes),
+                   "alpha": args.alpha, "n_classes": n_classes, "classes": list(schema.classes),
                    "xgb_params": params, "env": args.env, "transport": args.transport,
                    **({"xgb_port": args.xgb_port, "xgb_server_host": args.xgb_server_host or None}
                       if args.transport == "direct" else {"messaging": args.messaging})},
@@ -342,9 +367,10 @@ def run(args, table=None) -> dict:
         "baselines": baselines,
         "comparison": comparison,
         "timings_s": timings,
-        "files": {"model": str(model_path), "federation": str(fed_dir), "flare_run_dir": str(server_run_dir),
+        "files": {"model": str(model_path), "federation": str(fed_dir) if fed_dir else None,
+                  "flare_run_dir": str(server_run_dir),
                   "tb_events": str(workspace / "tb_events")},
-        "n_test": int(len(test.y)),
+        "n_test": int(len(test.y)) if test is not None else None,
     }
     write_json_atomic(workspace / "report.json", report)
     print(summary_table(report))
@@ -365,14 +391,17 @@ def _transport_report(args, server: dict | None) -> dict:
 
 def summary_table(report: dict) -> str:
     keys = metric_keys(report["params"]["n_classes"])
-    rows = [[f"NVFlare {report['mode']} ({report['params']['transport']})", *[report["global"][k] for k in keys]]]
+    g = report["global"] or {}  # none without a global test set (the sites hold the data)
+    rows = [[f"NVFlare {report['mode']} ({report['params']['transport']})", *[g.get(k) for k in keys]]]
     for name, m in report["baselines"].items():
         if m:
             rows.append([name, *[m[k] for k in keys]])
     t = report["timings_s"]
     times = ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if isinstance(v, (int, float)))
     return (f"{report['job']} on {report['dataset']} ({report['mode']}, {report['n_sites']} sites, "
-            f"{report['params']['rounds']} rounds)\n" + format_table(["model", *keys], rows) + f"\ntimings: {times}")
+            f"{report['params']['rounds']} rounds)\n" + format_table(["model", *keys], rows) + f"\ntimings: {times}"
+            + ("" if report["global"] else "\nno global test set here: the sites hold the data (each site's "
+                                           "validation metrics per round are in tb_events/)"))
 
 
 @main_guard

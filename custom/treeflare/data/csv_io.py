@@ -175,28 +175,39 @@ def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column
         if not present.any():  # load_csv drops these first (drop_empty_columns)
             raise DataError(f"{where(file, c)}: the column holds no values", problem="column holds no values",
                             file=file, column=c)
-        if c not in forced:
-            values = _to_float(col)
-            ok = ~np.isnan(values) & present
-            share = ok.sum() / max(1, present.sum())
-            if present.any() and share == 1.0:
-                features.append(Feature(c, "numeric"))
-                continue
-            if share >= _MOSTLY_NUMERIC:
-                i = int(np.argmax(present & ~ok))
-                raise DataError(
-                    f"{where(file, c, i + 2)}: {col.iloc[i]!r} is not a number, but {share:.0%} of the column "
-                    f"is numeric; fix the value or pass --categorical {c}"
-                )
+        if c not in forced and infer_kind(col, column=c, file=file) == "numeric":
+            features.append(Feature(c, "numeric"))
+            continue
         cats = sorted(set(col[present].str.strip()))
         features.append(Feature(c, "categorical", tuple(cats)))
     if not features:
         raise DataError(f"{file}: no feature columns besides the label")
     labels = normalise_labels(frame[label], file=file, column=label)
-    classes = tuple(sorted(set(labels), key=_class_sort_key))
+    classes = tuple(sorted(set(labels), key=class_sort_key))
     if len(classes) < 2:
         raise DataError(f"{file}: label column {label!r} has a single class {classes[0]!r}; need at least 2")
     return Schema(tuple(features), label, classes, id_column)
+
+
+def infer_kind(col: pd.Series, *, column, file="data", site=None) -> str:
+    """"numeric" if every present cell parses as a number, "categorical" otherwise, "empty" if no cell holds a
+    value. A column that is mostly numeric (a typo, not a category) is refused, naming the first bad line."""
+    present = ~_is_missing(col)
+    if not present.any():
+        return "empty"
+    values = _to_float(col)
+    ok = ~np.isnan(values) & present
+    share = ok.sum() / present.sum()
+    if share == 1.0:
+        return "numeric"
+    if share >= _MOSTLY_NUMERIC:
+        i = int(np.argmax(present & ~ok))
+        raise DataError(
+            f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is not a number, but {share:.0%} of the column "
+            f"is numeric; fix the value or pass --categorical {column}",
+            problem=f"not a number, but {share:.0%} of the column is numeric (fix the value, or declare the column "
+                    "categorical)", file=file, column=column, line=i + 2, site=site)
+    return "categorical"
 
 
 def check_levels(column: str, levels) -> tuple[str, ...]:
@@ -212,7 +223,8 @@ def check_levels(column: str, levels) -> tuple[str, ...]:
     return levels
 
 
-def _class_sort_key(c: str):
+def class_sort_key(c: str):
+    """Classes in a schema: numbers by value first, then names alphabetically."""
     try:
         return (0, float(c), c)
     except ValueError:

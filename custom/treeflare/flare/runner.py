@@ -236,16 +236,36 @@ STATUS_HELP = {
 
 
 def _run_poc(job, args, sites: list[str], workspace: Path, progress=None) -> Path:
+    from .deploy import DeployError
+
+    with one_poc(args, sites) as poc:
+        try:
+            return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs(), progress)
+        except DeployError as exc:
+            raise SystemExit(f"error: {exc}")
+
+
+@contextlib.contextmanager
+def one_poc(args, sites: list[str]):
+    """With ``--env poc``: the POC that every job run inside this block is submitted to (a command that runs two
+    jobs, schema discovery then training, starts one POC, not two). A POC already running in the POC folder is
+    used and left running; otherwise one is started here and stopped at the end, also on failure or Ctrl-C.
+    Yields the :class:`~treeflare.flare.deploy.LocalPoc`, or None for another ``--env`` or ``--export``."""
+    if args.env != "poc" or getattr(args, "export", None):
+        yield None
+        return
     from .deploy import DeployError, LocalPoc, flare_lock
 
-    root = args.poc_root or os.environ.get("TREEFLARE_POC_ROOT") or workspace / "flare" / "poc"
+    root = args.poc_root or os.environ.get("TREEFLARE_POC_ROOT") or Path(args.workspace).resolve() / "flare" / "poc"
+    args.poc_root = Path(root)  # jobs run inside the block find the same POC
     poc = LocalPoc(Path(root))
     try:
-        if poc.running():  # e.g. started by `scripts/poc.sh up K`: use it, leave it running
+        if poc.running():  # e.g. started by `scripts/poc.sh up K`, or by an enclosing block: use it, leave it running
             if poc.sites != sorted(sites):
                 raise DeployError(f"the POC in {poc.root} has sites {poc.sites}, this job needs {sorted(sites)}: "
                                   f"run `scripts/poc.sh up {len(sites)}` (or pass matching --sites)")
-            return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs(), progress)
+            yield poc
+            return
         import signal
 
         # SIGTERM (e.g. from a CI timeout) unwinds like Ctrl-C, so the POC below is always stopped
@@ -255,7 +275,7 @@ def _run_poc(job, args, sites: list[str], workspace: Path, progress=None) -> Pat
                 print(f"starting a POC with {len(sites)} sites in {poc.root}", flush=True)
                 poc.prepare(sites)
                 poc.start()
-                return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs(), progress)
+                yield poc
             finally:
                 poc.stop()  # always, even on failure or Ctrl-C
     except DeployError as exc:

@@ -9,8 +9,9 @@ operator owns and the job cannot override::
       "train": "train.csv",              # optional, default train.csv
       "test": "test.csv",                # optional, default test.csv
       "label_column": "outcome",         # optional: this site's name for the job's label column
-      "id_column": "patient_id"          # optional: this site's name for the job's id column (vertical jobs)
-    }
+      "id_column": "patient_id",         # optional: this site's name for the job's id column (vertical jobs)
+      "min_category_rows": 10            # optional: schema discovery reports a category value only if at least
+    }                                    #   this many rows hold it (the job's --min-category-rows, if larger, wins)
 
 Where the executor looks, first match wins:
 1. ``$TREEFLARE_SITE_CONFIG`` (a path to such a file);
@@ -32,7 +33,8 @@ from ..data.csv_io import frame_to_table, read_raw
 SITE_CONFIG_FILE = "treeflare_site.json"
 SITE_CONFIG_ENV = "TREEFLARE_SITE_CONFIG"
 DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
-_KEYS = {"data_dir", "train", "test", "label_column", "id_column", "comment"}
+_KEYS = {"data_dir", "train", "test", "label_column", "id_column", "min_category_rows", "comment"}
+_STRING_KEYS = _KEYS - {"comment", "min_category_rows"}
 MAX_CONFIG_BYTES = 64 * 1024
 
 
@@ -43,39 +45,58 @@ class SiteBinding:
     test: str = "test.csv"
     label_column: str | None = None
     id_column: str | None = None
+    min_category_rows: int | None = None  # this site's floor for schema discovery's k
     source: str = ""  # where the binding came from (for logs and errors)
 
     def path(self, which: str) -> Path:
         return self.data_dir / (self.train if which == "train" else self.test)
 
-    def read(self, which: str, schema: Schema, site: str):
-        """Read this site's ``which`` file ("train"/"test"), renaming the site's own column names to the job's."""
+    def read_raw(self, which: str, site: str, label: str | None = None, id_column: str | None = None):
+        """This site's ``which`` file ("train"/"test") as strings, with the site's own label and id column names
+        renamed to the job's (``label``/``id_column``; None keeps the site's name)."""
         path = self.path(which)
         raw = read_raw(path)
         renames = {}
-        if self.label_column and self.label_column != schema.label:
-            renames[self.label_column] = schema.label
-        if self.id_column and schema.id_column and self.id_column != schema.id_column:
-            renames[self.id_column] = schema.id_column
+        if self.label_column and label and self.label_column != label:
+            renames[self.label_column] = label
+        if self.id_column and id_column and self.id_column != id_column:
+            renames[self.id_column] = id_column
         for theirs in renames:
             if theirs not in raw.columns:
                 raise DataError(f"{site}: {path}: column {theirs!r} (set in {self.source}) not found; "
                                 f"columns are {list(raw.columns)}", site=site, file=path,
                                 problem=f"column {theirs!r} named in the site's configuration not found")
-        raw = raw.rename(columns=renames)
+        return raw.rename(columns=renames)
+
+    def read(self, which: str, schema: Schema, site: str, *, own_columns: bool = False):
+        """Read this site's ``which`` file ("train"/"test") against the job's schema, renaming the site's own
+        column names to the job's. ``own_columns`` (a vertical party): only the schema's feature columns this file
+        holds, and the label only if it holds it."""
+        path = self.path(which)
+        raw = self.read_raw(which, site, schema.label, schema.id_column)
+        if own_columns:
+            schema = schema.select([c for c in schema.feature_names if c in raw.columns],
+                                   keep_label=schema.label in raw.columns)
         return frame_to_table(raw, schema, file=os.fspath(path), site=site, name=site,
                               require_label=bool(schema.classes))
 
 
-def _site_config_path(fl_ctx) -> Path | None:
-    env = os.environ.get(SITE_CONFIG_ENV)
-    if env:
-        return Path(env)
+def site_config_dir(fl_ctx) -> Path | None:
+    """The site's ``local/`` folder in its startup kit (None outside FLARE)."""
     if fl_ctx is None:
         return None
     try:
-        local = Path(fl_ctx.get_engine().get_workspace().get_site_config_dir())
+        return Path(fl_ctx.get_engine().get_workspace().get_site_config_dir())
     except Exception:
+        return None
+
+
+def _site_config_path(fl_ctx, config_dir=None) -> Path | None:
+    env = os.environ.get(SITE_CONFIG_ENV)
+    if env:
+        return Path(env)
+    local = Path(config_dir) if config_dir else site_config_dir(fl_ctx)
+    if local is None:
         return None
     path = local / SITE_CONFIG_FILE
     return path if path.is_file() else None
@@ -87,7 +108,10 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     unknown = set(data) - _KEYS
     if unknown:
         raise DataError(f"{source}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS - {'comment'})})")
-    for key in _KEYS - {"comment"}:
+    k = data.get("min_category_rows")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise DataError(f"{source}: 'min_category_rows' must be an integer >= 1")
+    for key in _STRING_KEYS:
         value = data.get(key)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise DataError(f"{source}: {key!r} must be a non-empty string")
@@ -102,12 +126,14 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     if not data_dir.is_absolute():
         data_dir = base / data_dir
     return SiteBinding(data_dir=data_dir, train=data.get("train") or "train.csv", test=data.get("test") or "test.csv",
-                       label_column=data.get("label_column"), id_column=data.get("id_column"), source=source)
+                       label_column=data.get("label_column"), id_column=data.get("id_column"),
+                       min_category_rows=k, source=source)
 
 
-def load_binding(site: str, fl_ctx=None, job_data_root: str = "") -> SiteBinding:
-    """This site's data binding (see the module doc for the order)."""
-    path = _site_config_path(fl_ctx)
+def load_binding(site: str, fl_ctx=None, job_data_root: str = "", config_dir=None) -> SiteBinding:
+    """This site's data binding (see the module doc for the order); ``config_dir``: the kit's ``local/`` folder
+    when there is no ``fl_ctx`` at hand (see :func:`site_config_dir`)."""
+    path = _site_config_path(fl_ctx, config_dir)
     if path is not None:
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:

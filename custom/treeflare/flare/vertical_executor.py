@@ -5,9 +5,11 @@
 * a **passive** site answers ``vertical_msg``: one message in, one reply out
   (:meth:`PassiveParty.handle`).
 
-Data are read from ``<data_root>/<site>/{train,test}.csv`` (``$TREEFLARE_DATA_ROOT``
-overrides the folder: site-local binding).  Each site writes its own model file into its run
-folder.  What leaves a site (and so what the server sees): from the active site, the public key,
+Data are read against the job's schema from the site's own binding (``local/treeflare_site.json``,
+``$TREEFLARE_DATA_ROOT``; see ``site_config``), else from ``<data_root>/<site>/{train,test}.csv``; without a
+schema in the job, from ``<data_root>`` as a federation folder with its ``partition.json``.  Each site writes
+its own model file into its run folder.  What leaves a site (and so what the server sees): from the active
+site, the public key,
 ciphertexts, slot layouts, the row-to-node assignment of every layer, candidate ids, and the test
 rows that reach each passive split; from a passive site, ciphertexts, candidate ids, partitions of
 node rows and prediction bits for those test rows; and, from the active site at the end, the test
@@ -30,13 +32,14 @@ from nvflare.apis.shareable import Shareable, make_reply
 
 import numpy as np
 
-from ..data import DataError, read_site
+from ..data import DataError, Schema, read_site
 from ..data.errors import public_error
 from ..reporting import write_json_atomic
 from ..vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
                         metrics)
 from ..vertical.packing import SlotOverflowError
 from ..vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_TREES
+from .site_config import load_binding
 
 STEP, MSG = "vertical_step", "vertical_msg"
 DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
@@ -95,7 +98,11 @@ def from_wire(obj, _depth=0):
     return obj
 
 
-def _site_tables(data_root: str, site: str):
+def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=None):
+    if schema is not None:  # this party's columns of the job's schema, from its own binding
+        binding = load_binding(site, fl_ctx, data_root)
+        schema = Schema.from_dict(schema)
+        return tuple(binding.read(which, schema, site, own_columns=True) for which in ("train", "test"))
     root = os.environ.get(DATA_ROOT_ENV) or data_root
     if not root:
         raise DataError(f"{site}: no data root configured (executor data_root or ${DATA_ROOT_ENV})")
@@ -106,10 +113,11 @@ def _site_tables(data_root: str, site: str):
 class VerticalExecutor(Executor):
     def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
                  allow_mock: bool = False, min_node_rows: int = DEFAULT_MIN_ROWS_NODE,
-                 max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH):
+                 max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH, schema: dict | None = None):
         """
         Args:
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
+            schema: the job's schema (``Schema.to_dict()``); each party reads the columns its files hold.
             workers: processes for the crypto at this site (0 = all cores).
             min_key_bits: a passive site refuses a public key shorter than this
               (``$TREEFLARE_VERTICAL_MIN_KEY_BITS`` overrides it on the site).
@@ -127,6 +135,7 @@ class VerticalExecutor(Executor):
         self.min_node_rows = int(min_node_rows)
         self.max_trees = int(max_trees)
         self.max_depth = int(max_depth)
+        self.schema = schema
         self.active: ActiveParty | None = None
         self.passive: PassiveParty | None = None
         self.active_test_y = None
@@ -166,7 +175,7 @@ class VerticalExecutor(Executor):
             if self.workers:
                 params.workers = self.workers
             passives = [str(p) for p in task["passives"]]
-            train, test = _site_tables(self.data_root, site)
+            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
             X, names, _ = train.codes()
             Xt, _, _ = test.codes()
             y, self.active_test_y, n_classes = labels_for(params, train, test)
@@ -211,7 +220,7 @@ class VerticalExecutor(Executor):
         if not isinstance(msg, dict):
             raise ProtocolError("message is not a dict")
         if msg.get("type") == "setup":
-            train, test = _site_tables(self.data_root, site)
+            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
             if train.y is not None:
                 raise ProtocolError(f"{site} holds labels: it is the active site, not a passive one")
             X, names, _ = train.codes()

@@ -1,7 +1,8 @@
-"""The XGBoost data loader of the histogram job: reads this site's folder of a federation.
+"""The XGBoost data loader of the histogram job: reads this site's training and validation files.
 
-``folder`` is a federation written by the data layer (``write_federation``): ``<folder>/<site>/train.csv`` is
-the training data, ``<folder>/<site>/test.csv`` the validation data watched every round. ``schema`` is the
+The files are the site's own binding (``local/treeflare_site.json`` in its kit, or ``$TREEFLARE_DATA_ROOT``; see
+``site_config``), else ``<folder>/<site>/{train,test}.csv`` (``folder``: a federation written by the data layer,
+``write_federation``, or the job's ``--data-root``); ``test`` is the validation data watched every round. ``schema`` is the
 shared schema (``Schema.to_dict()``) sent in the job configuration, so every site encodes categorical columns
 with the same category list, never from its own values. In vertical mode rows are sorted by the id column, so
 row i is the same entity at every party, and only the label owner (rank 0) has labels.
@@ -14,35 +15,56 @@ import logging
 import os
 import time
 
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_component import FLComponent
 from nvflare.app_opt.xgboost.data_loader import XGBDataLoader
 
-from treeflare.data import DataError
-from treeflare.xgb.encoding import dmatrix, load_site
+from treeflare.data import DataError, Schema
+from treeflare.xgb.encoding import dmatrix, load_site, table_arrays
+
+from .site_config import load_binding, site_config_dir
 
 _log = logging.getLogger(__name__)
 
 
-class TreeflareXGBDataLoader(XGBDataLoader):
+class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
     def __init__(self, folder: str, schema: dict | None = None, vertical: bool = False,
                  timing_dir: str | None = None):
         """
         Args:
             folder: the federation folder (absolute path on the site).
-            schema: the shared schema as a dict; None reads ``<folder>/partition.json``.
+            schema: the shared schema as a dict, read from the site's binding; None reads the federation
+                ``<folder>`` with its ``partition.json``.
             vertical: column split; rows are aligned on the id column.
             timing_dir: if set, write ``<timing_dir>/<site>.json`` with data-loading timestamps (benchmarks).
         """
+        FLComponent.__init__(self)
         self.folder = folder
         self.schema = schema
         self.vertical = vertical
         self.timing_dir = timing_dir
+        self._config_dir = None  # the kit's local/ folder, where the site's binding lives
+
+    def handle_event(self, event_type: str, fl_ctx):
+        if event_type == EventType.START_RUN:  # load_data gets no fl_ctx
+            self._config_dir = site_config_dir(fl_ctx)
+
+    def _load(self):
+        if self.schema is None:
+            return load_site(self.folder, self.client_id, None, vertical=self.vertical)
+        schema = Schema.from_dict(self.schema)
+        binding = load_binding(self.client_id, None, self.folder, config_dir=self._config_dir)
+        _log.info("%s reads %s and %s (%s)", self.client_id, binding.path("train"), binding.path("test"),
+                  binding.source)
+        return tuple(table_arrays(binding.read(which, schema, self.client_id, own_columns=self.vertical),
+                                  sort_by_id=self.vertical) for which in ("train", "test"))
 
     def load_data(self):
         import xgboost as xgb
 
         t0 = time.time()
         try:
-            train, valid = load_site(self.folder, self.client_id, self.schema, vertical=self.vertical)
+            train, valid = self._load()
         except DataError as exc:
             # The full message (cell value, local path) stays in this site's log; what XGBoost and FLARE pass on
             # (to the server, too) is the redacted form.
