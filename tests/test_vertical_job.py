@@ -32,11 +32,14 @@ def test_vertical_job_end_to_end(tmp_path):
     ws = tmp_path / "ws"
     with flare_lock():
         proc = run_script("jobs/vertical_tree/job.py",
-                          ["--model", "gbdt", "--trees", "1", "--csv", str(csv), *ARGS, "--workspace", str(ws)],
-                          tmp_path, timeout=150)
+                          ["--model", "gbdt", "--trees", "1", "--csv", str(csv), *ARGS, "--workspace", str(ws),
+                           "--progress"], tmp_path, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((ws / "report.json").read_text())
     assert r["job"] == "vertical_tree" and r["model"] == "gbdt" and r["dataset"] == "small"
+    # one progress line per layer while FLARE ran, before the results table
+    assert "tree 1/1, layer 1/2  elapsed" in proc.stdout and "tree 1/1, layer 2/2" in proc.stdout
+    assert proc.stdout.index("tree 1/1, layer 1/2") < proc.stdout.index("global test set")
     assert r["objective"] == "binary" and r["baseline_xgboost"]["settings"]["max_depth"] == 2
     assert 0.6 < r["baseline_xgboost"]["global"]["accuracy"] <= 1
     assert r["n_sites"] == 3 and r["sites"] == {"active": "site-1", "passive": ["site-2", "site-3"]}

@@ -34,6 +34,7 @@ import numpy as np
 from treeflare.cli import add_data_args, add_schema_args, add_vertical_args, check_args, load_table, main_guard, \
     schema_source
 from treeflare.data import DataError, prepare_federation, read_site, site_name, write_federation
+from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.vertical.objectives import OBJECTIVES
 from treeflare.reporting import format_table, write_json_atomic
 
@@ -91,6 +92,7 @@ def parse_args(argv=None):
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_run_args(p)
+    add_progress_args(p)
     args = check_args(p.parse_args(argv))
     if args.trees is None:
         args.trees = 3 if args.model == "gbdt" else 1
@@ -148,12 +150,14 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
 
     from treeflare.flare.runner import ship_package
     from treeflare.flare.vertical_controller import VerticalController
+    from treeflare.flare.progress import ProgressReporter
     from treeflare.flare.vertical_executor import MSG, STEP, VerticalExecutor
 
     job = FedJob(name=JOB_NAME, min_clients=len(sites))
     job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], params=params.to_dict(),
                                      task_timeout=args.task_timeout, job_info=job_info),
                   id="vertical_controller")
+    job.to_server(ProgressReporter(), id=PROGRESS_ID)  # tree and layer lines the job script prints while FLARE runs
     min_bits = args.key_bits if args.allow_insecure_key else 2048
     job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.workers,
                                     min_key_bits=min_bits, min_node_rows=min(args.min_rows_node, 10),
@@ -251,7 +255,7 @@ def main(argv=None) -> int:
         job_info = {"dataset": dataset, "model": args.model, "objective": objective if args.model == "gbdt" else None}
         job = build_job(args, params, data_root, sites, job_info, schema)
         t = time.perf_counter()
-        run_dir = run_job(job, args, sites)
+        run_dir = run_job(job, args, sites, progress=printer_for(args))
         timings["flare_run"] = time.perf_counter() - t
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
     if server is None:

@@ -23,6 +23,7 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
+from .progress import PROGRESS_ID, format_duration, remaining
 from .vertical_executor import MSG, STEP
 from .workflow import JobFailed, ResultWorkflow
 
@@ -100,11 +101,29 @@ class VerticalController(ResultWorkflow):
                     raise JobFailed(f"{self.active_site}: message addressed to unknown site {site!r}")
                 if not isinstance(msg, dict) or msg.get("type") not in _MSG_TYPES:
                     raise JobFailed(f"{self.active_site}: malformed message for {site}")
+            self._layer_progress(outbox, t0, fl_ctx)
             ts = time.perf_counter()
             inbox = self._route(outbox, abort_signal, fl_ctx)
             self._trace.append(("route", round(time.perf_counter() - ts, 3)))
             routed += len(outbox) * 2
         raise JobFailed(f"protocol did not finish within {self.max_rounds} rounds")
+
+    def _layer_progress(self, outbox, t0, fl_ctx) -> None:
+        """A progress line when the active site starts a layer: tree and layer, elapsed, an estimate of what is
+        left (at most every tree's full depth). Only the server's own counters and checked integers go in it."""
+        msg = next(iter(outbox.values()))
+        reporter = getattr(fl_ctx.get_engine(), "get_component", lambda _id: None)(PROGRESS_ID)
+        tree, depth = msg.get("tree"), msg.get("depth")
+        if reporter is None or msg.get("type") != "layer" or not all(isinstance(v, int) for v in (tree, depth)):
+            return
+        trees, max_depth = int(self.params.get("n_trees") or 1), int(self.params.get("max_depth") or 1)
+        if not hasattr(self, "_first_layer_at"):  # the pace is measured from the first layer on
+            self._first_layer_at = time.perf_counter()
+        done, total = tree * max_depth + depth, trees * max_depth
+        elapsed = time.perf_counter() - t0
+        left = remaining(time.perf_counter() - getattr(self, "_first_layer_at", t0), done, total)
+        eta = "" if left is None else f", ~{format_duration(left)} left"
+        reporter.emit(f"tree {tree + 1}/{trees}, layer {depth + 1}/{max_depth}  elapsed {format_duration(elapsed)}{eta}")
 
     def _check(self, task_name, site, reply):
         if reply is None:
