@@ -149,7 +149,7 @@ def test_layers_come_in_order(run):
     run.step()
     m1 = run.until("layer", 1)
     _reject(run.p, {**m1, "depth": 2}, "out of order")                       # depth skipped
-    _reject(run.p, {**m0, "tree": 0}, "gradients must start the next tree")  # gradients again, same tree
+    _reject(run.p, {**m0, "tree": 0}, "gradients must start a new tree")  # gradients again, same tree
     no_grad = {k: v for k, v in m0.items() if k != "gradients"}
     _reject(run.p, {**no_grad, "tree": 1}, "out of order")                   # a new tree without gradients
 
@@ -221,7 +221,7 @@ def test_prediction_requests_checked():
         r.close()
 
 
-def test_prediction_before_training_ends_refused():
+def test_no_training_after_prediction_started():
     P = VerticalParams(model="gbdt", n_trees=2, key_bits=BITS, allow_insecure_key=True, workers=1, bins=8,
                        max_depth=2, min_rows_node=10, obfuscation="djn")
     a, ps = make_parties(_data(), P)
@@ -230,9 +230,9 @@ def test_prediction_before_training_ends_refused():
         out = a.step(None)
         while not (out[name]["type"] == "layer" and out[name]["depth"] == 1):
             out = a.step({name: p.handle(out[name])})
-        p.handle(out[name])
+        nxt = dict(out[name])
         sid = next(iter(p.splits))
-        _reject(p, {"type": "predict", "depth": 0, "nodes": [{"id": sid, "rows": np.arange(p.n_test, dtype=np.int32)}]},
-                "before every agreed tree")
+        p.handle({"type": "predict", "depth": 0, "nodes": [{"id": sid, "rows": np.arange(p.n_test, dtype=np.int32)}]})
+        _reject(p, nxt, "training request after prediction started")
     finally:
         close_parties(a, ps)

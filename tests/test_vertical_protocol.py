@@ -450,3 +450,14 @@ def test_every_message_fits_flare_wire_format():
     from treeflare.crypto.packing import SlotLayout
     with pytest.raises(ValueError, match="malformed"):
         SlotLayout.from_message({"lo": ["9" * 5000], "hi": ["1"], "n_max": 2, "widths": [5]})
+
+
+def test_later_trees_that_do_not_split_at_all():
+    """Boosting rounds whose root is never opened (hessians too small) send the passives nothing; the passive
+    accepts the next opened tree and the prediction requests after it."""
+    d = synthetic(n=200, n_test=40, passive_features=(2,), n_classes=2, seed=21)
+    P = params(model="gbdt", n_trees=4, learning_rate=1.0, min_child_weight=20.0, max_depth=3, reg_lambda=0.0)
+    fed = run_vertical(d, P)
+    roots = [t["nodes"][0]["leaf"] for t in fed[0].trees]
+    assert roots[0] is False and roots[-1] is True
+    assert compare_runs(fed, run_oracle(d, P))["identical"]

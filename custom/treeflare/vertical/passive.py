@@ -10,8 +10,8 @@ key size) and against what this party saw and answered before:
   all go to its two children (both non-empty), a closed node's rows leave the tree, and a split
   this party made is followed exactly;
 * an open node with fewer rows than the agreed minimum gets no answer at all (the request fails);
-* one split request per layer, for candidates of this layer only; prediction requests only for
-  trained splits, once each, with the test rows that reach the node (checked against this party's
+* one split request per layer, for candidates of this layer only; prediction requests (after which no
+  training request is answered) only for trained splits, once each, with the test rows that reach the node (checked against this party's
   own earlier answers where it owns the parent split).
 
 Candidates are shuffled before compression (their order would reveal feature boundaries), carry
@@ -184,8 +184,9 @@ class PassiveParty:
         if self._predicting:
             raise ProtocolError("training request after prediction started")
         if has_grad:
-            if d != 0 or t != self.tree + 1:
-                raise ProtocolError(f"gradients must start the next tree ({self.tree + 1}) at depth 0, "
+            # a later tree (a round whose root was never opened sends nothing), always at depth 0
+            if d != 0 or t <= self.tree:
+                raise ProtocolError(f"gradients must start a new tree (after tree {self.tree}) at depth 0, "
                                     f"got tree {t} depth {d}")
         elif t != self.tree or d != self.depth + 1 or self.tree < 0:
             raise ProtocolError(f"layer out of order: tree {t} depth {d} after tree {self.tree} depth {self.depth}")
@@ -398,8 +399,7 @@ class PassiveParty:
 
     # ------------------------------------------------------------------------------- prediction
     def _predict(self, msg):
-        if self.tree != self.n_trees - 1:
-            raise ProtocolError("prediction requested before every agreed tree was started")
+        # prediction ends training: no layer request is answered after it (see _check_layer)
         depth = require(msg, "depth", int)
         nodes = require(msg, "nodes", list)
         if not nodes:
