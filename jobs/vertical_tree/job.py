@@ -19,6 +19,15 @@ On parties that hold their own columns (no --dataset/--csv here), the schema com
 
 Writes DIR/report.json (with a centralised XGBoost baseline of the same settings when the submitter has the
 data) and (simulator) each party's model file under DIR/models/.
+
+Predictions on new rows are a federated job too (no party holds the whole model): every party loads only its own
+part, the rows are joined on the id column, and the active site gets the predictions:
+
+    python jobs/vertical_tree/job.py --predict /tmp/vtree --csv new.csv --workspace /tmp/vtree_pred
+
+(--csv: split by columns like training, simulator and POC; on real sites leave it out: each site reads its own new
+rows and model part from its binding.)  Writes DIR/predictions.csv (copied from the active site's run folder when
+it is on this machine) and DIR/report.json.
 """
 from __future__ import annotations
 
@@ -91,6 +100,11 @@ def parse_args(argv=None):
     c.add_argument("--task-timeout", type=int, default=3600, help="seconds a site has for one message")
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
+    p.add_argument("--predict", metavar="MODEL_DIR", type=Path, default=None,
+                   help="predict on new rows with a trained model instead of training: MODEL_DIR is the training "
+                        "run's --workspace. New rows: --csv (split by columns like training; simulator/POC), or "
+                        "each site's own file (its binding's 'predict', default predict.csv in its data folder, "
+                        "beside its model part)")
     add_run_args(p)
     add_progress_args(p)
     args = check_args(p.parse_args(argv))
@@ -219,9 +233,84 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
     return found
 
 
+def predict_main(args) -> int:
+    """A prediction run of a trained model (``--predict MODEL_DIR``): see the module doc."""
+    from nvflare.job_config.api import FedJob
+
+    from treeflare.data.federation import write_marked_folder
+    from treeflare.flare.runner import find_site_file, one_poc, read_server_result, run_job, ship_package
+    from treeflare.flare.vertical_controller import RESULT_FILE, VerticalController
+    from treeflare.flare.vertical_executor import MSG, PREDICTIONS, STEP, VerticalExecutor
+    from treeflare.vertical.model_parts import find_model_parts, model_sites, prediction_site_files
+
+    given = [opt for opt, dest in (("--dataset", "dataset"), ("--schema", "schema"), ("--label", "label"),
+                                   ("--id", "id"), ("--categorical", "categorical"), ("--ordinal", "ordinal"))
+             if getattr(args, dest, None)]
+    if given:
+        raise DataError(f"{', '.join(given)}: a prediction run takes its columns from the model's parts; give the "
+                        "new rows with --csv, or leave them to each site's own file")
+    workspace, model_dir = Path(args.workspace).resolve(), Path(args.predict).resolve()
+    if workspace in (model_dir, model_dir.parent):
+        raise DataError(f"--workspace {workspace}: holds the model ({model_dir}); write the predictions elsewhere")
+    _folder, parts = find_model_parts(model_dir)
+    trained = json.loads((model_dir / "report.json").read_text()) if (model_dir / "report.json").is_file() else {}
+    sites = model_sites(parts)
+    if sites is None and isinstance(trained.get("sites"), dict):
+        sites = [trained["sites"]["active"], *trained["sites"]["passive"]]
+    sites = sites or [site_name(i) for i in range(args.passive + 1)]
+    workspace.mkdir(parents=True, exist_ok=True)
+    if args.csv:
+        if args.env == "prod":
+            raise DataError("--csv splits the new rows among sites on this machine (simulator, POC); on real sites "
+                            "each site reads its own new rows and model part (its binding's 'predict' and "
+                            "'vertical_model'): leave out --csv")
+        data_root = write_marked_folder(workspace / "predict_data", prediction_site_files(args.csv, parts, sites),
+                                        written_by="treeflare vertical prediction")
+    else:
+        data_root = args.data_root
+        if args.env == "sim" and not data_root:
+            raise DataError("give the new rows: --csv FILE (split by columns like training), or --data-root DIR "
+                            "holding DIR/<site>/predict.csv and each site's model part")
+    job = FedJob(name=f"{JOB_NAME}_predict", min_clients=len(sites))
+    job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], task_timeout=args.task_timeout,
+                                     job_info={"model_dir": str(model_dir)}, mode="predict"),
+                  id="vertical_controller")
+    job.to_clients(VerticalExecutor(data_root=str(data_root or ""), workers=args.workers), tasks=[STEP, MSG])
+    ship_package(job)
+    t = time.perf_counter()
+    with one_poc(args, sites):
+        run_dir = run_job(job, args, sites)
+    flare_s = time.perf_counter() - t
+    server = read_server_result(run_dir, RESULT_FILE, workspace, f"{JOB_NAME}_predict")
+    if server is None:
+        return 1
+    found = find_site_file(run_dir, sites[0], PREDICTIONS)
+    out = workspace / "predictions.csv"
+    if found is not None:
+        shutil.copyfile(found, out)
+    report = {
+        "job": JOB_NAME, "mode": "predict", "status": "completed", "n_rows": server["n_rows"],
+        "model": {"dir": str(model_dir), "model_id": server.get("model_id"), "model": server.get("model"),
+                  "objective": server.get("objective"), "n_trees": server.get("n_trees"),
+                  "trained_on": trained.get("dataset")},
+        "new_rows": str(Path(args.csv).resolve()) if args.csv else "each site's own file (its binding's 'predict')",
+        "sites": {"active": sites[0], "passive": sites[1:]}, "env": args.env,
+        "predictions": str(out.relative_to(workspace)) if found is not None else None,
+        "messages": server.get("messages"),
+        "timings_s": {**{f"active_{k}": v for k, v in (server.get("timings_s") or {}).items()}, "flare_run": flare_s},
+    }
+    write_json_atomic(workspace / "report.json", report)
+    where = out if found is not None else f"{sites[0]}'s run folder ({PREDICTIONS}); the predictions never left it"
+    print(f"\n{server['n_rows']} predictions of the vertical {server.get('model')} (model {server.get('model_id')}, "
+          f"{len(sites)} parties) in {where}\nreport: {workspace / 'report.json'}")
+    return 0
+
+
 @main_guard
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.predict is not None:
+        return predict_main(args)
     vertical_params(args)                       # argument errors before any data is read
     from treeflare.flare.runner import one_poc, read_server_result, run_job
     from treeflare.flare.vertical_controller import RESULT_FILE
