@@ -32,6 +32,7 @@ it is on this machine) and DIR/report.json.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shutil
 import sys
@@ -102,9 +103,9 @@ def parse_args(argv=None):
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     p.add_argument("--predict", metavar="MODEL_DIR", type=Path, default=None,
                    help="predict on new rows with a trained model instead of training: MODEL_DIR is the training "
-                        "run's --workspace. New rows: --csv (split by columns like training; simulator/POC), or "
-                        "each site's own file (its binding's 'predict', default predict.csv in its data folder, "
-                        "beside its model part)")
+                        "run's --workspace. New rows: --csv (split by columns like training; simulator/POC; "
+                        "--dataset NAME: that embedded dataset's rows), or each site's own file (its binding's "
+                        "'predict', default predict.csv in its data folder, beside its model part)")
     add_run_args(p)
     add_progress_args(p)
     args = check_args(p.parse_args(argv))
@@ -237,18 +238,21 @@ def predict_main(args) -> int:
     """A prediction run of a trained model (``--predict MODEL_DIR``): see the module doc."""
     from nvflare.job_config.api import FedJob
 
+    from treeflare.data import load_dataset
+    from treeflare.data.csv_io import read_raw
     from treeflare.data.federation import write_marked_folder
     from treeflare.flare.runner import find_site_file, one_poc, read_server_result, run_job, ship_package
     from treeflare.flare.vertical_controller import RESULT_FILE, VerticalController
     from treeflare.flare.vertical_executor import MSG, PREDICTIONS, STEP, VerticalExecutor
     from treeflare.vertical.model_parts import find_model_parts, model_sites, prediction_site_files
 
-    given = [opt for opt, dest in (("--dataset", "dataset"), ("--schema", "schema"), ("--label", "label"),
-                                   ("--id", "id"), ("--categorical", "categorical"), ("--ordinal", "ordinal"))
-             if getattr(args, dest, None)]
+    given = [opt for opt, dest in (("--schema", "schema"), ("--label", "label"), ("--id", "id"),
+                                   ("--categorical", "categorical"), ("--ordinal", "ordinal")) if getattr(args, dest, None)]
     if given:
         raise DataError(f"{', '.join(given)}: a prediction run takes its columns from the model's parts; give the "
                         "new rows with --csv, or leave them to each site's own file")
+    if args.csv and args.dataset:
+        raise DataError("--predict: give the new rows with --csv or --dataset, not both")
     workspace, model_dir = Path(args.workspace).resolve(), Path(args.predict).resolve()
     if workspace in (model_dir, model_dir.parent):
         raise DataError(f"--workspace {workspace}: holds the model ({model_dir}); write the predictions elsewhere")
@@ -259,13 +263,19 @@ def predict_main(args) -> int:
         sites = [trained["sites"]["active"], *trained["sites"]["passive"]]
     sites = sites or [site_name(i) for i in range(args.passive + 1)]
     workspace.mkdir(parents=True, exist_ok=True)
-    if args.csv:
+    new_rows = None
+    if args.csv or args.dataset:
         if args.env == "prod":
             raise DataError("--csv splits the new rows among sites on this machine (simulator, POC); on real sites "
                             "each site reads its own new rows and model part (its binding's 'predict' and "
                             "'vertical_model'): leave out --csv")
-        data_root = write_marked_folder(workspace / "predict_data", prediction_site_files(args.csv, parts, sites),
-                                        written_by="treeflare vertical prediction")
+        if args.csv:
+            raw, new_rows = read_raw(args.csv), str(Path(args.csv).resolve())
+        else:  # an embedded dataset's rows, with the ids its training run gave them (a demonstration)
+            text = load_dataset(args.dataset).with_row_ids().to_frame().to_csv(index=False)
+            raw, new_rows = read_raw(args.dataset, opener=lambda: io.StringIO(text)), f"dataset {args.dataset}"
+        files = prediction_site_files(raw, parts, sites, source=new_rows)
+        data_root = write_marked_folder(workspace / "predict_data", files, written_by="treeflare vertical prediction")
     else:
         data_root = args.data_root
         if args.env == "sim" and not data_root:
@@ -289,11 +299,11 @@ def predict_main(args) -> int:
     if found is not None:
         shutil.copyfile(found, out)
     report = {
-        "job": JOB_NAME, "mode": "predict", "status": "completed", "n_rows": server["n_rows"],
+        "job": f"{JOB_NAME}_predict", "mode": "predict", "status": "completed", "n_rows": server["n_rows"],
         "model": {"dir": str(model_dir), "model_id": server.get("model_id"), "model": server.get("model"),
                   "objective": server.get("objective"), "n_trees": server.get("n_trees"),
                   "trained_on": trained.get("dataset")},
-        "new_rows": str(Path(args.csv).resolve()) if args.csv else "each site's own file (its binding's 'predict')",
+        "new_rows": new_rows or "each site's own file (its binding's 'predict')",
         "sites": {"active": sites[0], "passive": sites[1:]}, "env": args.env,
         "predictions": str(out.relative_to(workspace)) if found is not None else None,
         "messages": server.get("messages"),

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 from ..data import DataError
-from ..data.csv_io import read_raw
 
 ACTIVE_MODEL, PASSIVE_MODEL = "vertical_active_model.json", "vertical_passive_model.json"   # in a site's folder
 PREDICT_FILE = "predict.csv"                                   # a site's new rows (its binding's default)
@@ -55,15 +54,16 @@ def model_sites(parts: dict) -> list[str] | None:
     return [active[0], *map(str, passives)]
 
 
-def prediction_site_files(csv, parts: dict, sites: list[str]) -> dict[str, str]:
-    """``{"<site>/predict.csv": text, "<site>/<its model part file>": text}``: the new rows of ``csv`` split by
-    columns (the id column and the party's own columns; the label and other columns left out) and each site's own
-    model part, for a folder the sites read as their data root (simulator, POC)."""
+def prediction_site_files(raw, parts: dict, sites: list[str], source: str = "new rows") -> dict[str, str]:
+    """``{"<site>/predict.csv": text, "<site>/<its model part file>": text}``: the new rows ``raw`` (a frame of
+    strings, as :func:`~treeflare.data.csv_io.read_raw` reads a CSV) split by columns (the id column and the party's
+    own columns; the label and other columns left out) and each site's own model part, for a folder the sites read
+    as their data root (simulator, POC)."""
     missing = [s for s in sites if s not in parts]
     if missing:
         raise DataError(f"no model part for {', '.join(missing)}: --csv needs every party's part in the model folder "
                         "(a simulator or POC training run); on real sites each site loads its own (leave out --csv)")
-    raw = read_raw(csv)
+    csv = source
     files = {}
     for i, site in enumerate(sites):
         part = parts[site]
