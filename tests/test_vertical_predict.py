@@ -115,7 +115,8 @@ def test_a_model_part_of_another_run_is_refused(trained):
     d, a, ps = trained
     _d2, _a2, ps2 = _train("gbdt", "binary", 2, 9)
     active, passives = _parties(d, a, ps, _ident())
-    passives["site-2"] = PassivePredictor("site-2", ps2["site-2"].model(), d.X_passive_test[0], list(map(str, d.ids_test)))
+    passives["site-2"] = PassivePredictor("site-2", ps2["site-2"].model(), d.X_passive_test[0],
+                                          list(map(str, d.ids_test)))
     with pytest.raises(ProtocolError, match="does not match this party's model part"):
         run_prediction(active, passives)
 

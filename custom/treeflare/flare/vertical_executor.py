@@ -13,9 +13,10 @@ its own model file into its run folder (with the schema of its own columns).
 A prediction run (the controller's ``mode="predict"``) trains nothing: each site loads its own model part and its
 new rows from its binding (``vertical_model``, ``predict``: by default ``vertical_<role>_model.json`` and
 ``predict.csv`` in its data folder) and runs :mod:`treeflare.vertical.prediction`; the active site writes
-``vertical_predictions.csv`` into its run folder and the server gets counts and the model's fingerprint.  What leaves a site (and so what the server sees): from the active
-site, the public key,
-ciphertexts, slot layouts, the row-to-node assignment of every layer, candidate ids, and the test
+``vertical_predictions.csv`` into its run folder and the server gets counts and the model's fingerprint.
+
+What leaves a site in training (and so what the server sees): from the active site, the public key, ciphertexts,
+slot layouts, the row-to-node assignment of every layer, candidate ids, and the test
 rows that reach each passive split; from a passive site, ciphertexts, candidate ids, partitions of
 node rows and prediction bits for those test rows; and, from the active site at the end, the test
 metrics and operation counts.  See SECURITY.md.
