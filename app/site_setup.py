@@ -4,7 +4,7 @@
     python app/site_setup.py provision --project configs/project.yml --workspace WS [--server H] [--port P]
                                        [--sites N] [--data-dir DIR] [--install-package]
     python app/site_setup.py bind KIT --data-dir DIR [--label-column C] [--id-column C] [--train F] [--test F]
-                                  [--min-category-rows K]
+                                  [--min-category-rows K] [--predict F] [--vertical-model PATH]
     python app/site_setup.py allow-package KIT [--prefix treeflare.]
 
 ``bind`` writes ``KIT/local/treeflare_site.json``: where this site's CSV files are and what its label/id
@@ -36,12 +36,13 @@ def _write_json_atomic(path: Path, data) -> None:
 
 
 def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None, test=None,
-         min_category_rows=None) -> Path:
+         min_category_rows=None, predict=None, vertical_model=None) -> Path:
     local = Path(kit) / "local"
     if not local.is_dir():
         raise SystemExit(f"error: {kit} is not a startup kit (no local/ folder)")
     binding = {"data_dir": str(data_dir)}
-    for key, value in (("train", train), ("test", test), ("label_column", label_column), ("id_column", id_column)):
+    for key, value in (("train", train), ("test", test), ("label_column", label_column), ("id_column", id_column),
+                       ("predict", predict), ("vertical_model", vertical_model)):
         if value:
             binding[key] = value
     if min_category_rows is not None:
@@ -139,6 +140,11 @@ def main(argv=None) -> int:
     b.add_argument("--min-category-rows", type=int,
                    help="schema discovery: report a category value only if this many of the site's rows hold it "
                         "(a floor: a job asking for more gets more)")
+    b.add_argument("--predict", help="vertical prediction runs: this site's file of new rows in --data-dir "
+                                     "(default predict.csv)")
+    b.add_argument("--vertical-model", help="vertical prediction runs: this site's part of the model, the "
+                                            "vertical_*_model.json its training run wrote (default: that name in "
+                                            "--data-dir)")
     a = sub.add_parser("allow-package", help="allow the installed treeflare package in a kit's class allow list")
     a.add_argument("kit", type=Path)
     a.add_argument("--prefix", default=PACKAGE_PREFIX)
@@ -148,7 +154,7 @@ def main(argv=None) -> int:
                   args.install_package)
     elif args.cmd == "bind":
         print(bind(args.kit, args.data_dir, args.label_column, args.id_column, args.train, args.test,
-                   args.min_category_rows))
+                   args.min_category_rows, args.predict, args.vertical_model))
     else:
         print(allow_package(args.kit, args.prefix))
     return 0

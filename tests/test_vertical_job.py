@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
+
+from treeflare.vertical.prediction import model_id
 
 import flare_helpers
 from flare_helpers import flare_lock, run_script
@@ -64,6 +67,30 @@ def test_vertical_job_end_to_end(tmp_path):
     # the server's view holds no model, labels or thresholds
     server = json.loads(next((ws / "flare").rglob("vertical_result.json")).read_text())
     assert server["status"] == "completed" and '"nodes"' not in json.dumps(server)
+
+    # predictions on new rows: a federated job in which each party loads only its own part (issue 13); here the
+    # training CSV's rows, which hold the training run's test rows
+    wp = tmp_path / "wp"
+    with flare_lock():
+        proc = run_script("jobs/vertical_tree/job.py", ["--predict", str(ws), "--csv", str(csv), "--workspace",
+                                                         str(wp), "--workers", "1"], tmp_path, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rp = json.loads((wp / "report.json").read_text())
+    assert rp["status"] == "completed" and rp["mode"] == "predict" and rp["n_rows"] == 240
+    assert rp["model"]["dir"] == str(ws) and rp["model"]["model"] == "gbdt" and rp["model"]["n_trees"] == 1
+    assert rp["model"]["model_id"] == model_id(active) and rp["predictions"] == "predictions.csv"
+    pred = pd.read_csv(wp / "predictions.csv", dtype={"uid": str}).set_index("uid")
+    assert list(pred.columns) == ["predicted", "p_no", "p_yes"] and len(pred) == 240
+    trained = json.loads((ws / "models" / "site-1_test_predictions.json").read_text())
+    rows = pred.loc[trained["ids"]]
+    assert list(rows["predicted"]) == [active["schema"]["classes"][k] for k in trained["pred"]]
+    assert np.array_equal(rows["p_yes"].to_numpy(), np.asarray(trained["score"]))      # bit for bit
+    for site, own in [("site-1", "vertical_active_model.json"), ("site-2", "vertical_passive_model.json"),
+                      ("site-3", "vertical_passive_model.json")]:
+        assert sorted(p.name for p in (wp / "predict_data" / site).iterdir()) == ["predict.csv", own]
+    server = json.loads(next((wp / "flare").rglob("vertical_result.json")).read_text())
+    assert server["status"] == "completed" and server["mode"] == "predict"
+    assert "threshold" not in json.dumps(server) and '"p_yes"' not in json.dumps(server)
 
 
 def test_vertical_job_refused_key_fails_cleanly(tmp_path, monkeypatch):

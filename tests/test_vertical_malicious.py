@@ -203,7 +203,7 @@ def test_prediction_requests_checked():
         allrows = np.arange(r.p.n_test, dtype=np.int32)
         pm = r.until("predict", 0)
         assert [e["id"] for e in pm["nodes"]] == [root]
-        _reject(r.p, {**pm, "nodes": [{"id": root, "rows": allrows[:-1]}]}, "every test row reaches the root")
+        _reject(r.p, {**pm, "nodes": [{"id": root, "rows": allrows[:-1]}]}, "every row reaches the root")
         r.step()                                            # honest root answer
         _reject(r.p, pm, "already asked")
         pm1 = r.until("predict", 1)

@@ -19,6 +19,15 @@ On parties that hold their own columns (no --dataset/--csv here), the schema com
 
 Writes DIR/report.json (with a centralised XGBoost baseline of the same settings when the submitter has the
 data) and (simulator) each party's model file under DIR/models/.
+
+Predictions on new rows are a federated job too (no party holds the whole model): every party loads only its own
+part, the rows are joined on the id column, and the active site gets the predictions:
+
+    python jobs/vertical_tree/job.py --predict /tmp/vtree --csv new.csv --workspace /tmp/vtree_pred
+
+(--csv: split by columns like training, simulator and POC; on real sites leave it out: each site reads its own new
+rows and model part from its binding.)  Writes DIR/predictions.csv (copied from the active site's run folder when
+it is on this machine) and DIR/report.json.
 """
 from __future__ import annotations
 
@@ -91,6 +100,11 @@ def parse_args(argv=None):
     c.add_argument("--task-timeout", type=int, default=3600, help="seconds a site has for one message")
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
+    p.add_argument("--predict", metavar="MODEL_DIR", type=Path, default=None,
+                   help="predict on new rows with a trained model instead of training: MODEL_DIR is the training "
+                        "run's --workspace. New rows: --csv (split by columns like training; simulator/POC; "
+                        "--dataset NAME: that embedded dataset's rows), or each site's own file (its binding's "
+                        "'predict', default predict.csv in its data folder, beside its model part)")
     add_run_args(p)
     add_progress_args(p)
     args = check_args(p.parse_args(argv))
@@ -222,6 +236,10 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
 @main_guard
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.predict is not None:
+        from treeflare.flare.vertical_predict import predict_main
+
+        return predict_main(args, JOB_NAME)
     vertical_params(args)                       # argument errors before any data is read
     from treeflare.flare.runner import one_poc, read_server_result, run_job
     from treeflare.flare.vertical_controller import RESULT_FILE

@@ -308,6 +308,18 @@ def features_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     return frame_to_table(frame, plain, file=file, site=site, name=name, require_label=False, strict_columns=False)
 
 
+def party_rows_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=None, name="") -> Table:
+    """A vertical party's new rows, for a prediction: its feature columns parsed as in training and the id column
+    (required: the parties join on it; a missing or duplicate id is an error naming the line); the label column
+    and other columns are ignored."""
+    if not schema.id_column:
+        raise DataError(f"{where(file, site=site)}: the model has no id column to join the parties' rows on",
+                        problem="the model has no id column", file=file, site=site)
+    plain = Schema(schema.features, schema.label, (), schema.id_column)
+    frame = frame.drop(columns=[schema.label] if schema.label in frame.columns else [])
+    return frame_to_table(frame, plain, file=file, site=site, name=name, require_label=False, strict_columns=False)
+
+
 def load_csv(path, label: str, categorical=None, id_column=None, schema: Schema | None = None,
              sep=",", name: str | None = None, ordinal: dict | None = None) -> Table:
     """Load your own CSV (with a header row). Kinds are inferred unless a schema is given; ``ordinal`` maps a

@@ -175,6 +175,38 @@ def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Pa
     return out
 
 
+def write_marked_folder(out_dir, files: dict[str, str], *, written_by: str) -> Path:
+    """Write ``files`` (relative path -> text) as the folder ``out_dir``, all or nothing, with :data:`MARKER`.
+    An existing folder is replaced only under :func:`write_federation`'s rules (ours, nothing else inside)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a folder")
+    _refuse_embedded_data(out)
+    if out.exists() and any(out.iterdir()):
+        foreign = foreign_entries(out)
+        if foreign is None or foreign:
+            raise DataError(f"{out}: already exists and holds files treeflare did not write; it is left as it is: "
+                            "choose another --workspace, or move it away yourself")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _fresh_sibling(out)
+    try:
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+        (tmp / MARKER).write_text(json.dumps({"written_by": written_by, "files": sorted(files)}, indent=1))
+        if out.exists():
+            old = _fresh_sibling(out, "old")
+            old.rmdir()
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def foreign_entries(folder: Path) -> list[str] | None:
     """What in ``folder`` :func:`write_federation` did not write: None when the folder has no :data:`MARKER`
     (not ours at all), else the unexpected paths (empty when the folder holds only what the marker lists)."""

@@ -10,8 +10,11 @@ operator owns and the job cannot override::
       "test": "test.csv",                # optional, default test.csv
       "label_column": "outcome",         # optional: this site's name for the job's label column
       "id_column": "patient_id",         # optional: this site's name for the job's id column (vertical jobs)
-      "min_category_rows": 10            # optional: schema discovery reports a category value only if at least
-    }                                    #   this many rows hold it (the job's --min-category-rows, if larger, wins)
+      "min_category_rows": 10,           # optional: schema discovery reports a category value only if at least
+                                         #   this many rows hold it (the job's --min-category-rows, if larger, wins)
+      "predict": "predict.csv",          # optional, default predict.csv: new rows for a vertical prediction run
+      "vertical_model": "vertical_passive_model.json"   # optional: this site's part of a vertical model (absolute,
+    }                                    #   or relative to data_dir; default vertical_<active|passive>_model.json)
 
 Where the executor looks, first match wins:
 1. ``$TREEFLARE_SITE_CONFIG`` (a path to such a file);
@@ -33,7 +36,9 @@ from ..data.csv_io import frame_to_table, read_raw
 SITE_CONFIG_FILE = "treeflare_site.json"
 SITE_CONFIG_ENV = "TREEFLARE_SITE_CONFIG"
 DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
-_KEYS = {"data_dir", "train", "test", "label_column", "id_column", "min_category_rows", "comment"}
+_KEYS = {"data_dir", "train", "test", "predict", "vertical_model", "label_column", "id_column", "min_category_rows",
+         "comment"}
+_FILE_KEYS = ("train", "test", "predict")
 _STRING_KEYS = _KEYS - {"comment", "min_category_rows"}
 MAX_CONFIG_BYTES = 64 * 1024
 
@@ -43,17 +48,25 @@ class SiteBinding:
     data_dir: Path
     train: str = "train.csv"
     test: str = "test.csv"
+    predict: str = "predict.csv"
+    vertical_model: str | None = None
     label_column: str | None = None
     id_column: str | None = None
     min_category_rows: int | None = None  # this site's floor for schema discovery's k
     source: str = ""  # where the binding came from (for logs and errors)
 
     def path(self, which: str) -> Path:
-        return self.data_dir / (self.train if which == "train" else self.test)
+        """The file of ``which``: "train", "test" or "predict" (new rows for a vertical prediction run)."""
+        return self.data_dir / {"train": self.train, "test": self.test, "predict": self.predict}[which]
+
+    def model_path(self, default_name: str) -> Path:
+        """This site's part of a vertical model: ``vertical_model`` (relative to data_dir), else ``default_name``
+        in data_dir."""
+        return self.data_dir / Path(self.vertical_model or default_name).expanduser()
 
     def read_raw(self, which: str, site: str, label: str | None = None, id_column: str | None = None):
-        """This site's ``which`` file ("train"/"test") as strings, with the site's own label and id column names
-        renamed to the job's (``label``/``id_column``; None keeps the site's name)."""
+        """This site's ``which`` file ("train"/"test"/"predict") as strings, with the site's own label and id column
+        names renamed to the job's (``label``/``id_column``; None keeps the site's name)."""
         path = self.path(which)
         raw = read_raw(path)
         renames = {}
@@ -117,7 +130,7 @@ def parse_binding(data: object, source: str) -> SiteBinding:
             raise DataError(f"{source}: {key!r} must be a non-empty string")
     if not data.get("data_dir"):
         raise DataError(f"{source}: 'data_dir' is required")
-    for key in ("train", "test"):
+    for key in _FILE_KEYS:
         name = data.get(key)
         if name and (Path(name).name != name):
             raise DataError(f"{source}: {key!r} must be a file name inside data_dir, got {name!r}")
@@ -126,6 +139,7 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     if not data_dir.is_absolute():
         data_dir = base / data_dir
     return SiteBinding(data_dir=data_dir, train=data.get("train") or "train.csv", test=data.get("test") or "test.csv",
+                       predict=data.get("predict") or "predict.csv", vertical_model=data.get("vertical_model"),
                        label_column=data.get("label_column"), id_column=data.get("id_column"),
                        min_category_rows=k, source=source)
 

@@ -9,7 +9,9 @@ partition of the training rows, and which nodes closed early -- a classification
 when it is pure), the number of candidates per node, which party won each split, the test rows that
 reach each passive split and that split's prediction bits, and at the end the active site's test
 metrics and operation counts -- which it writes to ``vertical_result.json`` in its run folder.
-See SECURITY.md.
+In a prediction run (``mode="predict"``) it sees the number of new rows, a digest of their ids, one digest per
+passive site of the split ids it holds, the rows that reach each passive split and that split's bits, and the
+model's fingerprint; the predictions stay at the active site.  See SECURITY.md.
 
 Every reply is checked for shape (a dict with a ``type``, from a site that was addressed);
 a site that fails, times out or sends a malformed payload ends the job with a logged reason
@@ -28,8 +30,15 @@ from .vertical_executor import MSG, STEP
 from .workflow import JobFailed, ResultWorkflow
 
 RESULT_FILE = "vertical_result.json"
-_MSG_TYPES = {"setup", "layer", "split", "predict", "finish"}
-_REPLY_TYPES = {"setup_ok", "hist", "partition", "predictions", "done"}
+_MSG_TYPES = {"setup", "layer", "split", "predict", "finish", "predict_setup"}
+_REPLY_TYPES = {"setup_ok", "hist", "partition", "predictions", "done", "predict_ok"}
+MODES = ("train", "predict")
+_RESULT_KEYS = {
+    "train": ("objective", "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
+              "n_classes", "n_trees", "n_splits"),
+    # a prediction run: the predictions stay at the active site; the server learns counts and the model's fingerprint
+    "predict": ("mode", "n_rows", "model_id", "model", "objective", "n_trees", "messages", "timings_s"),
+}
 
 
 class VerticalController(ResultWorkflow):
@@ -38,7 +47,7 @@ class VerticalController(ResultWorkflow):
 
     def __init__(self, active_site: str = "site-1", passive_sites: list | None = None, params: dict | None = None,
                  task_timeout: int = 3600, max_rounds: int = 100_000, job_info: dict | None = None,
-                 task_check_period: float = 0.02):
+                 task_check_period: float = 0.02, mode: str = "train"):
         """
         Args:
             active_site: the site with the labels and the private key.
@@ -50,6 +59,8 @@ class VerticalController(ResultWorkflow):
             job_info: facts copied into the result (dataset, ...).
             task_check_period: how often the server looks for finished tasks (the protocol is a
               long chain of short message exchanges, so poll often).
+            mode: "train", or "predict": a prediction run of a trained model, in which every site loads its own
+              model part and new rows (see ``vertical_executor``); the server routes the same way.
         """
         super().__init__(task_check_period=task_check_period)
         self.active_site = active_site
@@ -58,10 +69,13 @@ class VerticalController(ResultWorkflow):
         self.task_timeout = int(task_timeout)
         self.max_rounds = int(max_rounds)
         self.job_info = dict(job_info or {})
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
 
     def initial_result(self) -> dict:
         return {**super().initial_result(), **self.job_info, "active_site": self.active_site,
-                "passive_sites": self.passive_sites}
+                "passive_sites": self.passive_sites, "mode": self.mode}
 
     # ------------------------------------------------------------------------------
     def run_workflow(self, result, run_dir, abort_signal, fl_ctx):
@@ -78,7 +92,7 @@ class VerticalController(ResultWorkflow):
         for _round in range(self.max_rounds):
             data = {"inbox": inbox}
             if first:
-                data.update(params=self.params, passives=self.passive_sites)
+                data.update(params=self.params, passives=self.passive_sites, mode=self.mode)
             ts = time.perf_counter()
             reply = self._ask_one(STEP, self.active_site, data, abort_signal, fl_ctx)
             self._trace.append(("step", round(time.perf_counter() - ts, 3)))
@@ -87,9 +101,9 @@ class VerticalController(ResultWorkflow):
                 res = reply.get("result")
                 if not isinstance(res, dict):
                     raise JobFailed(f"{self.active_site}: final step without a result")
-                result.update({k: v for k, v in res.items() if k in (
-                    "objective", "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
-                    "n_classes", "n_trees", "n_splits")})
+                if self.mode == "predict" and not (isinstance(res.get("n_rows"), int) and res["n_rows"] >= 0):
+                    raise JobFailed(f"{self.active_site}: prediction result without a row count")
+                result.update({k: v for k, v in res.items() if k in _RESULT_KEYS[self.mode]})
                 result["server_protocol_s"] = time.perf_counter() - t0
                 result["messages_routed"] = routed
                 return

@@ -8,9 +8,15 @@
 Data are read against the job's schema from the site's own binding (``local/treeflare_site.json``,
 ``$TREEFLARE_DATA_ROOT``; see ``site_config``), else from ``<data_root>/<site>/{train,test}.csv``; without a
 schema in the job, from ``<data_root>`` as a federation folder with its ``partition.json``.  Each site writes
-its own model file into its run folder.  What leaves a site (and so what the server sees): from the active
-site, the public key,
-ciphertexts, slot layouts, the row-to-node assignment of every layer, candidate ids, and the test
+its own model file into its run folder (with the schema of its own columns).
+
+A prediction run (the controller's ``mode="predict"``) trains nothing: each site loads its own model part and its
+new rows from its binding (``vertical_model``, ``predict``: by default ``vertical_<role>_model.json`` and
+``predict.csv`` in its data folder) and runs :mod:`treeflare.vertical.prediction`; the active site writes
+``vertical_predictions.csv`` into its run folder and the server gets counts and the model's fingerprint.
+
+What leaves a site in training (and so what the server sees): from the active site, the public key, ciphertexts,
+slot layouts, the row-to-node assignment of every layer, candidate ids, and the test
 rows that reach each passive split; from a passive site, ciphertexts, candidate ids, partitions of
 node rows and prediction bits for those test rows; and, from the active site at the end, the test
 metrics and operation counts.  See SECURITY.md.
@@ -33,12 +39,16 @@ from nvflare.apis.shareable import Shareable, make_reply
 import numpy as np
 
 from ..data import DataError, Schema, read_site
+from ..data.csv_io import party_rows_table
 from ..data.errors import public_error
-from ..reporting import write_json_atomic
+from ..reporting import write_json_atomic, write_text_atomic
 from ..vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
                         metrics)
+from ..vertical.model_parts import ACTIVE_MODEL, PASSIVE_MODEL
 from ..vertical.packing import SlotOverflowError
-from ..vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_TREES
+from ..vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
+from ..vertical.prediction import (ActivePredictor, ModelPartError, PassivePredictor, check_active_model,
+                                   check_passive_model, model_id, predictions_frame)
 from .site_config import load_binding
 
 STEP, MSG = "vertical_step", "vertical_msg"
@@ -47,8 +57,10 @@ MIN_KEY_BITS_ENV = "TREEFLARE_VERTICAL_MIN_KEY_BITS"
 MIN_NODE_ROWS_ENV = "TREEFLARE_VERTICAL_MIN_NODE_ROWS"
 MAX_TREES_ENV = "TREEFLARE_VERTICAL_MAX_TREES"
 MAX_DEPTH_ENV = "TREEFLARE_VERTICAL_MAX_DEPTH"
-ACTIVE_MODEL, PASSIVE_MODEL, ACTIVE_PRED = ("vertical_active_model.json", "vertical_passive_model.json",
-                                            "vertical_active_predictions.json")
+MAX_PREDICT_ROWS_ENV = "TREEFLARE_VERTICAL_MAX_PREDICT_ROWS"
+ACTIVE_PRED = "vertical_active_predictions.json"
+PREDICTIONS = "vertical_predictions.csv"    # a prediction run's output, at the active site only
+MAX_MODEL_BYTES = 512 * 1024 * 1024
 
 
 _WIRE_DTYPES = {"uint8", "int32", "int64", "float64"}
@@ -113,7 +125,8 @@ def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=N
 class VerticalExecutor(Executor):
     def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
                  allow_mock: bool = False, min_node_rows: int = DEFAULT_MIN_ROWS_NODE,
-                 max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH, schema: dict | None = None):
+                 max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH, schema: dict | None = None,
+                 max_predict_rows: int = MAX_PREDICT_ROWS):
         """
         Args:
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
@@ -126,6 +139,8 @@ class VerticalExecutor(Executor):
               answers for a smaller node (``$TREEFLARE_VERTICAL_MIN_NODE_ROWS``).
             max_trees, max_depth: the largest model a passive site takes part in
               (``$TREEFLARE_VERTICAL_MAX_TREES``, ``$TREEFLARE_VERTICAL_MAX_DEPTH``).
+            max_predict_rows: the most rows a passive site answers prediction requests about in one run, test rows
+              of a training run or new rows of a prediction run (``$TREEFLARE_VERTICAL_MAX_PREDICT_ROWS``).
         """
         super().__init__()
         self.data_root = data_root
@@ -135,10 +150,12 @@ class VerticalExecutor(Executor):
         self.min_node_rows = int(min_node_rows)
         self.max_trees = int(max_trees)
         self.max_depth = int(max_depth)
+        self.max_predict_rows = int(max_predict_rows)
         self.schema = schema
-        self.active: ActiveParty | None = None
-        self.passive: PassiveParty | None = None
+        self.active: ActiveParty | ActivePredictor | None = None
+        self.passive: PassiveParty | PassivePredictor | None = None
         self.active_test_y = None
+        self.own_schema: Schema | None = None   # this party's columns (training), or its model part's (prediction)
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
         site = fl_ctx.get_identity_name()
@@ -154,7 +171,7 @@ class VerticalExecutor(Executor):
             self.log_debug(fl_ctx, traceback.format_exc())
             self._close()
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
-            reply["error"] = public_error(exc, passthrough=(ProtocolError, SlotOverflowError))
+            reply["error"] = public_error(exc, passthrough=(ProtocolError, SlotOverflowError, ModelPartError))
             return reply
 
     def _close(self) -> None:
@@ -171,17 +188,22 @@ class VerticalExecutor(Executor):
     def _step(self, site, task: Shareable, fl_ctx) -> Shareable:
         inbox = from_wire(task.get("inbox"))
         if self.active is None:
-            params = VerticalParams.from_dict(dict(task["params"]))
-            if self.workers:
-                params.workers = self.workers
-            passives = [str(p) for p in task["passives"]]
-            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
-            X, names, _ = train.codes()
-            Xt, _, _ = test.codes()
-            y, self.active_test_y, n_classes = labels_for(params, train, test)
-            self.active = ActiveParty(site, X, y, Xt, names, n_classes, passives,
-                                      params, ids_train=list(map(str, train.ids)),
-                                      ids_test=list(map(str, test.ids)))
+            if task.get("mode") == "predict":
+                model, X, ids = self._prediction_part(site, fl_ctx, ACTIVE_MODEL, check_active_model)
+                self.active = ActivePredictor(site, model, X, ids)
+            else:
+                params = VerticalParams.from_dict(dict(task["params"]))
+                if self.workers:
+                    params.workers = self.workers
+                passives = [str(p) for p in task["passives"]]
+                train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
+                X, names, _ = train.codes()
+                Xt, _, _ = test.codes()
+                y, self.active_test_y, n_classes = labels_for(params, train, test)
+                self.own_schema = train.schema
+                self.active = ActiveParty(site, X, y, Xt, names, n_classes, passives,
+                                          params, ids_train=list(map(str, train.ids)),
+                                          ids_test=list(map(str, test.ids)))
             inbox = None
         elif not isinstance(inbox, dict):
             raise ProtocolError("step without an inbox")
@@ -191,12 +213,17 @@ class VerticalExecutor(Executor):
             reply["outbox"] = to_wire(out)
             reply["done"] = False
             return reply
+        reply["done"] = True
+        if isinstance(self.active, ActivePredictor):
+            reply["result"] = to_wire(self._predictions_done(self.active, fl_ctx))
+            self.active = None
+            return reply
         a = self.active
         run_dir = self._run_dir(fl_ctx)
-        write_json_atomic(run_dir / ACTIVE_MODEL, a.model())
+        # the party's own columns' schema travels with its model part: a prediction run reads new rows with it
+        write_json_atomic(run_dir / ACTIVE_MODEL, {**a.model(), "schema": self.own_schema.to_dict()})
         write_json_atomic(run_dir / ACTIVE_PRED, {"pred": a.test_pred, "score": a.test_score,
                                                   "ids": a.ids_test})
-        reply["done"] = True
         reply["result"] = to_wire({
             "objective": a.objective.name if a.objective else None,
             "global": metrics(self.active_test_y, a.test_pred, a.test_score, a.n_classes,
@@ -214,32 +241,86 @@ class VerticalExecutor(Executor):
         self.active = None
         return reply
 
+    # ------------------------------------------------------------------ prediction runs
+    def _prediction_part(self, site, fl_ctx, default_name, check):
+        """(model part, features, ids) of this site for a prediction run: its model part and its new rows, both
+        from its own binding (``vertical_model``, ``predict``; see site_config). Nothing of either is sent."""
+        binding = load_binding(site, fl_ctx, self.data_root)
+        path = binding.model_path(default_name)
+        if not path.is_file():
+            raise DataError(f"{site}: {path}: this site's part of the vertical model not found (put the training "
+                            f"run's {default_name} there, or name it with 'vertical_model' in the site's binding)",
+                            site=site, file=path, problem="this site's part of the vertical model not found")
+        if path.stat().st_size > MAX_MODEL_BYTES:
+            raise DataError(f"{site}: {path}: larger than {MAX_MODEL_BYTES} bytes", site=site, file=path,
+                            problem="this site's model part is too large")
+        try:
+            model = check(json.loads(path.read_text()), site)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{site}: {path}: not valid JSON ({exc})", site=site, file=path,
+                            problem="this site's model part is not valid JSON") from None
+        if not isinstance(model.get("schema"), dict):
+            raise ModelPartError(f"{default_name} holds no schema of this party's columns (written by an older "
+                                 "version): train again to predict with it")
+        schema = Schema.from_dict(model["schema"])
+        if schema.feature_names != model["features"]:
+            raise ModelPartError(f"{default_name}: its schema's columns differ from its features")
+        raw = binding.read_raw("predict", site, None, schema.id_column)   # new rows need no label
+        rows = party_rows_table(raw, schema, file=os.fspath(binding.path("predict")), site=site, name=site)
+        self.own_schema = schema
+        X, _, _ = rows.codes()
+        return model, X, list(map(str, rows.ids))
+
+    def _predictions_done(self, a: ActivePredictor, fl_ctx) -> dict:
+        """Write the predictions into this site's run folder; the server gets counts and the model's fingerprint
+        only, never a prediction."""
+        frame = predictions_frame(a.row_ids, self.own_schema.id_column, a.pred, a.score, a.model,
+                                  self.own_schema.classes)
+        write_text_atomic(self._run_dir(fl_ctx) / PREDICTIONS, frame.to_csv(index=False))
+        m = a.model
+        return {"mode": "predict", "n_rows": int(a.n), "model_id": model_id(m), "model": m["model"],
+                "objective": m.get("objective") if m["model"] == "gbdt" else None, "n_trees": len(a.trees),
+                "passive_sites": list(a.passives), "messages": int(a.comm["messages_to_passive"]
+                                                                    + a.comm["messages_to_active"]),
+                "timings_s": {k: float(v) for k, v in a.timings.items()}}
+
     # ------------------------------------------------------------------ passive site
+    def _policy(self) -> PassivePolicy:
+        """This site's limits: its environment overrides the job's executor arguments."""
+        return PassivePolicy(min_key_bits=int(os.environ.get(MIN_KEY_BITS_ENV) or self.min_key_bits),
+                             min_rows_node=int(os.environ.get(MIN_NODE_ROWS_ENV) or self.min_node_rows),
+                             max_trees=int(os.environ.get(MAX_TREES_ENV) or self.max_trees),
+                             max_depth=int(os.environ.get(MAX_DEPTH_ENV) or self.max_depth),
+                             max_predict_rows=int(os.environ.get(MAX_PREDICT_ROWS_ENV) or self.max_predict_rows),
+                             allow_mock=self.allow_mock)
+
     def _msg(self, site, task: Shareable, fl_ctx) -> Shareable:
         msg = from_wire(task.get("msg"))
         if not isinstance(msg, dict):
             raise ProtocolError("message is not a dict")
+        if msg.get("type") in ("setup", "predict_setup") and self.passive is not None:
+            self.passive.close()
+            self.passive = None
         if msg.get("type") == "setup":
             train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
             if train.y is not None:
                 raise ProtocolError(f"{site} holds labels: it is the active site, not a passive one")
             X, names, _ = train.codes()
             Xt, _, _ = test.codes()
-            if self.passive is not None:
-                self.passive.close()
-            policy = PassivePolicy(min_key_bits=int(os.environ.get(MIN_KEY_BITS_ENV) or self.min_key_bits),
-                                   min_rows_node=int(os.environ.get(MIN_NODE_ROWS_ENV) or self.min_node_rows),
-                                   max_trees=int(os.environ.get(MAX_TREES_ENV) or self.max_trees),
-                                   max_depth=int(os.environ.get(MAX_DEPTH_ENV) or self.max_depth),
-                                   allow_mock=self.allow_mock)
+            self.own_schema = train.schema
             self.passive = PassiveParty(site, X, Xt, names, ids_train=list(map(str, train.ids)),
                                         ids_test=list(map(str, test.ids)), workers=self.workers or os.cpu_count(),
-                                        policy=policy)
+                                        policy=self._policy())
+        elif msg.get("type") == "predict_setup":
+            model, X, ids = self._prediction_part(site, fl_ctx, PASSIVE_MODEL, check_passive_model)
+            self.passive = PassivePredictor(site, model, X, ids, policy=self._policy())
         if self.passive is None:
             raise ProtocolError("message before setup")
         out = self.passive.handle(msg)
         if msg.get("type") == "finish":
-            write_json_atomic(self._run_dir(fl_ctx) / PASSIVE_MODEL, self.passive.model())
+            if isinstance(self.passive, PassiveParty):
+                write_json_atomic(self._run_dir(fl_ctx) / PASSIVE_MODEL,
+                                  {**self.passive.model(), "schema": self.own_schema.to_dict()})
             self.passive = None
         reply = make_reply(ReturnCode.OK)
         reply["msg"] = to_wire(out)
@@ -263,4 +344,4 @@ def load_json(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-__all__ = ["VerticalExecutor", "STEP", "MSG", "ACTIVE_MODEL", "PASSIVE_MODEL", "ACTIVE_PRED"]
+__all__ = ["VerticalExecutor", "STEP", "MSG", "ACTIVE_MODEL", "PASSIVE_MODEL", "ACTIVE_PRED", "PREDICTIONS"]

@@ -7,10 +7,11 @@ from .objectives import OBJECTIVES
 from .packing import SlotLayout, SlotOverflowError, required_width
 from .params import VerticalParams
 from .passive import PassiveParty, PassivePolicy
+from .prediction import ActivePredictor, PassivePredictor, run_prediction
 
 __all__ = [
     "VerticalData", "canonical", "close_parties", "compare_runs", "crypto_report", "joint_model",
     "make_parties", "metrics", "run_oracle", "run_protocol", "run_vertical", "synthetic", "ProtocolError",
     "OBJECTIVES", "SlotLayout", "SlotOverflowError", "required_width", "VerticalParams", "ActiveParty",
-    "PassiveParty", "PassivePolicy", "route",
+    "PassiveParty", "PassivePolicy", "route", "ActivePredictor", "PassivePredictor", "run_prediction",
 ]

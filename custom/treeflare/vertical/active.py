@@ -13,7 +13,8 @@ ids; the active party checks their number against what the passive declared at s
 candidates (:func:`.gains.select`), and asks the winning passive party, by id only, for the
 left/right partition (when several of its candidates tie, it sends all of them and the passive
 picks the first by feature and bin, as the oracle does).  Prediction goes layer by layer: each
-passive split is asked only about the test rows that reach it.
+passive split is asked only about the test rows that reach it (:mod:`.inference`, the code path prediction-only
+runs share).
 
 (Over 400 lines: the active side is one generator whose phases -- setup, layers, decoding, split search,
 partitions, prediction -- share its state; splitting it would pass that state around instead.)
@@ -29,8 +30,9 @@ from ..crypto import CiphertextError, KeyHolder, make_key_holder
 from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan, unpack_fields
 from ..crypto.workers import WorkerError
 from .gains import make_criterion, select
-from .messages import (PROTOCOL_VERSION, ProtocolError, check_split_id, ids_digest, int_array, int_list,
-                       message_stats, require)
+from .inference import leaf_outputs, route_layers
+from .messages import (PROTOCOL_VERSION, ProtocolError, check_split_id, expect_reply, ids_digest, int_array,
+                       int_list, message_stats, require)
 from .objectives import make_objective, tree_channels
 from .params import VerticalParams
 from .quantize import apply_bins, fit_bins
@@ -128,17 +130,6 @@ class ActiveParty:
         if self.kh is not None:
             self.kh.close()
 
-    def _reply(self, replies, p, kind):
-        if not isinstance(replies, dict) or p not in replies:
-            raise ProtocolError(f"no reply from {p}")
-        r = replies[p]
-        if not isinstance(r, dict) or r.get("type") != kind:
-            got = r.get("type") if isinstance(r, dict) else type(r).__name__
-            detail = r.get("error") if isinstance(r, dict) else None
-            raise ProtocolError(f"{p}: expected a {kind!r} reply, got {got!r}"
-                                + (f" ({detail})" if detail else ""))
-        return r
-
     # ---------------------------------------------------------------- protocol
     def _protocol(self):
         P = self.params
@@ -156,7 +147,7 @@ class ActiveParty:
                  "hist_subtraction": bool(P.hist_subtraction)}
         replies = yield {p: dict(setup) for p in self.passives}
         for p in self.passives:
-            r = self._reply(replies, p, "setup_ok")
+            r = expect_reply(replies, p, "setup_ok")
             nf = require(r, "n_features", int)
             if not 0 <= nf <= _MAX_DECLARED_FEATURES:
                 raise ProtocolError(f"{p}: declares {nf} features (at most {_MAX_DECLARED_FEATURES})")
@@ -183,7 +174,7 @@ class ActiveParty:
             yield from self._predict()
         replies = yield {p: {"type": "finish"} for p in self.passives}
         for p in self.passives:
-            r = self._reply(replies, p, "done")
+            r = expect_reply(replies, p, "done")
             self.passive_stats[p] = r.get("stats", {})
         self.close()
 
@@ -295,7 +286,7 @@ class ActiveParty:
         jobs, raws = [], []
         with _Timer(self.timings, "deserialize"):
             for p in self.passives:
-                r = self._reply(replies, p, "hist")
+                r = expect_reply(replies, p, "hist")
                 nodes = require(r, "nodes", list)
                 if sorted(require(nd, "nid", int) for nd in nodes) != sorted(open_):
                     raise ProtocolError(f"{p}: histogram reply does not cover the open nodes")
@@ -391,7 +382,7 @@ class ActiveParty:
         masks = {}
         with _Timer(self.timings, "partition"):
             for p, entries in req.items():
-                r = self._reply(replies, p, "partition")
+                r = expect_reply(replies, p, "partition")
                 chosen = require(r, "ids", list)
                 sizes = int_list(r, "sizes", 0, self.n)
                 left = int_array(r, "left", None, 0, 1)
@@ -417,69 +408,10 @@ class ActiveParty:
 
     # ---------------------------------------------------------------- prediction
     def _predict(self):
-        """Layer by layer over all trees: a passive split is asked only about the test rows that reach it."""
-        nt = len(self.X_test)
-        by_tree = [{nd["nid"]: nd for nd in tree["nodes"]} for tree in self.trees]
-        cur = [np.zeros(nt, dtype=np.int64) for _ in self.trees]
-        depth_max = max((nd["depth"] for tree in self.trees for nd in tree["nodes"]), default=0)
-        for depth in range(depth_max + 1):
-            asks = defaultdict(list)      # passive -> [(tree, node, split id, rows)]
-            for t, nodes in enumerate(by_tree):
-                for nid, nd in nodes.items():
-                    if nd["depth"] != depth or nd["leaf"] or nd["owner"] == self.name:
-                        continue
-                    rows = np.flatnonzero(cur[t] == nid)
-                    if rows.size:
-                        asks[nd["owner"]].append((t, nid, nd["split_id"], rows))
-            decisions = {}
-            if asks:
-                replies = yield {p: {"type": "predict", "depth": depth,
-                                     "nodes": [{"id": sid, "rows": rows.astype(np.int32)}
-                                               for _t, _n, sid, rows in v]}
-                                 for p, v in asks.items()}
-                for p, v in asks.items():
-                    r = self._reply(replies, p, "predictions")
-                    got = require(r, "nodes", list)
-                    if len(got) != len(v):
-                        raise ProtocolError(f"{p}: prediction reply does not match the request")
-                    for (t, nid, sid, rows), g in zip(v, got):
-                        if require(g, "id", str) != sid:
-                            raise ProtocolError(f"{p}: prediction reply does not match the request")
-                        bits = int_array(g, "bits", (rows.size + 7) // 8, 0, 255).astype(np.uint8)
-                        decisions[(t, nid)] = np.unpackbits(bits)[:rows.size].astype(bool)
-            for t, nodes in enumerate(by_tree):
-                for nid, nd in nodes.items():
-                    if nd["depth"] != depth or nd["leaf"]:
-                        continue
-                    rows = np.flatnonzero(cur[t] == nid)
-                    if not rows.size:
-                        continue
-                    if nd["owner"] == self.name:
-                        with np.errstate(invalid="ignore"):
-                            go = self.X_test[rows, nd["feature_index"]] <= nd["threshold"]
-                    else:
-                        go = decisions[(t, nid)]
-                    cur[t][rows] = np.where(go, nd["left"], nd["right"])
-        self._finish_predictions(cur)
-
-    def _finish_predictions(self, leaves):
-        nt = len(self.X_test)
-        if self.objective is not None:
-            F = np.tile(np.asarray(self.base_score, dtype=np.float64).reshape(-1), (nt, 1))
-            for tree, leaf in zip(self.trees, leaves):
-                vals = {nd["nid"]: nd["value"] for nd in tree["nodes"] if nd["leaf"]}
-                if nt:
-                    F += np.array([np.asarray(vals[int(v)], dtype=np.float64).reshape(-1) for v in leaf])
-            self.test_pred, self.test_score = self.objective.transform(F)
-        else:
-            tree = self.trees[0]
-            counts = {nd["nid"]: nd["value"] for nd in tree["nodes"] if nd["leaf"]}
-            prob = np.zeros((nt, self.n_classes))
-            for i, nid in enumerate(leaves[0]):
-                c = np.asarray(counts[int(nid)], dtype=np.float64)
-                prob[i] = c / c.sum()
-            self.test_score = prob
-            self.test_pred = np.array([int(np.argmax(counts[int(nid)])) for nid in leaves[0]], dtype=np.int64)
+        """The test rows through the trees, layer by layer (:mod:`.inference`, shared with prediction-only runs)."""
+        leaves = yield from route_layers(self.trees, self.X_test, self.name)
+        self.test_pred, self.test_score = leaf_outputs(self.trees, leaves, self.objective, self.base_score,
+                                                       self.n_classes)
 
     # ---------------------------------------------------------------- outputs
     def model(self) -> dict:

@@ -43,6 +43,18 @@ def require(msg, key, types):
     return v
 
 
+def expect_reply(replies, party, kind) -> dict:
+    """The reply of ``party`` in ``replies``, which must be a message of type ``kind``."""
+    if not isinstance(replies, dict) or party not in replies:
+        raise ProtocolError(f"no reply from {party}")
+    r = replies[party]
+    if not isinstance(r, dict) or r.get("type") != kind:
+        got = r.get("type") if isinstance(r, dict) else type(r).__name__
+        detail = r.get("error") if isinstance(r, dict) else None
+        raise ProtocolError(f"{party}: expected a {kind!r} reply, got {got!r}" + (f" ({detail})" if detail else ""))
+    return r
+
+
 def int_array(msg, key, length=None, lo=None, hi=None) -> np.ndarray:
     a = require(msg, key, np.ndarray)
     if a.dtype.kind not in "iu" or a.ndim != 1:

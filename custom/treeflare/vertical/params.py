@@ -10,6 +10,7 @@ from .objectives import OBJECTIVES
 MAX_TREES = 1000
 MAX_DEPTH = 16
 DEFAULT_MIN_ROWS_NODE = 10
+MAX_PREDICT_ROWS = 1_000_000   # a passive site's default cap on the rows it answers prediction requests about
 
 
 @dataclass

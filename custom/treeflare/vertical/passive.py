@@ -11,8 +11,9 @@ key size) and against what this party saw and answered before:
   this party made is followed exactly;
 * an open node with fewer rows than the agreed minimum gets no answer at all (the request fails);
 * one split request per layer, for candidates of this layer only; prediction requests (after which no
-  training request is answered) only for trained splits, once each, with the test rows that reach the node (checked against this party's
-  own earlier answers where it owns the parent split).
+  training request is answered) only for trained splits, once each, with the test rows that reach the node
+  (checked against this party's own earlier answers where it owns the parent split: :mod:`.inference`), and
+  about at most ``PassivePolicy.max_predict_rows`` test rows.
 
 Candidates are shuffled before compression (their order would reveal feature boundaries), carry
 fresh random ids, and thresholds never leave this party.  These checks narrow what a malicious
@@ -35,8 +36,9 @@ from ..crypto import CiphertextError, public_from_message
 from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan
 from ..crypto.workers import WorkerError
 from .histo import HistEngine
+from .inference import PredictionAnswers
 from .messages import PROTOCOL_VERSION, ProtocolError, check_split_id, ids_digest, int_array, int_list, require
-from .params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_TREES
+from .params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
 from .quantize import apply_bins, fit_bins
 
 _MAX_CHANNELS = 4096
@@ -52,6 +54,7 @@ class PassivePolicy:
     max_trees: int = MAX_TREES
     max_depth: int = MAX_DEPTH
     allow_mock: bool = False
+    max_predict_rows: int = MAX_PREDICT_ROWS     # rows this site answers prediction requests about, per run
 
 
 class PassiveParty:
@@ -84,7 +87,7 @@ class PassiveParty:
         self._own: dict = {}          # node -> left mask of the split this party made in the previous layer
         self._split_done = True
         self._predicting = False
-        self._answered: dict = {}     # (tree, node) -> (test rows, left mask) of answered prediction requests
+        self._answers: PredictionAnswers | None = None    # the checked answers to prediction requests
         self.timings = defaultdict(float)
         self.ops = Counter()
 
@@ -122,6 +125,9 @@ class PassiveParty:
             raise ProtocolError(f"key of {pub.key_bits} bits is above this site's maximum {self.policy.max_key_bits}")
         if require(msg, "n_train", int) != self.n or require(msg, "n_test", int) != self.n_test:
             raise ProtocolError("row counts differ from the active party's")
+        if self.n_test > self.policy.max_predict_rows:
+            raise ProtocolError(f"{self.n_test} test rows; this site answers prediction requests about at most "
+                                f"{self.policy.max_predict_rows} rows per run")
         if require(msg, "ids_train", str) != ids_digest(self.ids_train) or \
                 require(msg, "ids_test", str) != ids_digest(self.ids_test):
             raise ProtocolError("sample ids are not aligned with the active party's")
@@ -400,52 +406,13 @@ class PassiveParty:
     # ------------------------------------------------------------------------------- prediction
     def _predict(self, msg):
         # prediction ends training: no layer request is answered after it (see _check_layer)
-        depth = require(msg, "depth", int)
-        nodes = require(msg, "nodes", list)
-        if not nodes:
-            raise ProtocolError("prediction request without nodes")
         self._predicting = True
+        if self._answers is None:
+            self._answers = PredictionAnswers(self.splits, self.X_test)
         t0 = time.perf_counter()
-        seen = set()
-        per_tree = defaultdict(list)
-        todo = []
-        for entry in nodes:
-            sid = check_split_id(require(entry, "id", str))
-            if sid not in self.splits:
-                raise ProtocolError(f"unknown split id {sid!r}")
-            s = self.splits[sid]
-            key = (s["tree"], s["node"])
-            if key in self._answered or sid in seen:
-                raise ProtocolError(f"split {sid} was already asked for")
-            seen.add(sid)
-            if s["depth"] != depth:
-                raise ProtocolError(f"split {sid} is not at depth {depth}")
-            rows = int_array(entry, "rows", None, 0, self.n_test - 1)
-            if rows.size == 0 or np.unique(rows).size != rows.size:
-                raise ProtocolError(f"split {sid}: test rows empty or repeated")
-            par = (s["node"] - 1) // 2
-            if s["node"] == 0:
-                if rows.size != self.n_test:
-                    raise ProtocolError("every test row reaches the root")
-            elif (s["tree"], par) in self._answered:
-                prow, pleft = self._answered[(s["tree"], par)]
-                expect = prow[pleft] if s["node"] == 2 * par + 1 else prow[~pleft]
-                if not np.array_equal(np.sort(rows), np.sort(expect)):
-                    raise ProtocolError(f"split {sid}: rows differ from those this party sent down from node {par}")
-            per_tree[s["tree"]].append(rows)
-            todo.append((sid, key, rows, s))
-        for tree, lists in per_tree.items():
-            allr = np.concatenate(lists)
-            if np.unique(allr).size != allr.size:
-                raise ProtocolError(f"tree {tree}: a test row asked for at two nodes of one depth")
-        out = []
-        for sid, key, rows, s in todo:
-            with np.errstate(invalid="ignore"):
-                go = self.X_test[rows, s["feature_index"]] <= s["threshold"]
-            self._answered[key] = (rows, go)
-            out.append({"id": sid, "bits": np.packbits(go.astype(np.uint8))})
+        out = self._answers.answer(msg)
         self.timings["predict"] += time.perf_counter() - t0
-        return {"type": "predictions", "nodes": out}
+        return out
 
     def _finish(self, msg):
         self._grad = None
