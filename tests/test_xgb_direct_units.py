@@ -266,3 +266,48 @@ def test_federated_baseline_leaves_no_listener_or_process(tmp_path):
     assert not left, f"processes left: {[p.cmdline() for p in left]}"
     mine = {me.pid, *(p.pid for p in me.children(recursive=True))}
     assert _listening_ports(mine) <= before_ports, "a listener outlived the federated baseline"
+
+
+def test_metrics_are_written_off_the_boosting_loop_in_order_and_all_before_close():
+    """The direct executor's metrics callback queues each round and a thread writes it: every round reaches the
+    writer, in order, by close(); a writer that fails never fails training; no thread is left behind."""
+    import threading
+
+    import numpy as np
+    import xgboost as xgb
+    from nvflare.app_common.tracking.log_writer import LogWriter
+    from nvflare.apis.analytix import AnalyticsDataType, LogWriterName
+
+    from treeflare.flare.xgb_direct_executor import queued_metrics_callback
+
+    class Recorder(LogWriter):
+        def __init__(self, fail_at=None):
+            super().__init__()
+            self.rows, self.fail_at, self.threads = [], fail_at, set()
+
+        def get_writer_name(self):
+            return LogWriterName.TORCH_TB
+
+        def write(self, tag, value, data_type, global_step=None, **kwargs):
+            self.threads.add(threading.current_thread().name)
+            if global_step == self.fail_at:
+                raise RuntimeError("writer down")
+            self.rows.append((global_step, tag, dict(value), data_type))
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(400, 4)), rng.integers(0, 2, 400)
+    dtrain, dvalid = xgb.DMatrix(X[:300], y[:300]), xgb.DMatrix(X[300:], y[300:])
+    for fail_at in (None, 3):
+        writer = Recorder(fail_at)
+        cb = queued_metrics_callback(writer)
+        evals = {}
+        xgb.train({"objective": "binary:logistic", "eval_metric": "auc", "nthread": 1}, dtrain, 6,
+                  evals=[(dvalid, "eval"), (dtrain, "train")], evals_result=evals, callbacks=[cb], verbose_eval=False)
+        cb.close()
+        expected = [(r, f"{d}_metrics", {"auc": evals[d]["auc"][r]}, AnalyticsDataType.METRICS)
+                    for r in range(6) if r != fail_at for d in ("eval", "train")]
+        assert writer.rows == expected
+        assert writer.threads == {"xgb_metrics_writer"}  # never on the training thread
+        assert not cb._thread.is_alive()
+    with pytest.raises(ProtocolError, match="LogWriter"):
+        queued_metrics_callback(object())

@@ -156,8 +156,8 @@ def data_loader(folder: str, schema, args, vertical: bool):
 
 def build_direct_job(folder: str, schema, params: dict, args, sites: list[str]):
     """Our XGBDirectController on the server (starts and stops XGBoost's federated server) and XGBDirectExecutor on
-    every site, with NVFlare's TensorBoard relay for per-round metrics (the same tb_events/ as the flare
-    transport)."""
+    every site, with NVFlare's TensorBoard relay for per-round metrics (tb_events/, as in the flare transport;
+    rank 0 streams them, the values being the same on every rank)."""
     from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
     from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
     from nvflare.app_opt.tracking.tb.tb_writer import TBWriter
