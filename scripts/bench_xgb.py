@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark the federated XGBoost job's transports against XGBoost's own distributed training.
 
-    flock /tmp/treeflare-flare.lock .venv/bin/python scripts/bench_xgb.py --repeats 3          # as in the README
+    .venv/bin/python scripts/bench_xgb.py --repeats 3          # as in the README (takes the FLARE lock itself)
     .venv/bin/python scripts/bench_xgb.py --workloads adult --modes horizontal --repeats 1 --rounds 5   # quick
 
 Arms, interleaved within every repeat, on the same federation folder and parameters (3 sites, one thread each):
