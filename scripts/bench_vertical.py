@@ -20,6 +20,9 @@ Times are medians over ``--repeats`` interleaved runs.  Default randomness: ``fu
 
     flock /tmp/treeflare-bench.lock python scripts/bench_vertical.py            # everything (~25 min idle)
     python scripts/bench_vertical.py --quick                                   # small data, 1 repeat
+
+(Over 400 lines: every arm the README quotes is run by this one script, so one command reproduces every
+figure; the protocol code it measures is in ``treeflare.vertical``.)
 """
 from __future__ import annotations
 

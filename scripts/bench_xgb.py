@@ -18,6 +18,9 @@ direct*), or last site done loading data to model saved (flare). ``wall_s`` is t
 data loading, shutdown). Ratios to native are taken within each repeat, then the median over repeats is quoted.
 One POC is started for the TLS arms (its own HOME and workspace, a free port) and always stopped; it idles
 during the other arms. Results: scripts/results/xgb_bench.{md,csv,json}, and the README block ``bench:xgb``.
+
+(Over 400 lines: every arm, the POC for the TLS arms, the per-exchange profile and the README writer of one
+benchmark, kept in one script so one command reproduces the table.)
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ system); then score the global model on the server's test set, compute the centr
 distributed baselines, and write report.json, model.json (with the training schema inside, for
 scripts/predict.py) and tb_events/. While FLARE runs, one progress line per boosting round (rank 0's eval metric,
 elapsed time, an estimate of what is left) is printed on a terminal (--progress: always; --quiet: never).
+
+(Over 400 lines: one script for both transports and both split modes, as the design card asks for one job
+script per job; the FLARE components it wires live in ``treeflare.flare``.)
 """
 
 from __future__ import annotations

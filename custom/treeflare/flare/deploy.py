@@ -9,6 +9,9 @@ NVFlare configuration is read or changed, and ``stop`` always ends every process
     poc.prepare(["site-1", "site-2", "site-3"]); poc.start()
     outcome = submit_and_collect(poc.admin_kit, job_dir, out_dir, site_dirs=poc.site_dirs())
     poc.stop()
+
+(Over 400 lines: POC, admin-kit submission and result collection share the process-group and lock
+handling that makes sure nothing outlives a run; splitting them would duplicate it.)
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ train -> every tree to every site -> peer scores -> filter -> aggregate (the pap
 Each reply is validated against the server's own schema; a site whose reply is missing or invalid is dropped
 with its reason, and the job goes on while at least ``min_clients`` sites remain. A refinement round that
 cannot complete (the key holder gone, inconsistent sums) keeps the tree of the round before, with the reason.
+
+(Over 400 lines: one workflow's phases share the reply checks and the drop-a-site bookkeeping; the
+algorithms themselves live in the pure ``icdta4fl`` modules.)
 """
 
 from __future__ import annotations
