@@ -162,14 +162,7 @@ def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Pa
         (tmp / "partition.json").write_text(json.dumps(fed.summary, indent=2))
         (tmp / MARKER).write_text(json.dumps({"written_by": "treeflare write_federation", "files": written},
                                              indent=1))
-        if out.exists():
-            old = _fresh_sibling(out, "old")
-            old.rmdir()
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -194,17 +187,22 @@ def write_marked_folder(out_dir, files: dict[str, str], *, written_by: str) -> P
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_text(text)
         (tmp / MARKER).write_text(json.dumps({"written_by": written_by, "files": sorted(files)}, indent=1))
-        if out.exists():
-            old = _fresh_sibling(out, "old")
-            old.rmdir()
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Put the finished folder ``tmp`` in place of ``out`` by renames (the old one is removed only after)."""
+    if out.exists():
+        old = _fresh_sibling(out, "old")
+        old.rmdir()
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
 
 
 def foreign_entries(folder: Path) -> list[str] | None:
