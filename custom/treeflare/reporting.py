@@ -53,18 +53,7 @@ def json_safe(obj):
 
 def write_json_atomic(path, obj, indent: int = 2) -> Path:
     """Write JSON next to its destination, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(json_safe(obj), fh, indent=indent, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_text_atomic(path, json.dumps(json_safe(obj), indent=indent, allow_nan=False) + "\n")
 
 
 def write_text_atomic(path, text: str) -> Path:

@@ -58,23 +58,13 @@ def attach_schema(booster, schema: Schema, mode: str = "horizontal", ranks: dict
 
 def save_with_schema(src, dst, schema: Schema, mode: str = "horizontal", ranks: dict | None = None) -> Path:
     """Copy the model file ``src`` to ``dst`` (JSON) with the schema attached; written whole or not at all."""
-    import os
-    import tempfile
-
     import xgboost as xgb
+
+    from ..reporting import write_text_atomic
 
     booster = xgb.Booster(model_file=str(src))
     attach_schema(booster, schema, mode, ranks)
-    dst = Path(dst)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".json", dir=dst.parent)  # .json: XGBoost's format
-    os.close(fd)
-    try:
-        booster.save_model(tmp)
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dst
+    return write_text_atomic(dst, bytes(booster.save_raw("json")).decode())
 
 
 def read_info(booster, where: str = "model") -> dict | None:
