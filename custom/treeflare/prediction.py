@@ -28,6 +28,26 @@ EXPLANATION = "explanation"
 ONE_LEAF = "(no conditions: the tree is a single leaf)"
 
 
+class ClassCodesClassifier:
+    """``predict`` and ``score`` of the project's estimators (``GlobalTree``, ``XGBModel``), from their
+    ``predict_codes`` (class indices into ``classes_``)."""
+
+    classes_: np.ndarray
+
+    def predict_codes(self, X) -> np.ndarray:
+        raise NotImplementedError
+
+    def predict(self, X) -> np.ndarray:
+        return self.classes_[self.predict_codes(X)]
+
+    def score(self, X, y) -> float:
+        """Accuracy; ``y`` may hold class indices (integers) or class names."""
+        y = np.asarray(y)
+        if y.dtype.kind in "iu":
+            return float(np.mean(self.predict_codes(X) == y))
+        return float(np.mean(self.predict(X) == y.astype(str)))
+
+
 @dataclass
 class LoadedModel:
     kind: str  # "icdta4fl" | "xgboost"

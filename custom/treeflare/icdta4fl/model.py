@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..prediction import ClassCodesClassifier
 from ..reporting import json_safe
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_list
@@ -27,7 +28,7 @@ class ModelPayloadError(PayloadError):
     """A global-model document is malformed."""
 
 
-class GlobalTree:
+class GlobalTree(ClassCodesClassifier):
     """Decision tree classifier over the shared schema.
 
     Attributes follow scikit-learn: ``classes_`` (class names), ``n_features_in_``,
@@ -95,16 +96,6 @@ class GlobalTree:
     def predict_codes(self, X) -> np.ndarray:
         """Class indices into ``classes_``."""
         return self.tree_.predict(self._matrix(X))
-
-    def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_codes(X)]
-
-    def score(self, X, y) -> float:
-        """Accuracy; ``y`` may hold class indices (integers) or class names."""
-        y = np.asarray(y)
-        if y.dtype.kind in "iu":
-            return float(np.mean(self.predict_codes(X) == y))
-        return float(np.mean(self.predict(X) == y.astype(str)))
 
     def apply(self, X) -> np.ndarray:
         return self.tree_.apply(self._matrix(X))

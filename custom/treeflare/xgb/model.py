@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data import DataError, Schema
+from ..prediction import ClassCodesClassifier
 from .encoding import Arrays, feature_types, table_arrays
 
 MODEL_ATTR = "treeflare"
@@ -102,7 +103,7 @@ def _bare(name: str) -> tuple[int | None, str]:
     return (int(head), rest) if dot and head.isdigit() else (None, name)
 
 
-class XGBModel:
+class XGBModel(ClassCodesClassifier):
     """A booster and its schema, with the estimator methods of ``GlobalTree``: ``predict``, ``predict_proba``,
     ``score`` take a pandas DataFrame of raw values named as in the schema (or rows already encoded as the job
     encodes them: a float matrix of the schema's features, categories as codes, NaN = missing)."""
@@ -223,16 +224,6 @@ class XGBModel:
         if p.shape[1] == 2:
             return (p[:, 1] >= 0.5).astype(np.int64)
         return p.argmax(axis=1)
-
-    def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_codes(X)]
-
-    def score(self, X, y) -> float:
-        """Accuracy; ``y`` may hold class indices (integers) or class names."""
-        y = np.asarray(y)
-        if y.dtype.kind in "iu":
-            return float(np.mean(self.predict_codes(X) == y))
-        return float(np.mean(self.predict(X) == y.astype(str)))
 
     def __repr__(self) -> str:
         return (f"XGBModel(mode={self.mode}, rounds={self.booster.num_boosted_rounds()}, "
