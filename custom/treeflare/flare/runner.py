@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nvflare.apis.job_def import ALL_SITES
 
-from ..cli import interrupted_by
+from ..cli import interrupted_by, interruptible
 from ..reporting import write_json_atomic
 from .progress import PROGRESS_FILE
 
@@ -266,11 +266,9 @@ def one_poc(args, sites: list[str]):
                                   f"run `scripts/poc.sh up {len(sites)}` (or pass matching --sites)")
             yield poc
             return
-        import signal
-
-        # SIGTERM (e.g. from a CI timeout) unwinds like Ctrl-C, so the POC below is always stopped
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        with flare_lock():
+        # SIGTERM (e.g. from a CI timeout) unwinds like Ctrl-C, so the POC below is always stopped; the handlers
+        # are the job scripts' own (main_guard) and are restored on the way out
+        with interruptible(), flare_lock():
             try:
                 print(f"starting a POC with {len(sites)} sites in {poc.root}", flush=True)
                 poc.prepare(sites)
