@@ -311,3 +311,18 @@ def test_metrics_are_written_off_the_boosting_loop_in_order_and_all_before_close
         assert not cb._thread.is_alive()
     with pytest.raises(ProtocolError, match="LogWriter"):
         queued_metrics_callback(object())
+
+
+def test_training_errors_reach_the_server_without_cells_or_paths():
+    import xgboost as xgb
+
+    from treeflare.data import DataError
+    from treeflare.flare.xgb_direct_executor import public_training_error
+
+    secret = "123-45-6789"
+    assert public_training_error(ValueError(f"could not convert {secret!r} in /home/me/data.csv")) == \
+        "ValueError at the site (details in the site's local log)"
+    text = public_training_error(DataError(f"/home/me/data.csv: cell {secret!r} is odd"))
+    assert secret not in text and "/home/me" not in text and text.startswith("DataError")
+    assert public_training_error(xgb.core.XGBoostError("[12:00:01] federated server gone")) == \
+        "XGBoostError: federated server gone"

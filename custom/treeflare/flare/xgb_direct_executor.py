@@ -24,6 +24,7 @@ from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
+from ..data.errors import public_error
 from ..xgb.fedserver import ClientTLS, FederatedServerError, communicator_args, wait_reachable
 from .xgb_direct_protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, parse_train_task, short_error,
                                   site_server_host)
@@ -32,14 +33,13 @@ from .xgb_direct_protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, pa
 class XGBDirectExecutor(Executor):
     def __init__(self, data_loader_id: str, xgb_params: dict, num_rounds: int, early_stopping_rounds: int = 0,
                  vertical: bool = False, metrics_writer_id: str = "", model_file_name: str = "model.json",
-                 connect_timeout: float = 30.0, heartbeat_interval: float = 1.0, metrics_all_ranks: bool = False):
+                 connect_timeout: float = 30.0, heartbeat_interval: float = 1.0):
         """
         Args:
             data_loader_id: component id of the site's ``XGBDataLoader``.
             xgb_params, num_rounds, early_stopping_rounds: ``xgboost.train`` settings (0 = no early stopping).
             vertical: column split (the label owner must be rank 0).
             metrics_writer_id: component id of a LogWriter for per-round metrics ("" for none).
-            metrics_all_ranks: stream metrics from every rank, not only rank 0 (the values are the same).
             model_file_name: file name of the model in the site's run folder.
             connect_timeout: seconds to wait for the server's XGBoost port before failing with host and port.
             heartbeat_interval: seconds between "still training" messages to the server (through NVFlare), so
@@ -55,7 +55,6 @@ class XGBDirectExecutor(Executor):
         self.model_file_name = Path(model_file_name).name  # a file name, never a path out of the run folder
         self.connect_timeout = float(connect_timeout)
         self.heartbeat_interval = float(heartbeat_interval)
-        self.metrics_all_ranks = bool(metrics_all_ranks)
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
         site = fl_ctx.get_identity_name()
@@ -71,7 +70,7 @@ class XGBDirectExecutor(Executor):
             return self._error(fl_ctx, site, str(exc))
         except Exception as exc:  # XGBoost (e.g. the server stopped mid-training), the data loader, ...
             self.log_exception(fl_ctx, f"{site}: XGBoost training failed")
-            return self._error(fl_ctx, site, short_error(exc))
+            return self._error(fl_ctx, site, public_training_error(exc))
         finally:
             stop.set()
 
@@ -114,7 +113,7 @@ class XGBDirectExecutor(Executor):
             raise ProtocolError(f"component {self.data_loader_id!r} is not an XGBDataLoader")
         callbacks = [_abort_callback(abort_signal)]
         metrics = None
-        if self.metrics_writer_id and (spec["rank"] == 0 or self.metrics_all_ranks):
+        if self.metrics_writer_id and spec["rank"] == 0:
             metrics = queued_metrics_callback(engine.get_component(self.metrics_writer_id))
             callbacks.append(metrics)
         mode = xgb.core.DataSplitMode.COL if self.vertical else xgb.core.DataSplitMode.ROW
@@ -152,6 +151,17 @@ class XGBDirectExecutor(Executor):
         reply["n_train"] = int(dtrain.num_row())
         reply["model_sha256"] = _model_digest(booster)
         return reply
+
+
+def public_training_error(exc: BaseException) -> str:
+    """What the server is told of a failed training: XGBoost's own errors (the federated link, training state) in
+    one line; a data error in its redacted form; anything else by its type only (a library's message may quote
+    a cell or a local path; the full error is in the site's log)."""
+    import xgboost as xgb
+
+    if isinstance(exc, xgb.core.XGBoostError):
+        return short_error(exc)
+    return public_error(exc)
 
 
 def _model_digest(booster) -> str:
