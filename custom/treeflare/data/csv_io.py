@@ -302,9 +302,11 @@ def features_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     """The feature columns of new rows, for a prediction: parsed and checked as in training (a missing feature
     column is an error naming it; a missing value or an unknown category is read as training reads it),
     extra columns ignored. The label and id columns are not read at all: new rows may leave the label blank
-    and need no id."""
+    and need no id. Cells are parsed as text, as read from a CSV (a DataFrame's numbers and missing values are
+    turned into that text first)."""
     plain = Schema(schema.features, schema.label, (), None)
     frame = frame.drop(columns=[c for c in (schema.label, schema.id_column) if c and c in frame.columns])
+    frame = frame.astype(object).where(frame.notna(), "").astype(str)
     return frame_to_table(frame, plain, file=file, site=site, name=name, require_label=False, strict_columns=False)
 
 

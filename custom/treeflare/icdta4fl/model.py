@@ -83,9 +83,7 @@ class GlobalTree(ClassCodesClassifier):
         from ..data.csv_io import features_table
         from .encoding import encode
 
-        # the data layer parses text cells (as read from a CSV): give it the frame's values as text
-        raw = frame.astype(object).where(frame.notna(), "").astype(str)
-        return encode(features_table(raw, self.data_schema, file=file), self.encoding)
+        return encode(features_table(frame, self.data_schema, file=file), self.encoding)
 
     # ------------------------------------------------------------------ estimator API
     def predict_proba(self, X) -> np.ndarray:

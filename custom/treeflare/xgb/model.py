@@ -192,8 +192,7 @@ class XGBModel(ClassCodesClassifier):
                             "needs every party's columns of a row in one file; for predictions where each party "
                             "keeps its columns use jobs/vertical_tree", problem=f"missing column(s) {missing}",
                             file=file)
-        raw = frame.astype(object).where(frame.notna(), "").astype(str)
-        return table_arrays(features_table(raw, self.data_schema, file=file))
+        return table_arrays(features_table(frame, self.data_schema, file=file))
 
     def _arrays(self, X) -> Arrays:
         import pandas as pd
