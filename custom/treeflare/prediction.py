@@ -13,13 +13,12 @@ order, and with ``explain`` (ICDTA4FL only) ``explanation``, the row's decision 
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .data import DataError, Schema
+from .data import DataError, Schema, read_schema_file
 
 KINDS = {"global_tree.json": "icdta4fl", "model.json": "xgboost"}
 KIND_NAMES = {"icdta4fl": "ICDTA4FL global tree", "xgboost": "XGBoost"}
@@ -92,23 +91,6 @@ def _sniff(path: Path) -> str:
     if head.lstrip()[:1] == b"{" and MODEL_SCHEMA.encode() in head:
         return "icdta4fl"
     return "xgboost"  # JSON or UBJSON; XGBoost itself says whether it is a model
-
-
-def read_schema_file(path) -> Schema:
-    """A schema JSON (``Schema.to_dict``) or a federation's ``partition.json`` (which holds one)."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: schema file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise DataError(f"{path}: not a JSON schema ({exc})") from None
-    if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
-        doc = doc["schema"]
-    try:
-        return Schema.from_dict(doc)
-    except DataError as exc:
-        raise DataError(f"{path}: {exc}") from None
 
 
 def load_model(path, schema=None) -> LoadedModel:

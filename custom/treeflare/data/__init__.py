@@ -10,12 +10,12 @@ from .errors import DataError, DataWarning
 from .federation import (Federation, SiteData, prepare_federation, read_partition, read_site, site_name,
                          write_federation)
 from .partition import PARTITIONS, iid, label_skew, partition_rows, quantity_skew, stratified_split, vertical_columns
-from .schema import Feature, Schema
+from .schema import Feature, Schema, read_schema_file
 from .table import Table
 
 __all__ = [
     "DATASETS", "DataError", "DataWarning", "Feature", "Federation", "PARTITIONS", "Schema", "SiteData", "Table", "data_root",
     "iid", "label_skew", "load_csv", "load_dataset", "partition_rows", "prepare_federation", "quantity_skew",
-    "read_partition", "read_site", "read_site_csv", "site_name", "stratified_split", "vertical_columns",
+    "read_partition", "read_schema_file", "read_site", "read_site_csv", "site_name", "stratified_split", "vertical_columns",
     "write_federation",
 ]

@@ -17,7 +17,9 @@ JSON: ``{"name": "safety", "kind": "ordinal", "categories": ["low", "med", "high
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import DataError
 
@@ -140,3 +142,21 @@ class Schema:
             return cls(feats, str(d["label"]), tuple(str(c) for c in d["classes"]), d.get("id_column"))
         except (KeyError, TypeError) as exc:
             raise _schema_error(f"schema: malformed field ({exc})") from None
+
+
+def read_schema_file(path) -> Schema:
+    """A schema JSON (``Schema.to_dict``; other keys are ignored) or a federation's ``partition.json`` (which
+    holds one); errors name the file."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}: schema file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
+        doc = doc["schema"]
+    try:
+        return Schema.from_dict(doc)
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None

@@ -12,7 +12,6 @@ before any training, with a reason naming the sites and columns.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from nvflare.apis.controller_spec import Task
@@ -21,6 +20,7 @@ from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
 from ..data import DataError, Schema
+from ..data.schema import read_schema_file as read_schema_document
 from ..data.discovery import (DEFAULT_MIN_CATEGORY_ROWS, SchemaConflict, check_min_category_rows, check_profile,
                               discovery_summary, merge_profiles, site_profile)
 from ..data.errors import public_error
@@ -206,18 +206,12 @@ def _strip(value):
 
 
 def read_schema_file(path) -> Schema:
-    """A reviewed ``schema.json`` (written by ``scripts/schema.py``, perhaps edited by a person)."""
+    """A reviewed ``schema.json`` (written by ``scripts/schema.py``, perhaps edited by a person): the data layer's
+    reader, plus what a job needs of it (two classes, a feature)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: schema file not found (write one with scripts/schema.py, or pass --schema discover)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from None
-    try:
-        schema = Schema.from_dict(data)
-    except DataError as exc:
-        raise DataError(f"{path}: {exc}") from None
+    schema = read_schema_document(path)
     if len(schema.classes) < 2:
         raise DataError(f"{path}: the label needs at least 2 classes, the file lists {list(schema.classes)}")
     if not schema.features:
