@@ -4,7 +4,6 @@ server's own schema, bounded before aggregation, and, if still unusable, droppin
 from __future__ import annotations
 
 import json
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,13 +50,11 @@ def test_declared_category_counts_are_ignored_and_rules_stay_bounded(adult):
     honest = check_train_reply(reply(adult.trees[0]), limits=adult.limits)["tree"]
     tree = json.loads(json.dumps(adult.trees[0]))
     tree["n_categories"] = [10_000] * len(tree["n_categories"])
-    t = time.perf_counter()
     checked = check_train_reply(reply(tree), limits=adult.limits)["tree"]
     assert checked.n_categories == adult.limits["n_categories"]  # the server's counts, not the payload's
     assert count_rules(checked) == count_rules(honest) == extract_rules(checked).n_rules < 3000
     # what the declaration alone would have cost without the server's schema
     assert count_rules(Tree.from_dict(tree)) > 50 * count_rules(honest)
-    assert time.perf_counter() - t < 5
 
 
 def test_a_tree_yielding_too_many_rules_is_refused_before_extraction(adult, monkeypatch):
