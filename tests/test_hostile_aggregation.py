@@ -164,3 +164,13 @@ def test_node_limit_follows_depth_and_schema():
     adult = load_dataset("adult")
     assert max_tree_nodes(adult.schema, "id3", 7) == HARD_MAX_TREE_NODES > 24_000
     assert max_tree_nodes(adult.schema, "id3", 1) > 2
+
+
+def test_a_site_claiming_2_pow_62_rows_is_refused_not_the_round(adult):
+    """Row counts size every site's refinement slots: an absurd claim drops its sender at training time."""
+    from treeflare.icdta4fl.payloads import MAX_SITE_ROWS
+
+    for field in ("n_train", "n_test"):
+        bad = {**reply(adult.trees[0]), field: 2 ** 62}
+        with pytest.raises(PayloadError, match=rf"{field}: {2 ** 62} is above {MAX_SITE_ROWS}"):
+            check_train_reply(bad, limits=adult.limits)

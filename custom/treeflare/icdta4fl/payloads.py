@@ -14,6 +14,10 @@ from ..trees.validate import PayloadError, check_int, check_list, check_number
 from .rules import MAX_RULE_CELLS, count_rules
 
 MAX_TREE_DEPTH = 40
+# A site's row counts size the refinement round's count slots for every site: a site claiming 2^62 rows would
+# push them past 64 bits, and every honest site would refuse the round. 2^32 rows per site is far beyond any
+# table a site trains on here.
+MAX_SITE_ROWS = 2 ** 32
 
 
 def check_score(value, field) -> float:
@@ -43,8 +47,8 @@ def check_train_reply(reply: dict, *, limits: dict) -> dict:
         raise PayloadError("local", "expected a dict of local metrics")
     return {
         "tree": tree,
-        "n_train": check_int(reply.get("n_train"), "n_train", lo=1),
-        "n_test": check_int(reply.get("n_test"), "n_test", lo=1),
+        "n_train": check_int(reply.get("n_train"), "n_train", lo=1, hi=MAX_SITE_ROWS),
+        "n_test": check_int(reply.get("n_test"), "n_test", lo=1, hi=MAX_SITE_ROWS),
         "local": {k: check_score(local.get(k), f"local.{k}") for k in ("accuracy", "macro_f1")},
     }
 
