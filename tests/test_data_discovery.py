@@ -218,6 +218,9 @@ GOOD = {"version": 1, "min_category_rows": 5, "n_rows": 10, "label": "y", "id_co
     lambda p: {**p, "columns": [{"name": "c", "kind": "ordinal", "values": ["u"], "undeclared_rows": 0}]},
     lambda p: {**p, "columns": [{"name": f"c{i}", "kind": "numeric"} for i in range(6000)]},
     lambda p: {**p, "columns": [{"name": "c", "kind": "categorical", "values": ["u"], "undeclared_rows": 1}]},
+    lambda p: {**p, "k" * 100_000: 1},  # the message counts unknown keys, never quotes them
+    lambda p: {**p, "version": np.array([1, 1])},  # FLARE decodes numpy arrays: no "ambiguous truth value"
+    lambda p: {**p, "columns": [{"name": "x", "kind": np.array(["numeric", "numeric"])}]},
 ])
 def test_a_hostile_reply_is_refused_naming_the_site_and_field(change):
     check_profile(GOOD, "site-9", min_category_rows=5)  # the unchanged reply passes

@@ -194,8 +194,9 @@ def check_profile(profile, site: str, *, declared_ordinal: dict | None = None, m
     unknown = set(profile) - _PROFILE_KEYS
     missing = _PROFILE_KEYS - set(profile)
     if unknown or missing:
-        raise bad("reply", f"unknown keys {sorted(map(str, unknown))[:5]}" if unknown else f"missing {sorted(missing)}")
-    if profile["version"] != PROFILE_VERSION:
+        raise bad("reply", f"{len(unknown)} unknown key(s)" if unknown else f"missing {sorted(missing)}")
+    version = profile["version"]  # an exact int: a numpy array here would make == ambiguous, not false
+    if isinstance(version, bool) or not isinstance(version, int) or version != PROFILE_VERSION:
         raise bad("version", f"expected {PROFILE_VERSION}")
     out = {"version": PROFILE_VERSION,
            "min_category_rows": count(profile["min_category_rows"], "min_category_rows", min_category_rows,
@@ -221,12 +222,14 @@ def check_profile(profile, site: str, *, declared_ordinal: dict | None = None, m
             raise bad(field, "a column name is listed twice (or is also the label or id column)")
         names.add(cname)
         kind = col["kind"]
-        if kind not in PROFILE_KINDS:
+        if not isinstance(kind, str) or kind not in PROFILE_KINDS:
             raise bad(f"{field}.kind", f"expected one of {PROFILE_KINDS}")
         entry = {"name": cname, "kind": kind}
         if kind in ("categorical", "ordinal"):
             entry["values"] = strings(col.get("values"), f"{field}.values", MAX_CATEGORIES)
             total += len(entry["values"])
+            if total > MAX_TOTAL_VALUES:
+                raise bad("columns", f"more than {MAX_TOTAL_VALUES} category values in all")
         elif "values" in col:
             raise bad(f"{field}.values", f"a {kind} column reports no values")
         if kind == "ordinal":
@@ -240,8 +243,6 @@ def check_profile(profile, site: str, *, declared_ordinal: dict | None = None, m
         elif "undeclared_rows" in col:
             raise bad(f"{field}.undeclared_rows", "only an ordinal column reports it")
         clean.append(entry)
-    if total > MAX_TOTAL_VALUES:
-        raise bad("columns", f"more than {MAX_TOTAL_VALUES} category values in all")
     out["columns"] = clean
     return out
 
