@@ -29,7 +29,7 @@ import numbers
 import pandas as pd
 
 from .csv_io import _is_missing, check_levels, class_sort_key, infer_kind, normalise_labels
-from .errors import DataError
+from .errors import DataError, where
 from .schema import Feature, Schema
 
 PROFILE_VERSION = 1
@@ -80,6 +80,7 @@ def site_profile(raw: pd.DataFrame, *, label: str | None = None, id_column: str 
     numeric column with a typo, a missing label, too many distinct values).
     """
     k = check_min_category_rows(min_category_rows)
+    at = where(file, site=site or None)  # the start of every error message
     ordinal = {c: check_levels(c, levels) for c, levels in (ordinal or {}).items()}
     forced = set(categorical or ())
     columns = [str(c) for c in raw.columns]
@@ -107,27 +108,27 @@ def site_profile(raw: pd.DataFrame, *, label: str | None = None, id_column: str 
                 entry["values"] = _frequent_values(col, k)
         values = entry.get("values", [])
         if len(values) > MAX_CATEGORIES:
-            raise DataError(f"{_where(site, file)}column {name!r}: {len(values)} distinct values are each seen in "
+            raise DataError(f"{at}: column {name!r}: {len(values)} distinct values are each seen in "
                             f"{k} rows or more, more than the {MAX_CATEGORIES} a schema may list; is it an id "
                             "column (--id), or a numeric column with text in it?",
                             problem=f"more than {MAX_CATEGORIES} distinct categories", file=file, column=name,
                             site=site)
         for v in values:
             if len(v) > MAX_NAME_CHARS:
-                raise DataError(f"{_where(site, file)}column {name!r}: a value is longer than {MAX_NAME_CHARS} "
+                raise DataError(f"{at}: column {name!r}: a value is longer than {MAX_NAME_CHARS} "
                                 "characters", problem=f"a category value is longer than {MAX_NAME_CHARS} characters",
                                 file=file, column=name, site=site)
         total += len(values)
         profile_columns.append(entry)
     if total > MAX_TOTAL_VALUES:
-        raise DataError(f"{_where(site, file)}{total} category values in all, more than {MAX_TOTAL_VALUES}",
+        raise DataError(f"{at}: {total} category values in all, more than {MAX_TOTAL_VALUES}",
                         problem=f"more than {MAX_TOTAL_VALUES} category values in all", file=file, site=site)
     classes = []
     if has_label:
         labels = normalise_labels(raw[label], file=file, column=label, site=site)
         classes = sorted(set(labels.tolist()), key=class_sort_key)
         if len(classes) > MAX_CLASSES or any(len(c) > MAX_NAME_CHARS for c in classes):
-            raise DataError(f"{_where(site, file)}label column {label!r}: more than {MAX_CLASSES} classes, or a "
+            raise DataError(f"{at}: label column {label!r}: more than {MAX_CLASSES} classes, or a "
                             f"class name longer than {MAX_NAME_CHARS} characters",
                             problem="too many classes, or a class name too long", file=file, column=label,
                             site=site)
@@ -143,18 +144,15 @@ def _frequent_values(col: pd.Series, k: int) -> list[str]:
 
 
 def _check_reported_names(columns: list[str], file, site) -> None:
+    at = where(file, site=site or None)
     if len(columns) > MAX_COLUMNS:
-        raise DataError(f"{_where(site, file)}{len(columns)} columns, more than the {MAX_COLUMNS} a schema may hold",
+        raise DataError(f"{at}: {len(columns)} columns, more than the {MAX_COLUMNS} a schema may hold",
                         problem=f"more than {MAX_COLUMNS} columns", file=file, site=site)
     for i, name in enumerate(columns):
         if len(name) > MAX_NAME_CHARS:
-            raise DataError(f"{_where(site, file)}the name of column {i + 1} is longer than {MAX_NAME_CHARS} "
+            raise DataError(f"{at}: the name of column {i + 1} is longer than {MAX_NAME_CHARS} "
                             "characters", problem=f"column {i + 1}: name longer than {MAX_NAME_CHARS} characters",
                             file=file, site=site)
-
-
-def _where(site, file) -> str:
-    return f"{site + ': ' if site else ''}{file}: "
 
 
 # -- at the server --------------------------------------------------------------------------------
