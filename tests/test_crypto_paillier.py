@@ -34,7 +34,7 @@ def test_full_randomness_is_an_nth_residue_from_a_certified_generator():
         g = k._gen_tabs[0 if pr == k.p else 1][0][1]     # the generator itself
         assert gmpy2.powmod(g, pr - 1, sq) == 1          # in the order-(p-1) subgroup
         assert gmpy2.powmod(g, (pr - 1) // 2, sq) != 1 and gmpy2.powmod(g, 2, sq) != 1   # of order exactly p-1
-    rp, rq = k._rn()
+    rp, rq = k.obfuscator()
     assert gmpy2.powmod(rp, k.p - 1, k.psq) == 1 and gmpy2.powmod(rq, k.q - 1, k.qsq) == 1
     # keys from ordinary (non-safe) primes still work, through the y^p fallback
     from treeflare.crypto.paillier import _random_prime

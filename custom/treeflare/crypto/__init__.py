@@ -9,7 +9,7 @@
 * :mod:`.workers` -- persistent worker processes (no fork, no pickle).
 """
 from .backend import (CiphertextError, KeyHolder, MockKeyHolder, MockPublicKey, PaillierKeyHolder,
-                      PaillierPublic, PublicContext, default_workers, make_key_holder,
+                      PaillierPublic, PublicContext, make_key_holder,
                       public_from_message)
 from .packing import SlotLayout, SlotOverflowError, pack_plan, required_width, unpack_fields
 from .paillier import (MAX_KEY_BITS, MIN_SECURE_BITS, SECURE_KEY_SIZES, PaillierPrivateKey,
@@ -17,7 +17,7 @@ from .paillier import (MAX_KEY_BITS, MIN_SECURE_BITS, SECURE_KEY_SIZES, Paillier
 
 __all__ = [
     "CiphertextError", "KeyHolder", "MockKeyHolder", "MockPublicKey", "PaillierKeyHolder",
-    "PaillierPublic", "PublicContext", "default_workers", "make_key_holder", "public_from_message",
+    "PaillierPublic", "PublicContext", "make_key_holder", "public_from_message",
     "SlotLayout", "SlotOverflowError", "pack_plan", "required_width", "unpack_fields",
     "MAX_KEY_BITS", "MIN_SECURE_BITS", "SECURE_KEY_SIZES", "PaillierPrivateKey", "PaillierPublicKey",
     "check_key_bits", "security_bits",

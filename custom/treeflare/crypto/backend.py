@@ -17,7 +17,6 @@ Python ints, the plaintext oracle).  Both expose the same plaintext capacity
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import numpy as np
@@ -29,15 +28,11 @@ from .workers import make_pool
 __all__ = [
     "CiphertextError", "KeyHolder", "PublicContext", "MockPublicKey", "MockKeyHolder",
     "PaillierKeyHolder", "PaillierPublic", "make_key_holder", "public_from_message",
-    "default_workers", "ints_to_bytes", "bytes_to_ints", "public_to_json", "public_from_json",
+    "ints_to_bytes", "bytes_to_ints", "public_to_json", "public_from_json",
 ]
 
 # below this many values per worker the pool is not worth a round trip
 _MIN_PER_WORKER = 48
-
-
-def default_workers() -> int:
-    return max(1, os.cpu_count() or 1)
 
 
 def ints_to_bytes(values, width: int) -> bytes:

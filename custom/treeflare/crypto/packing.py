@@ -146,9 +146,6 @@ class SlotLayout:
     def unit_layout(self, start: int, stop: int) -> "SlotLayout":
         return SlotLayout(self.lo[start:stop], self.hi[start:stop], self.n_max, self.widths[start:stop])
 
-    def channel_layout(self, c: int) -> "SlotLayout":
-        return self.unit_layout(c, c + 1)
-
     # packing ----------------------------------------------------------------------------
     def check_values(self, values: np.ndarray) -> None:
         """values: int array (n, channels) of per-row channel values."""
@@ -161,12 +158,6 @@ class SlotLayout:
             col = v[:, c]
             if col.size and (int(col.min()) < self.lo[c] or int(col.max()) > self.hi[c]):
                 raise SlotOverflowError(f"channel {c} value outside [{self.lo[c]}, {self.hi[c]}]")
-
-    def pack(self, vec) -> int:
-        m = 0
-        for v, off in zip(vec, self.offsets):
-            m += int(v) << off
-        return m
 
     def pack_rows(self, values: np.ndarray) -> list:
         self.check_values(values)
@@ -207,7 +198,3 @@ def pack_plan(n_items: int, unit_widths, usable_bits: int, compress: bool = True
         out.append(cur)
     return out
 
-
-def compress_plan(n_items: int, k: int) -> list:
-    """Group ``n_items`` consecutive items into ciphertexts of at most k items each."""
-    return [(i, min(i + k, n_items)) for i in range(0, n_items, k)]

@@ -71,7 +71,7 @@ def check_key_bits(bits: int, allow_insecure: bool = False) -> int:
     if bits not in SECURE_KEY_SIZES:
         hint = (f"; keys under {MIN_SECURE_BITS} bits are insecure (only allowed for tests)"
                 if bits < MIN_SECURE_BITS else
-                f"; larger keys are refused (key generation time grows steeply: 4096 bits already takes minutes)"
+                "; larger keys are refused (key generation time grows steeply: 4096 bits already takes minutes)"
                 if bits > MAX_KEY_BITS else "")
         raise ValueError(f"key bits must be one of {', '.join(map(str, SECURE_KEY_SIZES))}, got {bits}{hint}")
     return bits
@@ -163,13 +163,6 @@ class PaillierPublicKey:
     def shift(self, a, w: int):
         """E(m) -> E(m * 2^w)."""
         return gmpy2.powmod(a, mpz(1) << w, self.nsq)
-
-    def mul_plain(self, a, k: int):
-        """E(m) -> E(m * k) for a public integer k (negative k allowed)."""
-        k = int(k)
-        if k < 0:
-            return gmpy2.powmod(gmpy2.invert(a, self.nsq), -k, self.nsq)
-        return gmpy2.powmod(a, k, self.nsq)
 
     def one(self):
         """Neutral element for the homomorphic sum (a trivial encryption of 0)."""
@@ -326,8 +319,6 @@ class PaillierPrivateKey:
         yq = mpz(secrets.randbelow(int(q) - 1) + 1)
         return gmpy2.powmod_sec(yp, p, self.psq), gmpy2.powmod_sec(yq, q, self.qsq)
 
-    _rn = obfuscator      # name used by older tests
-
     def encrypt_with(self, m: int, rn: tuple):
         """E(m) with a given fresh obfuscator from :meth:`obfuscator`."""
         n = self.public.n
@@ -367,10 +358,6 @@ class PaillierPrivateKey:
     @classmethod
     def from_worker_state(cls, st: dict) -> "PaillierPrivateKey":
         return cls(st["p"], st["q"], st["obfuscation"], _gens=st.get("gens"))
-
-    def secret_state(self) -> tuple:
-        """(p, q, obfuscation) -- only for the key holder's own worker processes."""
-        return int(self.p), int(self.q), self.obfuscation
 
 
 def security_bits(key_bits: int) -> int:

@@ -43,7 +43,6 @@ class ICDTA4FLExecutor(Executor):
         super().__init__()
         self.data_root = data_root
         self.precompute_rn = int(precompute_rn)
-        self._public_key_error = None
         self._test = None  # (X_test, y_test) kept between tasks of one run
         self._train_data = None  # (X_train, y_train, feature kinds): for refinement rounds
         self._key_holder = None  # this site's SumKeyHolder, when the server named it key holder
@@ -112,8 +111,8 @@ class ICDTA4FLExecutor(Executor):
         if task.get("refine_public_key") is not None and self.precompute_rn > 0:
             try:
                 self._use_public_key(task["refine_public_key"], precompute=self.precompute_rn)
-            except (PayloadError, ValueError) as exc:  # the refinement round will refuse it; scoring goes on
-                self._public_key_error = str(exc)
+            except (PayloadError, ValueError):  # the refinement round will refuse it; scoring goes on
+                pass
         trees = [Tree.from_dict(t) for t in task["trees"]]
         scores = pipeline.score_trees(trees, *self._require_test())
         reply = make_reply(ReturnCode.OK)

@@ -107,7 +107,7 @@ def kit_server_host(startup_dir) -> str | None:
         cfg = json.loads(path.read_text())
         target = cfg["servers"][0]["service"]["target"]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        raise ProtocolError(f"the site's startup/fed_client.json has no servers[0].service.target") from None
+        raise ProtocolError("the site's startup/fed_client.json has no servers[0].service.target") from None
     return check_host(target_host(str(target))) or None
 
 

@@ -21,17 +21,13 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 HARD_MAX_TREE_NODES = 250_000
 
 
-def _kind(feature) -> str:
-    return "ordinal" if feature.kind == "ordinal" else feature.kind
-
-
 def feature_space(schema: Schema, algorithm: str) -> tuple[list[str], list[str], list]:
     """(names, kinds, n_categories) of the matrix :func:`encode` builds; kinds are tree kinds."""
     if algorithm == "cart":
         names = schema.onehot_names()
         return names, ["numeric"] * len(names), [None] * len(names)
     if algorithm == "id3":
-        kinds = ["categorical" if _kind(f) == "categorical" else "numeric" for f in schema.features]
+        kinds = ["categorical" if f.kind == "categorical" else "numeric" for f in schema.features]
         return (schema.feature_names, kinds,
                 [len(f.categories) if k == "categorical" else None for f, k in zip(schema.features, kinds)])
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -41,7 +37,7 @@ def threshold_bounds(schema: Schema, algorithm: str) -> list:
     """Per encoded column, the (lo, hi) range a numeric threshold must lie in (None for categorical)."""
     out = []
     for f in schema.features:
-        kind = _kind(f)
+        kind = f.kind
         if kind == "numeric":
             out.append((-FLOAT32_MAX, FLOAT32_MAX))
         elif kind == "ordinal":
@@ -82,7 +78,7 @@ def category_names(schema: Schema, algorithm: str) -> list | None:
     categorical and ordinal columns, CART's ordinal columns; None elsewhere (and None if no column has any)."""
     out = []
     for f in schema.features:
-        kind = _kind(f)
+        kind = f.kind
         if kind == "ordinal" or (kind == "categorical" and algorithm == "id3"):
             out.append(list(f.categories))
         elif kind == "categorical":  # one 0/1 column per category, named "attribute=value"

@@ -1,5 +1,5 @@
 """Vertical federated decision trees with packed Paillier encryption (pure protocol, no NVFlare)."""
-from .active import ActiveParty, route
+from .active import ActiveParty
 from .driver import (VerticalData, canonical, close_parties, compare_runs, crypto_report, joint_model,
                      make_parties, metrics, run_oracle, run_protocol, run_vertical, synthetic)
 from .messages import ProtocolError
@@ -13,5 +13,5 @@ __all__ = [
     "VerticalData", "canonical", "close_parties", "compare_runs", "crypto_report", "joint_model",
     "make_parties", "metrics", "run_oracle", "run_protocol", "run_vertical", "synthetic", "ProtocolError",
     "OBJECTIVES", "SlotLayout", "SlotOverflowError", "required_width", "VerticalParams", "ActiveParty",
-    "PassiveParty", "PassivePolicy", "route", "ActivePredictor", "PassivePredictor", "run_prediction",
+    "PassiveParty", "PassivePolicy", "ActivePredictor", "PassivePredictor", "run_prediction",
 ]

@@ -427,25 +427,3 @@ class ActiveParty:
             for k_, v in (st.get("ops") or {}).items():
                 ops[k_] += int(v)
         return dict(ops)
-
-
-def route(tree, X, decisions, me) -> np.ndarray:
-    """Leaf id of every row; own splits evaluated here, passive ones from `decisions` (split id ->
-    bool per row).  For the plaintext reference and tests; the protocol routes layer by layer."""
-    nodes = {nd["nid"]: nd for nd in tree["nodes"]}
-    cur = np.zeros(len(X), dtype=np.int64)
-    for nid in sorted(nodes):
-        nd = nodes[nid]
-        if nd["leaf"]:
-            continue
-        m = cur == nid
-        if not m.any():
-            continue
-        if nd["owner"] == me:
-            with np.errstate(invalid="ignore"):
-                go = X[:, nd["feature_index"]] <= nd["threshold"]
-        else:
-            go = decisions[nd["split_id"]]
-        cur[m] = np.where(go[m], nd["left"], nd["right"])
-    return cur
-

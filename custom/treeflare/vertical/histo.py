@@ -14,7 +14,6 @@ the same integer (a product mod n^2 does not depend on the order of its factors)
 from __future__ import annotations
 
 import numpy as np
-from gmpy2 import mpz
 
 from ..crypto.backend import public_from_json, public_to_json
 from ..crypto.workers import make_pool

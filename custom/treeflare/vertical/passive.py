@@ -268,7 +268,7 @@ class PassiveParty:
 
         t0 = time.perf_counter()
         G, pub = self._grad, self.pub
-        units, uw = G["units"], G["unit_widths"]
+        uw = G["unit_widths"]
         self._pending = {}
         per_node = []
         groups = []
