@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 from dataclasses import dataclass, field
@@ -57,6 +58,11 @@ class Federation:
 
 def site_name(i: int) -> str:
     return f"site-{i + 1}"
+
+
+def natural_key(name: str):
+    """Sort key that puts ``site-2`` before ``site-10`` (digits compared as numbers)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: float | None = None, seed: int = 0,

@@ -15,7 +15,6 @@ algorithms themselves live in the pure ``icdta4fl`` modules.)
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from nvflare.apis.shareable import Shareable
 
 from ..crypto import secure_sum
 from ..data import DataError, Schema, read_site_csv
+from ..data.federation import natural_key
 from ..icdta4fl import pipeline, refine
 from ..icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
 from ..icdta4fl.model import GlobalTree
@@ -41,11 +41,6 @@ RESULT_FILE = "icdta4fl_result.json"
 PHASES = {TRAIN: "local training", SCORE_TREES: "peer scoring", SCORE_GLOBAL: "global evaluation",
           REFINE_COUNTS: "encrypted counts", REFINE_DECRYPT: "decrypting the sum"}
 DEFAULT_REFINE = {"rounds": 1, "key_bits": 2048, "epsilon": None, "key_holder": None}
-
-
-def natural_key(name: str):
-    """site-2 before site-10."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 class ICDTA4FLController(ResultWorkflow):

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from ..data.federation import natural_key
 from ..xgb.fedserver import MAX_PORT
 
 TRAIN_TASK = "xgb_direct_train"
@@ -26,11 +27,6 @@ _HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]{1,253})$")
 
 class ProtocolError(ValueError):
     """A task or reply does not say what this side expects; the message names the field."""
-
-
-def natural_key(name: str):
-    """``site-2`` before ``site-10`` (digits compared as numbers), for the default rank order."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def job_ranks(sites: list[str], label_owner: str | None = None) -> dict:
