@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "scripts" / "results" / "paillier_keys"))
     ap.add_argument("--no-readme", action="store_true")
     args = ap.parse_args()
+    if args.values < 64:
+        ap.error("--values must be >= 64 (additions cycle over 64 ciphertexts)")
     settings = bench_settings(argv=sys.argv[1:], bursts=args.bursts, keygens=args.keygens, values=args.values,
                               process="one process, one core")
     rows = []
@@ -78,22 +80,23 @@ def main() -> None:
         r = measure(bits, args.bursts, args.keygens, args.values)
         rows.append(r)
         print(f"{bits}: {r}", flush=True)
-    base = rows[0]
+    base = next((r for r in rows if r["key_bits"] == 2048), None)  # the target and the ratios are about 2048 bits
     table = [[r["key_bits"], r["security_bits"], f"{r['keygen_s_median']:.1f} ({', '.join(f'{v:.0f}' for v in r['keygen_s_runs'])})",
               f"{r['enc_per_s_full']:,.0f}", f"{r['enc_per_s_djn']:,.0f}", f"{r['dec_per_s']:,.0f}", f"{r['add_per_s']:,.0f}",
-              f"{base['enc_per_s_full'] / r['enc_per_s_full']:.1f}x", r["ciphertext_bytes"],
+              f"{base['enc_per_s_full'] / r['enc_per_s_full']:.1f}x" if base else "not measured", r["ciphertext_bytes"],
               r["gbdt_pairs_per_ct_100k_rows_p53"], f"{r['loadavg_1m_after']:.1f}"]
              for r in rows]
     hdr = ["key bits", "security bits", "key generation s, median (runs)", "enc/s, full", "enc/s, djn", "dec/s",
            "add/s", "time per encryption vs 2048", "ciphertext bytes", "GBDT (g,h) pairs per ciphertext (100k rows)",
            "load average"]
     md = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)] + ["| " + " | ".join(map(str, r)) + " |" for r in table]
-    met = base["key_bits"] != 2048 or base["enc_per_s_full"] >= 2000
+    verdict = ("not measured (2048 bits not in --sizes)" if base is None else
+               f"{'met' if base['enc_per_s_full'] >= 2000 else 'MISSED'} ({base['enc_per_s_full']:,.0f}/s)")
     note = (f"Single core, median of {args.bursts} bursts of {args.values} operations, key generation median of "
             f"{args.keygens} (safe primes for `full` randomness; its time varies widely between draws). Measured "
             f"{settings['time']} at commit {settings['commit']}, load average {settings['loadavg']} at start. "
             f"Encryption target >= 2,000/s per core at 2048 bits with `full` randomness: "
-            f"{'met' if met else 'MISSED'} ({base['enc_per_s_full']:,.0f}/s). The jobs accept 2048, 3072 and 4096 "
+            f"{verdict}. The jobs accept 2048, 3072 and 4096 "
             "bits only (smaller keys with --allow-insecure-key, for tests).")
     print(format_table(hdr, table))
     print(note)
