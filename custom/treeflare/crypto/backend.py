@@ -290,14 +290,16 @@ class PaillierKeyHolder(KeyHolder):
         return cls(PaillierPrivateKey.generate(key_bits, obfuscation, allow_insecure))
 
     def _pool(self, n_items: int, workers):
-        k = min(max(1, int(workers or 1)), max(1, n_items // _MIN_PER_WORKER))
-        if k <= 1:
+        """The pool of ``workers`` processes (started once, kept until :meth:`close`), or None when the batch is
+        too small to share out; a small batch on a big pool simply makes fewer tasks (``_n_tasks``)."""
+        workers = max(1, int(workers or 1))
+        if min(workers, n_items // _MIN_PER_WORKER) <= 1:
             return None
-        pool = self._pools.get(k)
+        pool = self._pools.get(workers)
         if pool is None:
-            pool = make_pool(k, ["treeflare.crypto.backend"])
-            pool.map("key", [{"state": self.key.worker_state()}] * k)
-            self._pools[k] = pool
+            pool = make_pool(workers, ["treeflare.crypto.backend"])
+            pool.map("key", [{"state": self.key.worker_state()}] * workers)
+            self._pools[workers] = pool
         return pool
 
     def start(self, workers: int) -> None:
