@@ -31,8 +31,8 @@ from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan, unpack_fi
 from ..crypto.workers import WorkerError
 from .gains import make_criterion, select
 from .inference import leaf_outputs, route_layers
-from .messages import (PROTOCOL_VERSION, ProtocolError, check_split_id, expect_reply, ids_digest, int_array,
-                       int_list, message_stats, require)
+from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, expect_reply, ids_digest,
+                       int_array, int_list, message_stats, require)
 from .objectives import make_objective, tree_channels
 from .params import VerticalParams
 from .quantize import apply_bins, fit_bins
@@ -415,7 +415,7 @@ class ActiveParty:
 
     # ---------------------------------------------------------------- outputs
     def model(self) -> dict:
-        return {"format": "treeflare.vertical.active/2", "party": self.name, "model": self.params.model,
+        return {"format": ACTIVE_FORMAT, "party": self.name, "model": self.params.model,
                 "objective": self.objective.name if self.objective else None,
                 "params": self.params.to_dict(), "n_classes": self.n_classes,
                 "base_score": self.base_score, "features": self.feature_names,

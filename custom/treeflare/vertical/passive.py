@@ -37,7 +37,8 @@ from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan
 from ..crypto.workers import WorkerError
 from .histo import HistEngine
 from .inference import PredictionAnswers
-from .messages import PROTOCOL_VERSION, ProtocolError, check_split_id, ids_digest, int_array, int_list, require
+from .messages import (PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, ids_digest, int_array,
+                       int_list, require)
 from .params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
 from .quantize import apply_bins, fit_bins
 
@@ -422,5 +423,5 @@ class PassiveParty:
                                           "timings_s": {k: float(v) for k, v in self.timings.items()}}}
 
     def model(self) -> dict:
-        return {"format": "treeflare.vertical.passive/2", "party": self.name,
+        return {"format": PASSIVE_FORMAT, "party": self.name,
                 "features": self.feature_names, "splits": self.splits}

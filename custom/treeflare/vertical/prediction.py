@@ -25,11 +25,11 @@ from collections import Counter
 import numpy as np
 
 from .inference import PredictionAnswers, leaf_outputs, route_layers
-from .messages import PROTOCOL_VERSION, ProtocolError, check_split_id, expect_reply, ids_digest, message_stats, require
+from .messages import (ACTIVE_FORMAT, PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, expect_reply,
+                       ids_digest, message_stats, require)
 from .objectives import OBJECTIVES, make_objective
 from .passive import PassivePolicy
 
-ACTIVE_FORMAT, PASSIVE_FORMAT = "treeflare.vertical.active/2", "treeflare.vertical.passive/2"
 
 
 class ModelPartError(ValueError):
