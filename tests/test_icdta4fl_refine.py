@@ -5,11 +5,12 @@ through NVFlare's serializer) the server holds ciphertexts and sums, never one s
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from icdta4fl_inprocess import InProcessRun
+from icdta4fl_inprocess import InProcessRun, wire
 from treeflare.crypto import secure_sum
 from treeflare.data import load_dataset, prepare_federation, write_federation
 from treeflare.flare.icdta4fl_controller import ICDTA4FLController
@@ -174,6 +175,19 @@ def test_protocol_server_sees_ciphertexts_and_sums_never_one_sites_counts(car_fe
     sums = [m["sums"] for s, name, m in to_server if name == REFINE_DECRYPT]
     assert len(sums) == 2  # one decryption per round, by the key holder only
     assert {s for s, name, m in to_server if name == REFINE_DECRYPT} == {"site-1"}
+    def ctx(site):
+        return SimpleNamespace(get_identity_name=lambda: site, get_engine=lambda: None)
+
+    # a curious server that asks again (fresh noise to average, another look) or for a round it never
+    # announced gets nothing more: each site answers a round once, and only the rounds announced at training
+    for name, who in ((REFINE_COUNTS, "site-3"), (REFINE_DECRYPT, "site-1")):
+        asked = [m for d, s, n, m in run.messages if d == "to_site" and n == name and s == who]
+        again = run.executors[who].execute(name, wire(asked[0]), ctx(who), None)
+        assert again.get_return_code() != "OK" and "already" in again["error"], again
+        beyond = wire(asked[0])
+        beyond["round"] = 3
+        refused = run.executors[who].execute(name, beyond, ctx(who), None)
+        assert refused.get_return_code() != "OK" and "round: 3 is above 2" in refused["error"], refused
     for task, decrypted in zip(tasks, sums):
         tree = Tree.from_dict(task["tree"])
         cands = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=tree.feature_kinds)

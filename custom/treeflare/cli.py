@@ -36,6 +36,7 @@ import warnings
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
 from .data.csv_io import check_levels
 from .data.discovery import DEFAULT_MIN_CATEGORY_ROWS
+from .icdta4fl.refine_counts import MAX_REFINE_ROUNDS
 
 USAGE_ERROR = 2
 
@@ -235,7 +236,7 @@ ARG_RULES = {
     "learning_rate": _number(0, above=True), "reg_lambda": _number(0), "min_child_weight": _number(0),
     "precision": _integer(8, 60), "workers": _integer(0), "min_category_rows": _integer(1),
     # ICDTA4FL refinement
-    "refine_rounds": _integer(0, 10), "refine_epsilon": _number(0, above=True),
+    "refine_rounds": _integer(0, MAX_REFINE_ROUNDS), "refine_epsilon": _number(0, above=True),
     "refine_key_bits": ((lambda v: _integer(2048, 4096)[0](v) and v % 2 == 0),
                         "an even integer in [2048, 4096] (4096-bit keys take about a minute to generate)"),
 }

@@ -104,7 +104,8 @@ class ICDTA4FLController(ResultWorkflow):
         t = time.perf_counter()
         task = {"schema": self._schema.to_dict(), "algorithm": self.algorithm, "params": self.local_params}
         if rounds:
-            task["refine"] = {"key_holder": key_holder, "key_bits": self._refine["key_bits"]}
+            # the rounds are announced up front: a site answers each round number once, and none beyond them
+            task["refine"] = {"key_holder": key_holder, "key_bits": self._refine["key_bits"], "rounds": rounds}
         trained = self._ask(TRAIN, task, sites, result, abort_signal, fl_ctx,
                             lambda r: {**check_train_reply(r, limits=self.limits),
                                        "public_key": r.get("refine_public_key")})
@@ -389,8 +390,10 @@ def _check_refine_params(params: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown refinement parameters {sorted(unknown)}; known: {sorted(DEFAULT_REFINE)}")
     p = {**DEFAULT_REFINE, **params}
-    if isinstance(p["rounds"], bool) or not isinstance(p["rounds"], int) or not 0 <= p["rounds"] <= 10:
-        raise ValueError(f"refinement rounds must be an integer in [0, 10], got {p['rounds']!r}")
+    rounds = p["rounds"]
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 0 <= rounds <= refine.MAX_REFINE_ROUNDS:
+        raise ValueError(f"refinement rounds must be an integer in [0, {refine.MAX_REFINE_ROUNDS}], "
+                         f"got {p['rounds']!r}")
     bits = p["key_bits"]
     if isinstance(bits, bool) or not isinstance(bits, int) or bits % 2 or \
             not secure_sum.MIN_KEY_BITS <= bits <= secure_sum.MAX_KEY_BITS:

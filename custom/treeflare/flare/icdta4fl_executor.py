@@ -46,6 +46,8 @@ class ICDTA4FLExecutor(Executor):
         self._test = None  # (X_test, y_test) kept between tasks of one run
         self._train_data = None  # (X_train, y_train, feature kinds): for refinement rounds
         self._key_holder = None  # this site's SumKeyHolder, when the server named it key holder
+        self._refine_rounds = 0  # announced with the training task; a round is answered once, none beyond
+        self._answered_rounds: set = set()
         self._public_key = None  # the first public key seen in this run: it may not change later
         self._pool = None  # r^n computed ahead for the refinement's encryptions
 
@@ -94,6 +96,8 @@ class ICDTA4FLExecutor(Executor):
         reply["local"] = {"accuracy": local["accuracy"][0], "macro_f1": local["macro_f1"][0]}
         self._train_data = (X, y, kinds)
         setup = task.get("refine")
+        if isinstance(setup, dict):
+            self._refine_rounds = check_int(setup.get("rounds"), "refine.rounds", lo=1, hi=refine.MAX_REFINE_ROUNDS)
         if isinstance(setup, dict) and setup.get("key_holder") == site:
             self._key_holder = secure_sum.SumKeyHolder(check_int(setup.get("key_bits"), "refine.key_bits"))
             reply["refine_public_key"] = self._key_holder.public_array()
@@ -132,6 +136,10 @@ class ICDTA4FLExecutor(Executor):
         """This site's class counts for the server's tree, encrypted under the key holder's public key."""
         if self._train_data is None:
             raise DataError("refinement asked before training in this run")
+        round_no = self._check_round(task)
+        if round_no in self._answered_rounds:
+            # fresh noise or a second look at the same tree would let a curious server average or difference
+            raise PayloadError("round", f"round {round_no} was already answered; a site sends its counts once")
         X, y, kinds = self._train_data
         tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds)
         candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds)
@@ -151,9 +159,16 @@ class ICDTA4FLExecutor(Executor):
         cts = secure_sum.encrypt_counts(pk, counts, slot_bits, self._pool)
         reply = make_reply(ReturnCode.OK)
         reply["ciphertexts"] = cts
-        reply["round"] = check_int(task["round"], "round", lo=1)
+        reply["round"] = round_no
         reply["encrypt_s"] = time.perf_counter() - t
+        self._answered_rounds.add(round_no)
         return reply
+
+    def _check_round(self, task) -> int:
+        """The task's round number, within the rounds announced with the training task."""
+        if not self._refine_rounds:
+            raise PayloadError("round", "no refinement rounds were announced in this run")
+        return check_int(task["round"], "round", lo=1, hi=self._refine_rounds)
 
     def _use_public_key(self, arr, precompute: int = 0):
         """The key holder's public key, the same in every task of this run; ``precompute`` r^n values are
@@ -176,11 +191,12 @@ class ICDTA4FLExecutor(Executor):
             # the key holder knows its own counts: from a sum of two it would learn the other site's
             raise PayloadError("n_contributors", f"will not decrypt a sum of {contributors} sites' counts "
                                                  f"(needs 3, or 2 with --refine-epsilon noise)")
-        sums = self._key_holder.decrypt_round(check_int(task["round"], "round", lo=1), task["ciphertexts"],
+        round_no = self._check_round(task)
+        sums = self._key_holder.decrypt_round(round_no, task["ciphertexts"],
                                               check_int(task["n_values"], "n_values", lo=0,
                                                         hi=refine.MAX_REFINE_VALUES),
                                               check_int(task["slot_bits"], "slot_bits", lo=2, hi=64))
         reply = make_reply(ReturnCode.OK)
         reply["sums"] = sums
-        reply["round"] = int(task["round"])
+        reply["round"] = round_no
         return reply

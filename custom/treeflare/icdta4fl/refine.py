@@ -17,15 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
-from .refine_counts import (DEFAULT_ROUND_VALUES, MAX_REFINE_VALUES, MAX_THRESHOLDS_PER_FEATURE, RefinePlan,
-                            SplitCandidates, add_noise, candidates_from_trees, count_vector, gini, noise_bound,
-                            plan_round)
+from .refine_counts import (DEFAULT_ROUND_VALUES, MAX_REFINE_ROUNDS, MAX_REFINE_VALUES, MAX_THRESHOLDS_PER_FEATURE,
+                            RefinePlan, SplitCandidates, add_noise, candidates_from_trees, count_vector, gini,
+                            noise_bound, plan_round)
 from .simplify import collapse_same_class
 
 # the wire-side names are re-exported so callers use one module for the round
 __all__ = ["choose_start", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round",
            "count_vector", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES",
-           "DEFAULT_ROUND_VALUES"]
+           "DEFAULT_ROUND_VALUES", "MAX_REFINE_ROUNDS"]
 
 _PSEUDO = 1e-6  # weight of the parent's distribution given to a node no training row reaches
 # A new child needs 0.2% of the pooled training rows: on 5 IID sites (5 seeds) this lifted credit from 81.45 to

@@ -27,9 +27,11 @@ from ..trees.validate import PayloadError, check_int, check_list, check_number
 from .rebuild import impurity
 
 __all__ = ["SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round", "count_vector", "add_noise",
-           "noise_bound", "gini", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES", "DEFAULT_ROUND_VALUES"]
+           "noise_bound", "gini", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES", "DEFAULT_ROUND_VALUES",
+           "MAX_REFINE_ROUNDS"]
 
 MAX_THRESHOLDS_PER_FEATURE = 32
+MAX_REFINE_ROUNDS = 10  # per job (--refine-rounds); each round spends the sites' privacy budget again
 # values in one site's reply: at 20-bit slots and 2048-bit keys, 1M values are ~10k ciphertexts (5 MB)
 MAX_REFINE_VALUES = 1_000_000
 DEFAULT_ROUND_VALUES = 100_000  # what the server asks per round: ~0.5 MB of ciphertexts per site at 2048 bits
