@@ -27,14 +27,15 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
-from .paillier import CiphertextError, PaillierPrivateKey, PaillierPublicKey, _random_prime
+from .backend import PaillierPublic
+from .paillier import (MAX_KEY_BITS, MIN_SECURE_BITS, CiphertextError, PaillierPrivateKey, PaillierPublicKey,
+                       _random_prime)
 
 __all__ = ["MIN_KEY_BITS", "MAX_KEY_BITS", "slot_bits_for", "values_per_ciphertext", "n_ciphertexts",
-           "public_key_to_array", "public_key_from_array", "encrypt_counts", "add_encrypted", "decrypt_sum",
-           "RandomnessPool", "SumKeyHolder"]
+           "public_key_to_array", "public_key_from_array", "encrypt_counts", "read_ciphertexts", "sum_ciphertexts",
+           "add_encrypted", "decrypt_sum", "RandomnessPool", "SumKeyHolder"]
 
-MIN_KEY_BITS = 2048   # 112-bit security (NIST SP 800-57)
-MAX_KEY_BITS = 4096   # 4096-bit keys take ~1 min to generate; beyond that nothing finishes in a job's time
+MIN_KEY_BITS = MIN_SECURE_BITS   # 112-bit security (NIST SP 800-57)
 
 
 def slot_bits_for(max_sum: int) -> int:
@@ -137,36 +138,29 @@ def encrypt_counts(pk: PaillierPublicKey, values, slot_bits: int, pool: Randomne
     rn = (pool or RandomnessPool(pk)).take(len(plain))
     n, nsq = pk.n, pk.nsq
     cts = [(1 + m * n) * r % nsq for m, r in zip(plain, rn)]
-    return _to_array(cts, pk)
+    return PaillierPublic(pk).serialize(cts)
 
 
-def _to_array(cts, pk: PaillierPublicKey) -> np.ndarray:
-    w = pk.ct_bytes
-    return np.frombuffer(b"".join(int(c).to_bytes(w, "big") for c in cts), dtype=np.uint8).copy()
+def read_ciphertexts(pk: PaillierPublicKey, arr, count: int) -> list:
+    """Exactly ``count`` ciphertexts from a wire array, each checked (range and invertibility)."""
+    if isinstance(arr, np.ndarray) and arr.size != count * pk.ct_bytes:
+        raise CiphertextError(f"expected {count} ciphertexts ({count * pk.ct_bytes} bytes), got {arr.size} bytes")
+    return PaillierPublic(pk).deserialize(arr, count)
 
 
-def _from_array(arr, pk: PaillierPublicKey, count: int) -> list:
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 1:
-        raise CiphertextError("ciphertexts must arrive as a 1-D uint8 array")
-    w = pk.ct_bytes
-    if arr.size != count * w:
-        raise CiphertextError(f"expected {count} ciphertexts ({count * w} bytes), got {arr.size} bytes")
-    raw = arr.tobytes()
-    out = [mpz.from_bytes(raw[i:i + w], "big") for i in range(0, len(raw), w)]
-    for c in out:
-        pk.check(c)
-    return out
+def sum_ciphertexts(pk: PaillierPublicKey, parts: list) -> np.ndarray:
+    """Slot-wise sum of several sites' checked ciphertext lists (:func:`read_ciphertexts`), as one wire array."""
+    if not parts:
+        raise ValueError("nothing to add")
+    total = parts[0]
+    for cts in parts[1:]:
+        total = [a * b % pk.nsq for a, b in zip(total, cts)]
+    return PaillierPublic(pk).serialize(total)
 
 
 def add_encrypted(pk: PaillierPublicKey, arrays, count: int) -> np.ndarray:
     """Slot-wise sum of several sites' encrypted vectors (each checked), as one wire array."""
-    arrays = list(arrays)
-    if not arrays:
-        raise ValueError("nothing to add")
-    total = _from_array(arrays[0], pk, count)
-    for arr in arrays[1:]:
-        total = [a * b % pk.nsq for a, b in zip(total, _from_array(arr, pk, count))]
-    return _to_array(total, pk)
+    return sum_ciphertexts(pk, [read_ciphertexts(pk, arr, count) for arr in arrays])
 
 
 def decrypt_sum(sk: PaillierPrivateKey, arr, n_values: int, slot_bits: int) -> np.ndarray:
@@ -176,7 +170,7 @@ def decrypt_sum(sk: PaillierPrivateKey, arr, n_values: int, slot_bits: int) -> n
     count = n_ciphertexts(n_values, pk.bits, slot_bits)
     mask = (1 << slot_bits) - 1
     out = np.empty(count * k, dtype=np.int64)
-    for i, c in enumerate(_from_array(arr, pk, count)):
+    for i, c in enumerate(read_ciphertexts(pk, arr, count)):
         m = sk.decrypt(c)
         if m < 0:
             raise CiphertextError("a summed plaintext is negative: some site encrypted a value outside its slots")

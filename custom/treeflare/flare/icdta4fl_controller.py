@@ -264,7 +264,7 @@ class ICDTA4FLController(ResultWorkflow):
         counted = sorted(replies, key=natural_key)
         if key_holder not in counted:
             raise _RoundFailed(f"the key holder {key_holder} sent no counts")
-        summed = secure_sum.add_encrypted(pk, [replies[s]["ciphertexts"] for s in counted], n_ct)
+        summed = secure_sum.sum_ciphertexts(pk, [replies[s]["ciphertexts"] for s in counted])
         t_counts = time.perf_counter() - t
         t = time.perf_counter()
         decrypt = {"ciphertexts": summed, "n_values": plan.n_values, "slot_bits": slot_bits, "round": r,

@@ -74,13 +74,13 @@ def check_global_reply(reply: dict) -> dict:
 
 
 def check_counts_reply(reply: dict, *, pk, n_ciphertexts: int, round_no: int) -> dict:
-    """{ciphertexts: uint8 array of exactly n_ciphertexts valid Paillier ciphertexts, round, encrypt_s}."""
+    """{ciphertexts: uint8 array of exactly n_ciphertexts valid Paillier ciphertexts, round, encrypt_s}; the
+    ciphertexts come back parsed (a list), so the server reads each site's once."""
     if not isinstance(reply, dict):
         raise PayloadError("reply", f"expected a dict, got {type(reply).__name__}")
     if check_int(reply.get("round"), "round") != round_no:
         raise PayloadError("round", f"expected {round_no}")
-    cts = reply.get("ciphertexts")
-    secure_sum.add_encrypted(pk, [cts], n_ciphertexts)  # checks size, range and invertibility of each
+    cts = secure_sum.read_ciphertexts(pk, reply.get("ciphertexts"), n_ciphertexts)  # size, range, invertibility
     return {"ciphertexts": cts, "encrypt_s": check_number(reply.get("encrypt_s"), "encrypt_s", nonnegative=True)}
 
 
