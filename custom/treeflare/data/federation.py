@@ -136,22 +136,7 @@ def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Pa
     lists the files written), it holds nothing else, and ``overwrite`` is set; an empty folder is used. Any
     other folder, the embedded datasets' folder above all, is refused and left as it is.
     """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a folder; choose another --out")
-    _refuse_embedded_data(out)
-    if out.exists() and any(out.iterdir()):
-        foreign = foreign_entries(out)
-        if foreign is None:
-            raise DataError(f"{out}: already exists and was not written by treeflare (no {MARKER} inside); it is "
-                            "left as it is: choose another folder, or move this one away yourself")
-        if foreign:
-            raise DataError(f"{out}: holds files treeflare did not write ({', '.join(foreign[:3])}"
-                            f"{', ...' if len(foreign) > 3 else ''}); they are left as they are: move them away "
-                            "or choose another folder")
-        if not overwrite:
-            raise DataError(f"{out}: already exists and is not empty; choose another --out or pass --overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = _check_target(Path(out_dir), overwrite=overwrite)
     tmp = _fresh_sibling(out)
     try:
         (tmp / "server").mkdir()
@@ -177,16 +162,7 @@ def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Pa
 def write_marked_folder(out_dir, files: dict[str, str], *, written_by: str) -> Path:
     """Write ``files`` (relative path -> text) as the folder ``out_dir``, all or nothing, with :data:`MARKER`.
     An existing folder is replaced only under :func:`write_federation`'s rules (ours, nothing else inside)."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a folder")
-    _refuse_embedded_data(out)
-    if out.exists() and any(out.iterdir()):
-        foreign = foreign_entries(out)
-        if foreign is None or foreign:
-            raise DataError(f"{out}: already exists and holds files treeflare did not write; it is left as it is: "
-                            "choose another --workspace, or move it away yourself")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = _check_target(Path(out_dir), overwrite=True)
     tmp = _fresh_sibling(out)
     try:
         for rel, text in files.items():
@@ -196,6 +172,28 @@ def write_marked_folder(out_dir, files: dict[str, str], *, written_by: str) -> P
         _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _check_target(out: Path, *, overwrite: bool) -> Path:
+    """``out`` may be written: absent, empty, or a folder treeflare wrote holding nothing else (then replaced
+    only with ``overwrite``). Anything else, the embedded datasets' folder above all, is refused and left as
+    it is. Creates the parent folder."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a folder; choose another folder")
+    _refuse_embedded_data(out)
+    if out.exists() and any(out.iterdir()):
+        foreign = foreign_entries(out)
+        if foreign is None:
+            raise DataError(f"{out}: already exists and was not written by treeflare (no {MARKER} inside); it is "
+                            "left as it is: choose another folder, or move this one away yourself")
+        if foreign:
+            raise DataError(f"{out}: holds files treeflare did not write ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}); they are left as they are: move them away "
+                            "or choose another folder")
+        if not overwrite:
+            raise DataError(f"{out}: already exists and is not empty; choose another --out or pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
     return out
 
 
