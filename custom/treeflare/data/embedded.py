@@ -46,12 +46,15 @@ _HIGGS = (["lepton_pt", "lepton_eta", "lepton_phi", "missing_energy_magnitude", 
           + ["m_jj", "m_jjj", "m_lv", "m_jlv", "m_bb", "m_wbb", "m_wwbb"])
 
 
+REPO_DATA = Path(__file__).resolve().parents[3] / "data"  # the embedded datasets in this repository
+
+
 def data_root() -> Path:
     """``$TREEFLARE_DATA_DIR`` or the repository's ``data/`` folder."""
     env = os.environ.get("TREEFLARE_DATA_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "data"
+    return REPO_DATA
 
 
 def _file(name: str, filename: str) -> Path:

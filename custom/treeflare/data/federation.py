@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .csv_io import read_header, read_site_csv
-from .embedded import data_root
+from .embedded import REPO_DATA, data_root
 from .errors import DataError
 from .partition import partition_rows, stratified_split, vertical_columns
 from .schema import Schema
@@ -33,7 +33,6 @@ from .table import Table
 
 # Written into every federation folder: only a folder holding it (and nothing it does not list) is replaced.
 MARKER = ".treeflare-federation.json"
-REPO_DATA = Path(__file__).resolve().parents[3] / "data"
 GLOBAL_TEST_SIZE = 0.2
 LOCAL_TEST_SIZE = 0.2
 
