@@ -63,7 +63,7 @@ class SchemaConflict(DataError):
 
 def check_min_category_rows(k) -> int:
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_MIN_CATEGORY_ROWS:
-        raise DataError(f"--min-category-rows must be an integer >= 1, got {k!r}")
+        raise DataError(f"--min-category-rows must be an integer >= 1 (at most {MAX_MIN_CATEGORY_ROWS:,}), got {k!r}")
     return int(k)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ..data import DataError, Schema
 from ..data.csv_io import frame_to_table, read_raw
+from ..data.discovery import MAX_MIN_CATEGORY_ROWS
 
 SITE_CONFIG_FILE = "treeflare_site.json"
 SITE_CONFIG_ENV = "TREEFLARE_SITE_CONFIG"
@@ -122,8 +123,8 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     if unknown:
         raise DataError(f"{source}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS - {'comment'})})")
     k = data.get("min_category_rows")
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise DataError(f"{source}: 'min_category_rows' must be an integer >= 1")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_MIN_CATEGORY_ROWS):
+        raise DataError(f"{source}: 'min_category_rows' must be an integer >= 1 (at most {MAX_MIN_CATEGORY_ROWS:,})")
     for key in _STRING_KEYS:
         value = data.get(key)
         if value is not None and (not isinstance(value, str) or not value.strip()):
