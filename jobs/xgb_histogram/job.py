@@ -38,6 +38,7 @@ from treeflare.cli import schema_source
 from treeflare.data import site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.flare.runner import add_run_args, one_poc, recipe_job, run_job, ship_package
+from treeflare.flare.xgb_direct_protocol import job_ranks
 from treeflare.flare.xgb_progress import XGBRoundProgress
 from treeflare.reporting import format_table, write_json_atomic
 from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build, make_params, metric_keys
@@ -168,12 +169,12 @@ def build_direct_job(folder: str, schema, params: dict, args, sites: list[str]):
 
     from treeflare.flare.xgb_direct_controller import XGBDirectController
     from treeflare.flare.xgb_direct_executor import XGBDirectExecutor
-    from treeflare.flare.xgb_direct_protocol import TRAIN_TASK, job_ranks
+    from treeflare.flare.xgb_direct_protocol import TRAIN_TASK
 
     vertical = args.mode == "vertical"
     # rank order == the federation's site order (site-1, site-2, ..., site-10) == the schema's column order in
     # vertical mode, where site-1 holds the label and must be rank 0
-    ranks = job_ranks(sites, label_owner=sites[0] if vertical else None)
+    ranks = job_ranks(sites)
     job = FedJob(name=JOB, min_clients=len(sites))
     job.to_server(XGBDirectController(site_ranks=ranks, port=args.xgb_port, server_host=args.xgb_server_host,
                                       train_timeout=args.xgb_train_timeout,
@@ -222,7 +223,7 @@ def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):
                   early_stopping_rounds=args.early_stopping_rounds, xgb_params=params)
     if vertical:
         # rank order == site order == the schema's column order, so the model's features are in schema order
-        recipe = recipe_cls(label_owner=sites[0], client_ranks={s: i for i, s in enumerate(sites)},
+        recipe = recipe_cls(label_owner=sites[0], client_ranks=job_ranks(sites),
                             model_file_name="model.json", **common)
     else:
         recipe = recipe_cls(**common)
@@ -230,7 +231,7 @@ def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):
         # string sort of the site names (site-10 before site-2). The job fixes the ranks instead.
         for wf in recipe._job._deploy_map["server"].app_config.workflows:
             if hasattr(wf.controller, "client_ranks"):
-                wf.controller.client_ranks = {s: i for i, s in enumerate(sites)}
+                wf.controller.client_ranks = job_ranks(sites)
     set_per_site_config(recipe, {s: {"data_loader": data_loader(folder, schema, args, vertical)} for s in sites})
     return recipe
 
@@ -320,7 +321,7 @@ def run(args, table=None) -> dict:
         timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
     model_path = workspace / "model.json"
     # the schema travels in the model (the direct transport's sites already put it there; NVFlare's recipes do not)
-    ranks = (server or {}).get("ranks") or {s: i for i, s in enumerate(sites)}
+    ranks = (server or {}).get("ranks") or job_ranks(sites)
     save_with_schema(model_src, model_path, schema, args.mode, ranks)
     tb_src = Path(server_run_dir) / "tb_events"
     if tb_src.is_dir():
