@@ -7,6 +7,7 @@ we kill whatever still carries it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -18,6 +19,15 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN_VAR = "TREEFLARE_TEST_TOKEN"
+
+
+def load_script(relpath: str, name: str):
+    """A script of this repository (a job's ``job.py``, ``scripts/*.py``) as a module, to call its main() in
+    process."""
+    spec = importlib.util.spec_from_file_location(name, REPO / relpath)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def isolated_env(tmp_path: Path, token: str) -> dict:

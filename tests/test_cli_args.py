@@ -5,24 +5,20 @@ error names the argument."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
+from flare_helpers import load_script
 from treeflare.cli import ARG_RULES, check_args
 from treeflare.data import DataError
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def jobs():
     mods = {}
     for name in ("icdta4fl", "vertical_tree", "xgb_histogram"):
-        spec = importlib.util.spec_from_file_location(f"{name}_job_args", REPO / "jobs" / name / "job.py")
-        mods[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mods[name])
+        mods[name] = load_script(f"jobs/{name}/job.py", f"{name}_job_args")
     return mods
 
 
@@ -90,8 +86,10 @@ def test_xgb_arguments(jobs, argv, message, tmp_path, capsys):
 
 
 def test_check_args_names_every_rule_and_skips_absent_ones():
-    assert check_args(argparse.Namespace(sites=3)) is not None  # only what a script has is checked
-    assert check_args(argparse.Namespace(max_leaves=None, global_max_depth=None, criterion=None))
+    ns = argparse.Namespace(sites=3)
+    assert check_args(ns) is ns  # only what a script has is checked
+    absent = argparse.Namespace(max_leaves=None, global_max_depth=None, criterion=None)
+    assert check_args(absent) is absent  # optional arguments left out are not checked
     for dest in ARG_RULES:
         with pytest.raises(DataError, match="--"):
             check_args(argparse.Namespace(**{dest: "nonsense"}))

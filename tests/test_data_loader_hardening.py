@@ -163,13 +163,9 @@ def test_infer_schema_refuses_an_empty_column_clearly():
 
 
 def test_cli_prints_the_warning_plainly(make_csv, tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
+    from flare_helpers import load_script
 
-    spec = importlib.util.spec_from_file_location(
-        "prepare_data_script_w", Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("scripts/prepare_data.py", "prepare_data_script_w")
     assert mod.main(["--csv", str(make_csv(_with_empty_column())), "--label", "y", "--sites", "2",
                      "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flare_helpers import load_script
 from treeflare.data import DataError, Feature, Schema
 from treeflare.flare.site_config import SITE_CONFIG_ENV, load_binding, parse_binding
 
-REPO = Path(__file__).resolve().parents[1]
 SCHEMA = Schema((Feature("age", "numeric"), Feature("colour", "categorical", ("red", "blue"))), "y", ("no", "yes"))
 
 
@@ -149,12 +149,7 @@ def test_failed_report_write_keeps_the_old_report(tmp_path):
 @pytest.fixture(scope="module")
 def job_script():
     """jobs/icdta4fl/job.py loaded in-process (its main() is what the command line runs)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("icdta4fl_job_hostile", REPO / "jobs" / "icdta4fl" / "job.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("jobs/icdta4fl/job.py", "icdta4fl_job_hostile")
 
 
 def _job(mod, args, tmp_path, capsys):

@@ -4,7 +4,6 @@ own predictions on the encoded rows; unknown categories, missing values and colu
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from flare_helpers import load_script
 from treeflare.data import load_csv
 from treeflare.data.csv_io import features_table, read_raw
 from treeflare.prediction import load_model, predict_csv
@@ -21,9 +21,7 @@ xgb = pytest.importorskip("xgboost")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "predict.py"
-_spec = importlib.util.spec_from_file_location("predict_script", SCRIPT)
-predict_script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(predict_script)
+predict_script = load_script("scripts/predict.py", "predict_script")
 
 
 def write_rows(path, n=600, seed=0, label=True):

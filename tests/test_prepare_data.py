@@ -1,13 +1,14 @@
 """scripts/prepare_data.py end to end: in a subprocess (as a user runs it) and, for the error cases, in-process."""
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from flare_helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
@@ -138,10 +139,7 @@ def test_bad_input_exits_2_without_traceback(tmp_path):
 # -- error cases in-process (fast) ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("prepare_data_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/prepare_data.py", "prepare_data_script")
 
 
 def fail(script, capsys, argv):

@@ -13,6 +13,7 @@ from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import make_reply
 
+from flare_helpers import load_script
 from icdta4fl_inprocess import InProcessRun
 from treeflare.data import DataError, Schema
 from treeflare.flare.schema_discovery import (RESULT_FILE, SCHEMA_FILE, SchemaDiscoveryController,
@@ -178,11 +179,7 @@ def test_reviewed_schema_file(tmp_path):
     (["--schema", "discover", "--export", "out"], "--export writes one job folder"),
 ])
 def test_job_script_schema_options(tmp_path, argv, message, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("icdta4fl_job", Path(__file__).parents[1] / "jobs" / "icdta4fl" / "job.py")
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
+    job = load_script("jobs/icdta4fl/job.py", "icdta4fl_job")
     with pytest.raises(SystemExit) as exit_:
         job.main([*argv, "--sites", "2", "--workspace", str(tmp_path / "ws")])
     assert exit_.value.code == 2 and message in capsys.readouterr().err

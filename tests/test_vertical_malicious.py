@@ -198,7 +198,7 @@ def test_split_requests_checked(run):
 def test_prediction_requests_checked():
     r = Run()
     try:
-        m = r.until("layer", 1)
+        r.until("layer", 1)
         root = next(iter(r.p.splits))
         allrows = np.arange(r.p.n_test, dtype=np.int32)
         pm = r.until("predict", 0)
@@ -212,10 +212,10 @@ def test_prediction_requests_checked():
         other = np.setdiff1d(allrows, e["rows"]).astype(np.int32)
         _reject(r.p, {**pm1, "nodes": [{"id": e["id"], "rows": other}]}, "rows differ from those this party sent down")
         _reject(r.p, {**pm1, "depth": 2}, "not at depth 2")
-        if len(pm1["nodes"]) == 2:
-            e2 = pm1["nodes"][1]
-            dup = np.concatenate([e2["rows"], e["rows"][:1]]).astype(np.int32)
-            _reject(r.p, {**pm1, "nodes": [e, {"id": e2["id"], "rows": dup}]}, "rows differ|two nodes")
+        assert len(pm1["nodes"]) == 2  # both children of the root hold test rows (this seed)
+        e2 = pm1["nodes"][1]
+        dup = np.concatenate([e2["rows"], e["rows"][:1]]).astype(np.int32)
+        _reject(r.p, {**pm1, "nodes": [e, {"id": e2["id"], "rows": dup}]}, "rows differ|two nodes")
         assert s["depth"] == 1
     finally:
         r.close()
