@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from data_helpers import set_cell
 from treeflare.data import DataError, load_csv, prepare_federation, read_site, write_federation
 
 
@@ -107,10 +108,7 @@ def test_float32_limit_itself_is_fine(make_csv):
 def test_site_file_beyond_float32_is_refused(make_csv, tmp_path):
     t = load_csv(make_csv("x,z,y\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(40))), label="y")
     root = write_federation(prepare_federation(t, 2, seed=0), tmp_path / "fed")
-    path = root / "site-1" / "train.csv"
-    lines = path.read_text().splitlines()
-    lines[2] = "1e300," + lines[2].split(",", 1)[1]
-    path.write_text("\n".join(lines) + "\n")
+    set_cell(root / "site-1" / "train.csv", 3, 0, "1e300")
     with pytest.raises(DataError) as e:
         read_site(root, "site-1")
     assert (e.value.site, e.value.column, e.value.line) == ("site-1", "x", 3)
@@ -185,10 +183,7 @@ def test_site_file_with_a_missing_id(make_csv, tmp_path):
     t = load_csv(make_csv("id,x,z,y\n" + "".join(f"r{i},{i},{i % 3},{i % 2}\n" for i in range(40))), label="y",
                  id_column="id")
     root = write_federation(prepare_federation(t, 2, seed=0, vertical=True, n_passive=1), tmp_path / "fed")
-    path = root / "site-2" / "train.csv"
-    lines = path.read_text().splitlines()
-    lines[3] = "," + lines[3].split(",", 1)[1]
-    path.write_text("\n".join(lines) + "\n")
+    set_cell(root / "site-2" / "train.csv", 4, 0, "")
     with pytest.raises(DataError) as e:
         read_site(root, "site-2")
     assert e.value.redacted() == "site-2: train.csv, column 'id', line 4: missing id"

@@ -9,6 +9,7 @@ import argparse
 import numpy as np
 import pytest
 
+from data_helpers import set_cell
 from treeflare import cli
 from treeflare.data import (DataError, Feature, Schema, load_csv, load_dataset, prepare_federation, read_site,
                             write_federation)
@@ -75,10 +76,7 @@ def test_value_that_is_not_a_level_is_refused(make_csv):
 def test_site_file_with_an_unknown_level(make_csv, tmp_path):
     root = write_federation(prepare_federation(_table(make_csv), 2, seed=0), tmp_path / "fed")
     assert read_site(root, "site-1").train.schema.feature("size").categories == SIZE
-    path = root / "site-2" / "test.csv"
-    lines = path.read_text().splitlines()
-    lines[1] = "XXL," + lines[1].split(",", 1)[1]
-    path.write_text("\n".join(lines) + "\n")
+    set_cell(root / "site-2" / "test.csv", 2, 0, "XXL")
     with pytest.raises(DataError) as e:
         read_site(root, "site-2")
     assert e.value.redacted() == "site-2: test.csv, column 'size', line 2: value is not a level of the ordinal column"

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from data_helpers import set_cell
 from treeflare.data import DataError, load_csv, prepare_federation, write_federation
 from treeflare.data.errors import UNSPECIFIED, public_error
 
@@ -23,13 +24,7 @@ def _csv(n=90):
 
 def plant_secret(root, site, line=4, column=1, name="train.csv"):
     """Put SECRET into a numeric cell of a site's file; returns the file."""
-    path = root / site / name
-    lines = path.read_text().splitlines()
-    cells = lines[line - 1].split(",")
-    cells[column] = SECRET
-    lines[line - 1] = ",".join(cells)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return set_cell(root / site / name, line, column, SECRET)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import json
 import numpy as np
 import pytest
 
+from data_helpers import set_cell
 from flare_helpers import flare_lock, run_script
 
 pytestmark = pytest.mark.flare
@@ -48,10 +49,7 @@ def hostile_run(tmp_path_factory):
     # The sites' data, as the job would write it, with site-4's file then corrupted at the site.
     site_data = write_federation(prepare_federation(load_csv(csv, label="y"), 6, "iid", None, seed=1),
                                  tmp / "site data" / "fed")
-    bad = site_data / "site-4" / "train.csv"
-    lines = bad.read_text().splitlines()
-    lines[BAD_LINE - 1] = SECRET + "," + lines[BAD_LINE - 1].split(",", 1)[1]
-    bad.write_text("\n".join(lines) + "\n")
+    set_cell(site_data / "site-4" / "train.csv", BAD_LINE, 0, SECRET)
     ws = tmp / "work space"
     with flare_lock():
         proc = run_script("tests/hostile_job.py",
