@@ -101,8 +101,10 @@ def test_histogram_subtraction_same_model_less_work():
     b = run_vertical(d, replace(P, hist_subtraction=False))
     assert compare_runs(a, b)["identical"]
     ops_a, ops_b = a[1]["site-2"].ops, b[1]["site-2"].ops
-    assert ops_a["subtractions"] > 0 and ops_b["subtractions"] == 0
-    assert ops_a["additions"] < ops_b["additions"]
+    assert a[0].comm["derived_sums"] > 0 and b[0].comm["derived_sums"] == 0
+    # the larger sibling's sums come from the parent's decrypted sums: fewer histograms, shifts and decryptions
+    assert ops_a["additions"] < ops_b["additions"] and ops_a["shifts"] < ops_b["shifts"]
+    assert a[0].comm["ciphertexts_to_active"] < b[0].comm["ciphertexts_to_active"]
 
 
 def test_extreme_gradients_large_hessian():
@@ -276,6 +278,7 @@ def test_messages_never_leak(model, L):
     passive_thresholds |= {float(e) for p in ps.values() for es in p.edges for e in es}
     active_vals = {float(v) for v in np.asarray(d.X_active).ravel()}
     assert rec
+    pairs_seen = 0
     for src, dst, msg in rec:
         for leaf in _walk(msg):
             if isinstance(leaf, tuple):
@@ -319,7 +322,11 @@ def test_messages_never_leak(model, L):
         else:
             assert set(msg) <= {"type", "n_features", "nodes", "ids", "sizes", "left", "stats"}
             for e in msg.get("nodes", []):
-                assert set(e) in ({"nid", "ids", "cts"}, {"id", "bits"})
+                # one node's candidates, or a sibling pair (positions among the parent's candidates, no features)
+                assert set(e) in ({"nid", "ids", "cts"}, {"id", "bits"},
+                                  {"nid", "sibling", "pos", "sel", "sel_sibling", "ids", "ids_sibling", "cts"})
+                pairs_seen += "sibling" in e
+    assert pairs_seen > 0
     # the active party's model has no passive thresholds or features, only opaque ids
     for tree in a.trees:
         for nd in tree["nodes"]:
@@ -410,6 +417,51 @@ def test_misaligned_ids_and_malformed_messages(setup_pair):
                 {"open": []}, {"open": ["x"]}, {"type": "drop_tables"}]:
         with pytest.raises(ProtocolError):
             p.handle({**msg, **bad})
+
+
+def _first_pair_reply():
+    """Parties stopped at the first histogram reply that carries a sibling pair (depth 1)."""
+    d = synthetic(n=200, n_test=20, passive_features=(3,), n_classes=2, seed=4)
+    a, ps = make_parties(d, params(model="gbdt", n_trees=1, max_depth=3, min_rows_node=4))
+    (name, p), = ps.items()
+    out, reply = a.step(None), None
+    while out is not None:
+        reply = p.handle(out[name])
+        if reply["type"] == "hist" and any("sibling" in e for e in reply["nodes"]):
+            return a, ps, name, reply
+        out = a.step({name: reply})
+    raise AssertionError("no sibling pair was sent")
+
+
+@pytest.mark.parametrize("tamper,match", [
+    (lambda e: e.update(pos=e["pos"] + 10_000), "out of range"),
+    (lambda e: e.update(pos=e["pos"][::-1].copy()), "not increasing"),
+    (lambda e: e.update(sel=e["sel"][:-1]), "entries"),
+    (lambda e: e.update(ids=e["ids"][:-1]), "do not match"),
+    (lambda e: e.update(sibling=e["sibling"] + 2), "not an open sibling pair"),
+    (lambda e: e.update(sibling=e["nid"]), "not an open sibling pair"),
+    (lambda e: e.pop("sel_sibling"), "missing"),
+])
+def test_hostile_sibling_pair_refused_before_decryption(tamper, match):
+    a, ps, name, reply = _first_pair_reply()
+    nodes = [dict(e) for e in reply["nodes"]]
+    tamper(next(e for e in nodes if "sibling" in e))
+    before = a.kh.ops["decryptions"]
+    with pytest.raises(ProtocolError, match=match):
+        a.step({name: {"type": "hist", "nodes": nodes}})
+    assert a.kh.ops["decryptions"] == before
+    close_parties(a, ps)
+
+
+@pytest.mark.parametrize("case", ["twice", "missing"])
+def test_sibling_pair_node_twice_or_missing_refused(case):
+    a, ps, name, reply = _first_pair_reply()
+    pair = next(e for e in reply["nodes"] if "sibling" in e)
+    others = [e for e in reply["nodes"] if e is not pair]
+    extra = [pair, {"nid": pair["sibling"], "ids": [], "cts": pair["cts"][:0]}] if case == "twice" else []
+    with pytest.raises(ProtocolError, match="cover the open nodes"):
+        a.step({name: {"type": "hist", "nodes": extra + others}})
+    close_parties(a, ps)
 
 
 def test_lying_partition_detected(setup_pair):

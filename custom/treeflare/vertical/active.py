@@ -8,7 +8,7 @@ Per tree the active party quantises the reference data once (:mod:`.objectives`)
 channels of a row into one plaintext (or as few as fit; or one per channel with
 ``packing=False``), encrypts (persistent worker processes), and sends it with the first layer.
 Per layer every passive party returns compressed cumulative sums for each open node under random
-ids; the active party checks their number against what the passive declared at setup (features x
+ids (for two open siblings, the smaller one's only: the larger one's are the parent's minus these); the active party checks their number against what the passive declared at setup (features x
 (bins - 1) per node), decrypts, unpacks, compares exact gains of its own and the passive
 candidates (:func:`.gains.select`), and asks the winning passive party, by id only, for the
 left/right partition (when several of its candidates tie, it sends all of them and the passive
@@ -97,6 +97,7 @@ class ActiveParty:
         self.test_score = None
         self._gen = None
         self.base_score = 0.0
+        self._node_sums: dict = {}   # passive -> node -> decrypted sums over its candidates (previous layer)
 
     # ---------------------------------------------------------------- driver interface
     def step(self, inbox):
@@ -216,6 +217,7 @@ class ActiveParty:
     def _build_tree(self, t, F):
         P = self.params
         layout, units, unit_widths, stats, grad = self._encrypt_tree(F)
+        self._node_sums = {}
         nodes: dict = {}
         node_idx = {0: np.arange(self.n)}
         layer = [0]
@@ -279,55 +281,79 @@ class ActiveParty:
 
     # ---------------------------------------------------------------- decrypt & decode
     def _passive_candidates(self, replies, open_, layout, units, unit_widths, totals):
-        """{node: {passive: [(id, left channel sums)]}} from the passives' histogram replies."""
+        """{node: {passive: [(id, left channel sums)]}} from the passives' histogram replies.
+
+        A reply entry is either one node's candidates, or a sibling pair: the smaller child's sums over
+        some of the parent's candidates (``pos``), from which the larger child's follow by subtracting them
+        from the parent's decrypted sums (histogram subtraction on plaintexts: half the shifts and
+        decryptions).  ``sel`` / ``sel_sibling`` say which of those candidates each child is offered."""
         P = self.params
         pub = self.kh.public
         fields = [(layout.widths[a:b], layout.signed[a:b], a, b) for a, b in units]
+        open_set = set(open_)
         jobs, raws = [], []
         with _Timer(self.timings, "deserialize"):
             for p in self.passives:
                 r = expect_reply(replies, p, "hist")
-                nodes = require(r, "nodes", list)
-                if sorted(require(nd, "nid", int) for nd in nodes) != sorted(open_):
-                    raise ProtocolError(f"{p}: histogram reply does not cover the open nodes")
+                prev = self._node_sums.get(p, {})
+                covered = []
                 bound = self.declared[p] * (P.bins - 1)
-                for nd in nodes:
-                    ids = require(nd, "ids", list)
-                    if len(ids) > bound:
-                        raise ProtocolError(f"{p}: {len(ids)} candidates for node {nd['nid']}, more than the {bound} "
-                                            f"its {self.declared[p]} declared features x {P.bins - 1} thresholds allow")
-                    for s in ids:
-                        check_split_id(s)
-                    if len(set(ids)) != len(ids):
-                        raise ProtocolError(f"{p}: duplicate split ids")
-                    plan = pack_plan(len(ids), unit_widths, pub.usable_bits, P.compress)
+                for nd in require(r, "nodes", list):
+                    nid = require(nd, "nid", int)
+                    ids = self._offered(p, nd, "ids", bound)
+                    if "sibling" in nd:
+                        sib = require(nd, "sibling", int)
+                        parent = (nid - 1) // 2
+                        if nid == 0 or sib == nid or (sib - 1) // 2 != parent or sib not in open_set \
+                                or parent not in prev:
+                            raise ProtocolError(f"{p}: node {nid} and {sib} are not an open sibling pair")
+                        n_par = len(prev[parent])
+                        pos = int_array(nd, "pos", None, 0, n_par - 1)
+                        if pos.size and np.any(np.diff(pos) <= 0):
+                            raise ProtocolError(f"{p}: candidate positions of node {nid} not increasing")
+                        sel = int_array(nd, "sel", pos.size, 0, 1).astype(bool)
+                        sel_sib = int_array(nd, "sel_sibling", pos.size, 0, 1).astype(bool)
+                        ids_sib = self._offered(p, nd, "ids_sibling", bound)
+                        if len(ids) != int(sel.sum()) or len(ids_sib) != int(sel_sib.sum()):
+                            raise ProtocolError(f"{p}: split ids of nodes {nid} and {sib} do not match their "
+                                                "candidates")
+                        pair = (sib, parent, pos, sel, sel_sib, ids_sib)
+                        n_values = pos.size
+                        covered += [nid, sib]
+                    else:
+                        pair, n_values = None, len(ids)
+                        covered.append(nid)
+                    plan = pack_plan(n_values, unit_widths, pub.usable_bits, P.compress)
                     try:
                         raw = pub.wire_bytes(require(nd, "cts", np.ndarray), len(plan))
                         pub.from_bytes(raw, check=True)
                     except CiphertextError as e:
                         raise ProtocolError(f"{p}: {e}") from None
-                    jobs.append((p, nd["nid"], ids, plan))
+                    jobs.append((p, nid, ids, n_values, plan, pair))
                     raws.append(raw)
                     self.comm["hist_nodes"] += 1
+                if sorted(covered) != sorted(open_):
+                    raise ProtocolError(f"{p}: histogram reply does not cover the open nodes")
         with _Timer(self.timings, "decrypt"):
             try:
                 plain = self.kh.decrypt_bytes(b"".join(raws), P.n_workers)
             except (CiphertextError, WorkerError) as e:
                 raise ProtocolError(f"returned ciphertexts do not decrypt: {e}") from None
         out = defaultdict(dict)
+        sums = defaultdict(dict)
         with _Timer(self.timings, "unpack"):
-            pos = 0
+            pos_ct = 0
             nch = layout.n_channels
-            for p, nid, ids, plan in jobs:
-                vecs = [[0] * nch for _ in ids]
+            for p, nid, ids, n_values, plan, pair in jobs:
+                vecs = [[0] * nch for _ in range(n_values)]
                 try:
                     for fl in plan:
                         ws, ss = [], []
                         for _i, u in fl:
                             ws += fields[u][0]
                             ss += fields[u][1]
-                        vals = unpack_fields(plain[pos], ws, ss)
-                        pos += 1
+                        vals = unpack_fields(plain[pos_ct], ws, ss)
+                        pos_ct += 1
                         k = 0
                         for i, u in fl:
                             a, b = fields[u][2], fields[u][3]
@@ -335,12 +361,37 @@ class ActiveParty:
                             k += b - a
                 except SlotOverflowError as e:
                     raise ProtocolError(f"{p}: returned statistics do not decode: {e}") from None
-                parent = totals[nid][1]
-                for v in vecs:
-                    if not self._consistent(v, parent):
-                        raise ProtocolError(f"{p}: split statistics inconsistent with node {nid}")
-                out[nid][p] = list(zip(ids, vecs))
+                nodes = [(nid, vecs, None)]
+                if pair is not None:
+                    sib, parent, pos, sel, sel_sib, ids_sib = pair
+                    par = self._node_sums[p][parent]
+                    sib_vecs = [[x - y for x, y in zip(par[i], v)] for i, v in zip(pos.tolist(), vecs)]
+                    self.comm["derived_sums"] += len(sib_vecs)
+                    nodes = [(nid, vecs, sel), (sib, sib_vecs, sel_sib)]
+                    ids_of = {nid: ids, sib: ids_sib}
+                else:
+                    ids_of = {nid: ids}
+                for node, node_vecs, node_sel in nodes:
+                    total = totals[node][1]
+                    for v in node_vecs:
+                        if not self._consistent(v, total):
+                            raise ProtocolError(f"{p}: split statistics inconsistent with node {node}")
+                    offered = node_vecs if node_sel is None else [v for v, s in zip(node_vecs, node_sel) if s]
+                    out[node][p] = list(zip(ids_of[node], offered))
+                    sums[p][node] = node_vecs
+        self._node_sums = dict(sums)
         return out
+
+    def _offered(self, p, nd, key, bound) -> list:
+        ids = require(nd, key, list)
+        if len(ids) > bound:
+            raise ProtocolError(f"{p}: {len(ids)} candidates for node {nd['nid']}, more than the {bound} "
+                                f"its {self.declared[p]} declared features x {self.params.bins - 1} thresholds allow")
+        for s_ in ids:
+            check_split_id(s_)
+        if len(set(ids)) != len(ids):
+            raise ProtocolError(f"{p}: duplicate split ids")
+        return ids
 
     def _consistent(self, left, parent) -> bool:
         if self.objective is None:            # label counts

@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3           # 3: sibling pairs in histogram replies (subtraction at the active party)
 # what a saved model part says it is (checked when a prediction run loads it)
 ACTIVE_FORMAT, PASSIVE_FORMAT = "treeflare.vertical.active/2", "treeflare.vertical.passive/2"
 _ID_RE = re.compile(r"^[0-9a-f]{16}$")

@@ -32,7 +32,7 @@ class VerticalParams:
     scheme: str = "paillier"       # "paillier" | "mock" (plaintext oracle only)
     obfuscation: str = "full"      # "full" r^n | "djn" short exponent (faster, extra assumption)
     workers: int = 0               # worker processes per party for the crypto; 0 = os.cpu_count()
-    hist_subtraction: bool = True  # passive: the larger sibling's histogram = parent / smaller sibling
+    hist_subtraction: bool = True  # the larger sibling's sums = the parent's minus the smaller's (at the active)
     allow_insecure_key: bool = False  # permit key_bits < 2048 (tests only)
 
     def validate(self) -> "VerticalParams":

@@ -16,7 +16,8 @@ key size) and against what this party saw and answered before:
   about at most ``PassivePolicy.max_predict_rows`` test rows.
 
 Candidates are shuffled before compression (their order would reveal feature boundaries), carry
-fresh random ids, and thresholds never leave this party.  These checks narrow what a malicious
+fresh random ids, and thresholds never leave this party.  For two open siblings only the smaller one's
+sums are sent, over the parent's candidates; the active party subtracts them from the parent's.  These checks narrow what a malicious
 active party can learn; they cannot stop it from encoding rows in its own plaintexts (see
 SECURITY.md).
 
@@ -81,7 +82,7 @@ class PassiveParty:
         self.splits: dict = {}        # split id -> {feature, feature_index, bin, threshold, tree, node, depth}
         self._pending: dict = {}      # candidate id -> (node, feature, bin), this layer only
         self._grad = None
-        self._cache: dict = {}        # node -> histogram (open nodes of the previous layer)
+        self._lists: dict = {}        # node -> its candidates [(feature, bin)], open nodes of the previous layer
         self._idx: dict = {}
         self.tree, self.depth = -1, -1
         self._prev_assign, self._prev_open = None, []
@@ -184,7 +185,7 @@ class PassiveParty:
         self.timings["deserialize"] += time.perf_counter() - t
         self._grad = {"units": len(units), "unit_widths": [sum(layout.widths[a:b]) for a, b in units],
                       "compress": compress}
-        self._cache = {}
+        self._lists = {}
 
     # ------------------------------------------------------------------------------- layers
     def _check_layer(self, t, d, assign, open_, has_grad):
@@ -263,26 +264,47 @@ class PassiveParty:
                 idx[nid] = np.flatnonzero(assign == nid)
             return idx[nid]
 
+        pairs = self._pairs(d, open_, rows)
+        direct = [nid for nid in open_ if nid not in pairs and all(nid != x for x, _p in pairs.values())]
         t0 = time.perf_counter()
-        hists = self._histograms(d, open_, rows)
+        before = self.engine.counts["multiplications"]
+        hists = self.engine.histograms({nid: rows(nid) for nid in sorted(direct + list(pairs))})
+        self.ops["additions"] += self.engine.counts["multiplications"] - before
         self.timings["histogram"] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
         G, pub = self._grad, self.pub
         uw = G["unit_widths"]
         self._pending = {}
-        per_node = []
+        lists = {}
+        replies = []                  # (entry without cts, number of ciphertexts)
         groups = []
-        for nid in open_:
-            ii = rows(nid)
-            cands = self._candidates(ii, hists[nid])
-            _RNG.shuffle(cands)                 # order would reveal feature boundaries
-            ids = [secrets.token_hex(8) for _ in cands]
-            for sid, (f, b, _left) in zip(ids, cands):
+
+        def offer(nid, entries, sel):
+            ids = [secrets.token_hex(8) for _ in range(int(np.count_nonzero(sel)))]
+            for sid, (f, b) in zip(ids, (e for e, s in zip(entries, sel) if s)):
                 self._pending[sid] = (nid, f, b)
-            plan = pack_plan(len(cands), uw, pub.usable_bits, G["compress"])
-            groups.extend([(cands[i][2][u], uw[u]) for i, u in fields] for fields in plan)
-            per_node.append((nid, ids, len(plan)))
+            return ids
+
+        def pack(values):
+            plan = pack_plan(len(values), uw, pub.usable_bits, G["compress"])
+            groups.extend([(values[i][u], uw[u]) for i, u in fields] for fields in plan)
+            return len(plan)
+
+        for nid in direct:
+            cands = self._candidates(rows(nid), hists[nid])
+            _RNG.shuffle(cands)                 # order would reveal feature boundaries
+            lists[nid] = [(f, b) for f, b, _left in cands]
+            ids = offer(nid, lists[nid], [True] * len(cands))
+            replies.append(({"nid": int(nid), "ids": ids}, pack([left for _f, _b, left in cands])))
+        for s_nid, (x_nid, parent) in pairs.items():
+            pos, sel_s, sel_x, entries, values = self._pair_entries(self._lists[parent], rows(s_nid), rows(x_nid),
+                                                                    hists[s_nid])
+            lists[s_nid] = lists[x_nid] = entries
+            entry = {"nid": int(s_nid), "sibling": int(x_nid), "pos": np.asarray(pos, dtype=np.int32),
+                     "sel": np.asarray(sel_s, dtype=np.uint8), "sel_sibling": np.asarray(sel_x, dtype=np.uint8),
+                     "ids": offer(s_nid, entries, sel_s), "ids_sibling": offer(x_nid, entries, sel_x)}
+            replies.append((entry, pack(values)))
         self.timings["cumulate"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         packed = self.engine.compress(groups)
@@ -290,10 +312,11 @@ class PassiveParty:
         self.ops["additions"] += sum(len(g) - 1 for g in groups)
         self.timings["compress"] += time.perf_counter() - t0
         out, pos = [], 0
-        for nid, ids, n_ct in per_node:
-            out.append({"nid": int(nid), "ids": ids, "cts": pub.serialize(packed[pos:pos + n_ct])})
+        for entry, n_ct in replies:
+            entry["cts"] = pub.serialize(packed[pos:pos + n_ct])
+            out.append(entry)
             pos += n_ct
-        self._cache = {nid: hists[nid] for nid in open_}
+        self._lists = lists
         self._idx = idx
         self.tree, self.depth = t, d
         self._prev_assign, self._prev_open = assign, list(open_)
@@ -301,41 +324,60 @@ class PassiveParty:
         self._split_done = False
         return {"type": "hist", "nodes": out}
 
-    def _histograms(self, d, open_, rows) -> dict:
-        """hist[node][f][b] = [unit ciphertexts]: direct for some nodes, parent / sibling for others."""
-        direct, derived = set(), {}
+    def _pairs(self, d, open_, rows) -> dict:
+        """{smaller child: (its sibling, parent)} for the sibling pairs that are both open: only the smaller
+        child's sums are sent, over the parent's candidates, and the active party subtracts them from the
+        parent's decrypted sums (it knows those and both children's rows, so it learns nothing new)."""
+        if not self.hist_subtraction or d == 0:
+            return {}
+        open_set = set(open_)
+        out = {}
         for nid in open_:
-            if self.hist_subtraction and d > 0:
-                par = (nid - 1) // 2
-                sib = nid + 1 if nid % 2 else nid - 1
-                if par in self._cache:
-                    ns, nn = rows(sib).size, rows(nid).size
-                    if ns < nn or (ns == nn and sib < nid):
-                        derived[nid] = (par, sib)
-                        direct.add(sib)
-                        continue
-            direct.add(nid)
-        before = self.engine.counts["multiplications"]
-        hists = self.engine.histograms({nid: rows(nid) for nid in sorted(direct)})
-        self.ops["additions"] += self.engine.counts["multiplications"] - before
-        pub = self.pub
-        one = pub.one()
-        for nid, (par, sib) in derived.items():
-            ph, sh = self._cache[par], hists[sib]
-            flat_s = [c for f in sh for b in f for c in b]
-            todo = [i for i, c in enumerate(flat_s) if c != one]
-            inv = dict(zip(todo, pub.invert_many([flat_s[i] for i in todo])))
-            self.ops["subtractions"] += len(todo)
-            self.ops["additions"] += len(todo)
-            flat_p = [c for f in ph for b in f for c in b]
-            res = [pub.add(p, inv[i]) if i in inv else p for i, p in enumerate(flat_p)]
-            h, pos = [], 0
-            units = self._grad["units"]
-            for f in sh:
-                h.append([res[pos + b * units:pos + (b + 1) * units] for b in range(len(f))])
-                pos += len(f) * units
-            hists[nid] = h
-        return hists
+            sib = nid + 1
+            if nid % 2 == 1 and sib in open_set:
+                parent = (nid - 1) // 2
+                if parent not in self._lists:
+                    continue
+                small, large = (nid, sib) if rows(nid).size <= rows(sib).size else (sib, nid)
+                out[small] = (large, parent)
+        return out
+
+    def _pair_entries(self, parent_list, rows_s, rows_x, hist_s):
+        """The parent's candidates that are admissible in either child, in the parent's order: their
+        positions, admissibility in each child, and the smaller child's cumulative left sums there."""
+        cnt = {}
+        for fe, f in enumerate(self.features):
+            nb = self.nbins[f]
+            cs = np.bincount(self.bins[rows_s, f], minlength=nb)
+            cx = np.bincount(self.bins[rows_x, f], minlength=nb)
+            cnt[f] = (fe, cs, np.cumsum(cs), cx, np.cumsum(cx))
+        n_s, n_x = rows_s.size, rows_x.size
+        pos, sel_s, sel_x, entries, wanted = [], [], [], [], {}
+        for i, (f, b) in enumerate(parent_list):
+            _fe, cs, ls, cx, lx = cnt[f]
+            a_s = bool(cs[b] > 0 and 0 < ls[b] < n_s)
+            a_x = bool(cx[b] > 0 and 0 < lx[b] < n_x)
+            if a_s or a_x:
+                pos.append(i)
+                sel_s.append(a_s)
+                sel_x.append(a_x)
+                entries.append((f, b))
+                wanted.setdefault(f, set()).add(b)
+        pub, units = self.pub, self._grad["units"]
+        cum = {}
+        for f, bs in wanted.items():
+            fe, cs = cnt[f][0], cnt[f][1]
+            acc, top = None, max(bs)
+            for b in range(top + 1):
+                if cs[b]:
+                    if acc is None:
+                        acc = list(hist_s[fe][b])
+                    else:
+                        acc = [pub.add(x, y) for x, y in zip(acc, hist_s[fe][b])]
+                        self.ops["additions"] += units
+                if b in bs:
+                    cum[(f, b)] = acc if acc is not None else [pub.one()] * units
+        return pos, sel_s, sel_x, entries, [cum[e] for e in entries]
 
     def _candidates(self, ii, hist) -> list:
         """Admissible thresholds of every feature: (feature, bin, cumulative left unit ciphertexts)."""
@@ -417,7 +459,7 @@ class PassiveParty:
 
     def _finish(self, msg):
         self._grad = None
-        self._cache = {}
+        self._lists = {}
         self.close()
         return {"type": "done", "stats": {"ops": {k: int(v) for k, v in self.ops.items()},
                                           "timings_s": {k: float(v) for k, v in self.timings.items()}}}
