@@ -312,7 +312,7 @@ class PaillierKeyHolder(KeyHolder):
         self.ops["encryptions"] += len(values)
         pool = self._pool(len(values), workers)
         if pool is None:
-            return self.public.to_bytes(self.key.encrypt(v) for v in values)
+            return self.public.to_bytes(self.key.encrypt_many(values))
         w = self.plain_bytes
         tasks = [({}, [ints_to_bytes(values[a:b], w)]) for a, b in _split(len(values), _n_tasks(len(values), pool.n))]
         return b"".join(blobs[0] for _res, blobs in pool.run_tasks("enc", tasks))
@@ -360,7 +360,7 @@ def _op_enc(state, args, blobs):
     pw = key.public.ct_bytes // 2 + 2
     w = key.public.ct_bytes
     vals = bytes_to_ints(blobs[0], pw)
-    return {}, [b"".join(int(key.encrypt(v)).to_bytes(w, "big") for v in vals)]
+    return {}, [b"".join(int(c).to_bytes(w, "big") for c in key.encrypt_many(vals))]
 
 
 def _op_dec(state, args, blobs):

@@ -247,6 +247,7 @@ class PaillierPrivateKey:
         self.hq = gmpy2.invert(self._L(gmpy2.powmod_sec(n + 1, q - 1, self.qsq), q), q)
         self._gen_tabs = None
         self._gens = None
+        self._native = None        # the C kernel's tables (built on first batch use), or [] without it
         if obfuscation == "full" and (_gens is not None or (_is_safe(p) and _is_safe(q))):
             # r^n mod p^2 is uniform over the order-(p-1) subgroup; with a certified generator g_p
             # of that subgroup, g_p^e (e uniform in [0, p-1)) has exactly that distribution and
@@ -332,6 +333,37 @@ class PaillierPrivateKey:
     def encrypt(self, m: int):
         """E(m) with fresh randomness; m is taken mod n (negative m encrypts n - |m|)."""
         return self.encrypt_with(m, self.obfuscator())
+
+    def obfuscators(self, count: int) -> list:
+        """``count`` fresh obfuscators, as from :meth:`obfuscator`, in one batch: the fixed-base products run
+        in the C kernel of :mod:`.native` when it is available (same tables, same exponents, same integers)."""
+        nat = self._native_tables()
+        if not nat:
+            return [self.obfuscator() for _ in range(count)]
+        if self.obfuscation == "djn":
+            ep = [secrets.randbits(DJN_ALPHA_BITS) for _ in range(count)]
+            eq = ep
+        else:
+            ep = [secrets.randbelow(int(self.p) - 1) for _ in range(count)]
+            eq = [secrets.randbelow(int(self.q) - 1) for _ in range(count)]
+        return [(mpz(a), mpz(b)) for a, b in zip(nat[0].pow_many(ep), nat[1].pow_many(eq))]
+
+    def encrypt_many(self, values) -> list:
+        """[E(m) for m in values], each with its own fresh obfuscator."""
+        values = list(values)
+        return [self.encrypt_with(m, rn) for m, rn in zip(values, self.obfuscators(len(values)))]
+
+    def _native_tables(self):
+        if self._native is None:
+            from .native import fixed_base
+
+            tabs = (self._tab_p, self._tab_q) if self.obfuscation == "djn" else self._gen_tabs
+            nat = []
+            if tabs is not None:
+                for tab, sq in zip(tabs, (self.psq, self.qsq)):
+                    nat.append(fixed_base(tab, sq, lambda e, tab=tab, sq=sq: _fixed_base_pow(tab, e, sq)))
+            self._native = nat if len(nat) == 2 and all(nat) else []
+        return self._native
 
     # --- decryption ---------------------------------------------------------------------
     def decrypt_raw(self, c) -> int:

@@ -1,0 +1,85 @@
+"""The optional C kernel for fixed-base products (treeflare.crypto.native) gives exactly the Python product's
+integers, and the package falls back to the Python product whenever the kernel is not usable."""
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gmpy2 import mpz
+
+from treeflare.crypto import native
+from treeflare.crypto.paillier import PaillierPrivateKey, _fixed_base_pow, _fixed_base_table
+
+REPO = Path(__file__).resolve().parents[1]
+ON_THIS_MACHINE = native.status().startswith("on")
+needs_kernel = pytest.mark.skipif(not ON_THIS_MACHINE, reason=f"C kernel not usable here: {native.status()}")
+
+
+def _table(bits: int, exp_bits: int):
+    m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)          # any odd modulus (Montgomery needs odd)
+    base = mpz(secrets.randbelow(int(m) - 2) + 2)
+    return _fixed_base_table(base, m, exp_bits), m
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits,exp_bits", [(2048, 1024), (2047, 1024), (3072, 256), (4096, 2048), (4096, 256),
+                                           (520, 256)])
+def test_kernel_equals_python_product(bits, exp_bits):
+    tabs, m = _table(bits, exp_bits)
+    nat = native.fixed_base(tabs, m, lambda e: _fixed_base_pow(tabs, e, m))
+    assert nat is not None
+    top = (1 << (8 * len(tabs))) - 1
+    # edge digits (all 0, all 255, one digit set) and random exponents, a count that is not a multiple of 8 lanes
+    exps = [0, top, 1, 255, 1 << (8 * len(tabs) - 1)] + [secrets.randbits(8 * len(tabs)) for _ in range(38)]
+    assert nat.pow_many(exps) == [_fixed_base_pow(tabs, e, m) for e in exps]
+    assert nat.pow_many([]) == []
+
+
+@needs_kernel
+def test_kernel_that_disagrees_is_not_used(monkeypatch):
+    tabs, m = _table(1024, 512)
+    monkeypatch.setattr(native, "_STATUS", native._STATUS)
+    assert native.fixed_base(tabs, m, lambda e: _fixed_base_pow(tabs, e, m) + 1) is None
+    assert "disagreed" in native.status()
+
+
+@pytest.mark.parametrize("obfuscation", ["full", "djn"])
+def test_batch_encryption_decrypts_and_is_fresh(obfuscation):
+    key = PaillierPrivateKey.generate(512, obfuscation)
+    vals = [0, 1, -1, 2**100, -(2**200)] + list(range(60))
+    cts = key.encrypt_many(vals)
+    assert [key.decrypt(c) for c in cts] == vals
+    assert len(set(cts)) == len(cts)
+    assert len(set(key.encrypt_many([7] * 50))) == 50                 # fresh randomness for every ciphertext
+    assert bool(key._native_tables()) == ON_THIS_MACHINE
+
+
+def _status_in_subprocess(env_extra: dict) -> str:
+    env = {**os.environ, **env_extra}
+    code = ("from treeflare.crypto import native; from treeflare.crypto.paillier import PaillierPrivateKey as K; "
+            "k = K.generate(256, 'full'); cs = k.encrypt_many(range(20)); "
+            "assert [k.decrypt(c) for c in cs] == list(range(20)); print(native.status())")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=REPO / "custom")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_switched_off_falls_back_to_python():
+    assert _status_in_subprocess({"TREEFLARE_NATIVE": "0"}) == "off (TREEFLARE_NATIVE=0)"
+
+
+def test_shared_cache_folder_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)                               # others could replace the library in it
+    st = _status_in_subprocess({"TREEFLARE_NATIVE_CACHE": str(shared)})
+    assert st.startswith("off") and "not private" in st
+    assert not list(shared.iterdir())
+
+
+def test_no_compiler_falls_back(tmp_path):
+    st = _status_in_subprocess({"CC": str(tmp_path / "no-such-cc"), "TREEFLARE_NATIVE_CACHE": str(tmp_path / "c")})
+    assert st.startswith("off")
