@@ -153,10 +153,12 @@ def extract_legacy(ref: str, dest: Path) -> Path:
     return dest / "custom"
 
 
-def run_arm(data_path: Path, params: VerticalParams, tmp: Path, pythonpath: Path | None = None) -> dict:
+def run_arm(data_path: Path, params: VerticalParams, tmp: Path, pythonpath: Path | None = None,
+            env_extra: dict | None = None) -> dict:
     ppath = tmp / f"params_{secrets.token_hex(4)}.json"
     ppath.write_text(json.dumps(params.to_dict()))
     env = dict(os.environ)
+    env.update(env_extra or {})
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     load = os.getloadavg()[0]
@@ -193,10 +195,25 @@ def micro(key_bits: int, repeats: int, n_ops: int = 600) -> dict:
             runs.append(n / (time.perf_counter() - t))
         return statistics.median(runs)
 
+    def batch_rate(fn, n):
+        runs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            runs.append(n / (time.perf_counter() - t))
+        return statistics.median(runs)
+
+    from treeflare.crypto import native
+
+    out["native_kernel"] = native.status()
     for ob in ("full", "djn"):
         kh = PaillierKeyHolder.generate(key_bits, ob)
         vals = [secrets.randbits(key_bits - 8) for _ in range(n_ops)]
-        out[f"enc_per_s_{ob}"] = rate(lambda i: kh.key.encrypt(vals[i]), n_ops)
+        # what the job's key holder runs: batches (C kernel when usable; its tables built first, once per
+        # process), and one by one in Python (the arithmetic without the kernel)
+        kh.key._native_tables()
+        out[f"enc_per_s_{ob}"] = batch_rate(lambda: kh.key.encrypt_many(vals), len(vals))
+        out[f"enc_per_s_{ob}_python"] = rate(lambda i: kh.key.encrypt(vals[i]), n_ops)
     key, pub = kh.key, kh.public
     cts = [key.encrypt(secrets.randbits(key_bits - 8)) for _ in range(64)]
     out["dec_per_s"] = rate(lambda i: key.decrypt(cts[i % 64]), n_ops // 3)
@@ -233,18 +250,19 @@ def speed_section(args, tmp: Path, legacy_path: Path, log) -> list:
     for name, desc, factory, over in workloads:
         dpath = save_data(factory(), tmp / f"{name}.npz")
         P = VerticalParams(**base, **over)
-        arms = [("new", P, None), ("legacy", P, legacy_path)]
+        arms = [("new", P, None, None), ("legacy", P, legacy_path, None),
+                ("new, Python arithmetic only (no C kernel)", P, None, {"TREEFLARE_NATIVE": "0"})]
         if name.startswith("credit"):
-            arms.append(("new, no histogram subtraction", replace(P, hist_subtraction=False), None))
-        runs = {a: [] for a, _, _ in arms}
+            arms.append(("new, no histogram subtraction", replace(P, hist_subtraction=False), None, None))
+        runs = {a[0]: [] for a in arms}
         for rep in range(args.repeats):
-            for arm, p, path in arms:
-                res = run_arm(dpath, p, tmp, path)
+            for arm, p, path, env in arms:
+                res = run_arm(dpath, p, tmp, path, env)
                 runs[arm].append(res)
                 log(f"speed {name:16s} {arm:32s} rep {rep}: per tree {res['per_tree_s']:7.2f}s  cpu {res['cpu_s']:7.1f}s"
                     f"  load {res['loadavg_1m_before']:.2f}  [{res['package']}]")
         new_model = runs["new"][0]["model_sha256"]
-        for arm, p, path in arms:
+        for arm, p, path, env in arms:
             rs = runs[arm]
             rows.append({"section": "speed", "workload": name, "description": desc, "arm": arm,
                          "engine": "legacy" if path else "new", "legacy_ref": args.legacy_ref if path else None,
@@ -256,6 +274,7 @@ def speed_section(args, tmp: Path, legacy_path: Path, log) -> list:
                          "keygen_s": median([r["keygen_s"] for r in rs]),
                          "loadavg_runs": [r["loadavg_1m_before"] for r in rs],
                          "same_model_as_new": all(r["model_sha256"] == new_model for r in rs),
+                         "native_kernel": rs[0].get("native_kernel", "absent (earlier code)"),
                          "active_phases_s": rs[0]["active_phases_s"], "passive_phases_s": rs[0]["passive_phases_s"],
                          "crypto": rs[0]["crypto"]})
         # the new engine against its own plaintext oracle
@@ -379,22 +398,25 @@ def markdown(state: dict) -> tuple[str, str]:
     if m:
         s = (f"Single-core Paillier rates at {m['key_bits']} bits measured in this run (median of {m['repeats']} "
              f"bursts): encryption {m['enc_per_s_full']:,.0f}/s with `full` randomness, {m['enc_per_s_djn']:,.0f}/s "
-             f"with `djn`; decryption {m['dec_per_s']:,.0f}/s; addition {m['add_per_s']:,.0f}/s; shift by 2^139 "
+             f"with `djn`, in the key holder's batches (C kernel: {m['native_kernel']}); without the kernel "
+             f"{m['enc_per_s_full_python']:,.0f}/s `full`, {m['enc_per_s_djn_python']:,.0f}/s `djn`; decryption "
+             f"{m['dec_per_s']:,.0f}/s; addition {m['add_per_s']:,.0f}/s; shift by 2^139 "
              f"{m['shift139_per_s']:,.0f}/s. Target: >= 2,000 encryptions/s per core with `full` randomness: "
-             f"{'met' if m['enc_per_s_full'] >= 2000 else 'MISSED'}.")
+             f"{'met' if min(m['enc_per_s_full'], m['enc_per_s_full_python']) >= 2000 else 'MISSED'} "
+             "(with and without the kernel).")
         lines += [s, ""]
         readme += [s, ""]
     sp = [r for r in state["rows"] if r["section"] == "speed"]
     if sp:
         hdr = ["workload", "engine", "per tree, s (median)", "runs, s", "CPU s per run", "speed-up vs earlier code",
-               "same model as new engine", "load average per run"]
+               "same model as new engine", "C kernel", "load average per run"]
         tab = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
         for r in sp:
             leg = next(x for x in sp if x["workload"] == r["workload"] and x["engine"] == "legacy")
             tab.append("| " + " | ".join([
                 r["description"], r["arm"] + (f" (`{r['legacy_ref']}`)" if r["legacy_ref"] else ""),
                 fmt(r["per_tree_s"], 2), ", ".join(f"{v:.2f}" for v in r["per_tree_s_runs"]), fmt(r["cpu_s"]),
-                f"{leg['per_tree_s'] / r['per_tree_s']:.2f}x", str(r["same_model_as_new"]),
+                f"{leg['per_tree_s'] / r['per_tree_s']:.2f}x", str(r["same_model_as_new"]), r["native_kernel"],
                 ", ".join(f"{v:.1f}" for v in r["loadavg_runs"])]) + " |")
         intro = (f"**Speed, today's engine against the earlier code** (same data, same settings: `{S['obfuscation']}` "
                  f"randomness, {S['key_bits']}-bit keys, {S['workers']} worker processes per party on the same "
@@ -403,12 +425,12 @@ def markdown(state: dict) -> tuple[str, str]:
         ident = [f"{r['workload']}: {r.get('identical_to_oracle')}" for r in sp if r["arm"] == "new"]
         verdict = []
         for r in sp:
-            if r["arm"] != "new":
+            if r["engine"] != "new" or "subtraction" in r["arm"]:
                 continue
             leg = next(x for x in sp if x["workload"] == r["workload"] and x["engine"] == "legacy")
             ratio = leg["per_tree_s"] / r["per_tree_s"]
-            verdict.append(f"{r['workload']} {ratio:.2f}x per tree ({'met' if ratio >= 2 else 'MISSED'}), CPU seconds "
-                           f"per run {leg['cpu_s'] / r['cpu_s']:.2f}x fewer")
+            verdict.append(f"{r['workload']} ({r['arm']}) {ratio:.2f}x per tree ({'met' if ratio >= 2 else 'MISSED'}), "
+                           f"CPU seconds per run {leg['cpu_s'] / r['cpu_s']:.2f}x fewer")
         v = "Target >= 2x per tree: " + "; ".join(verdict) + "."
         lines += [intro, "", *tab, "", v, "", "New engine identical to its plaintext oracle: " + ", ".join(ident) + ".", ""]
         readme += [intro, "", *tab, "", v, ""]
@@ -507,7 +529,8 @@ def main(argv=None):
         if "micro" in sections or "packing" in sections:
             rates = micro(args.key_bits, max(3, args.repeats), 300 if args.quick else 800)
             state["micro"] = rates
-            log("micro: " + ", ".join(f"{k}={v:,.0f}" for k, v in rates.items()))
+            log("micro: " + ", ".join(f"{k}={v:,.0f}" if isinstance(v, (int, float)) else f"{k}={v}"
+                                      for k, v in rates.items()))
         if "speed" in sections:
             legacy = extract_legacy(args.legacy_ref, tmp / "legacy")
             state["rows"] += speed_section(args, tmp, legacy, log)

@@ -64,6 +64,11 @@ def main(argv):
         "pred": pred.tolist(), "score": score.tolist(),
         "peak_rss_mb_main": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
+    try:
+        from treeflare.crypto import native          # absent in the earlier code
+        out["native_kernel"] = native.status()
+    except ImportError:
+        out["native_kernel"] = "absent (earlier code)"
     print(json.dumps(out))
 
 

@@ -54,6 +54,7 @@ def test_vertical_job_end_to_end(tmp_path):
               "bytes_to_passive", "bytes_to_active", "key_bits", "values_per_ciphertext"):
         assert k in c
     assert c["scheme"] == "paillier" and c["key_bits"] == 512 and c["values_per_ciphertext"] >= 2
+    assert c["native_kernel"].startswith(("on", "off"))          # which arithmetic the key holder used
     assert c["encryptions"] == r["n_train"] and c["ciphertexts_to_passive"] == 2 * r["n_train"]
     assert r["params"]["key_bits"] == 512 and r["params"]["packing"] is True
     assert r["timings_s"]["active_encrypt"] > 0 and r["timings_s"]["passive_histogram"] > 0

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..crypto import native
 from .active import ActiveParty
 from .params import VerticalParams
 from .passive import PassiveParty, PassivePolicy
@@ -171,7 +172,9 @@ def crypto_report(active: ActiveParty) -> dict:
             "key_bits": int(active.kh.public.key_bits),
             "values_per_ciphertext": int(li.get("values_per_ciphertext", 1)),
             "units_per_row": int(li.get("units_per_row", 1)),
-            "slot_widths": li.get("widths"), "packing": li.get("packing"), "compress": li.get("compress")}
+            "slot_widths": li.get("widths"), "packing": li.get("packing"), "compress": li.get("compress"),
+            # whether the key holder's encryptions ran in the C kernel (same integers either way)
+            "native_kernel": native.status() if active.kh.public.scheme == "paillier" else None}
 
 
 # ---------------------------------------------------------------------------- synthetic data
