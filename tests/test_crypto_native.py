@@ -83,3 +83,29 @@ def test_shared_cache_folder_refused(tmp_path):
 def test_no_compiler_falls_back(tmp_path):
     st = _status_in_subprocess({"CC": str(tmp_path / "no-such-cc"), "TREEFLARE_NATIVE_CACHE": str(tmp_path / "c")})
     assert st.startswith("off")
+
+
+def _python_horner(group, widths, m):
+    acc = mpz(group[-1])
+    for c, w in zip(reversed(group[:-1]), reversed(widths[:-1])):
+        acc = pow(acc, 1 << w, m) * c % m                  # shift the packed fields up, add the next one
+    return acc
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [1024, 4095, 4096, 6144, 8192])
+def test_kernel_packing_equals_python(bits):
+    m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)
+    nat = native.horner(m, lambda gr, ws: _python_horner(gr, ws, m))
+    assert nat is not None
+    for widths in ([135] * 15, [17] * 24, [1, 2, 300], [64]):
+        groups = [[secrets.randbelow(int(m)) for _ in widths] for _ in range(13)]      # 13: one full set of lanes + 5
+        assert nat.horner_many(groups, widths) == [_python_horner(g, widths, m) for g in groups]
+    with pytest.raises(ValueError, match="one value per width"):
+        nat.horner_many([[1, 2]], [3, 4, 5])
+
+
+@needs_kernel
+def test_kernel_refuses_moduli_beyond_its_size():
+    m = mpz((1 << 8400) + 1)
+    assert native.horner(m, lambda gr, ws: 0) is None

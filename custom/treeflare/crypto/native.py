@@ -1,11 +1,14 @@
-"""An optional C kernel for the key holder's fixed-base products (the r^n of every encryption).
+"""An optional C kernel for the two hottest modular products of the vertical job.
 
-Encryption draws ``g^e mod p^2`` and ``g^e mod q^2`` from 8-bit fixed-base window tables: about 128
-modular multiplications per half, each a gmpy2 multiplication and division in Python.  On CPUs with
-AVX-512 IFMA (52-bit multiply-add, e.g. AMD Zen 4/5, Intel Ice Lake and later) this kernel computes
-eight such products at once, one per vector lane, as Montgomery multiplications on 52-bit digits.
-Same tables, same exponents, the same integers out (checked against the Python product before the
-kernel is trusted); only the arithmetic is faster (about 10x per product on this project's machine).
+* The key holder's fixed-base products (the r^n of every encryption): ``g^e mod p^2`` and ``g^e mod q^2``
+  from 8-bit window tables, about 128 modular multiplications per half.
+* A passive party's compression (Horner packing): ``acc = acc^(2^w) * c mod n^2``, w squarings per field.
+
+In Python each step is a gmpy2 multiplication and division.  On CPUs with AVX-512 IFMA (52-bit
+multiply-add, e.g. AMD Zen 4/5, Intel Ice Lake and later) this kernel computes eight independent
+products at once, one per vector lane, as Montgomery multiplications on 52-bit digits.  Same inputs,
+the same integers out (checked against the Python arithmetic before the kernel is trusted for a
+modulus); only the arithmetic is faster (about 7-10x per product on this project's machine).
 
 It is compiled on first use with the system C compiler into a private per-user cache folder
 (``$TREEFLARE_NATIVE_CACHE``, else ``~/.cache/treeflare``).  Without a compiler, without IFMA, or with
@@ -31,7 +34,7 @@ _SOURCE = r"""
 #include <string.h>
 
 typedef uint64_t u64;
-#define MAXL 80
+#define MAXL 160
 #define MASK52 ((1ULL << 52) - 1)
 #define IFMA __attribute__((target("avx512f,avx512ifma")))
 
@@ -127,11 +130,47 @@ IFMA int fb_pow_many(const u64 *table, long rows, long L, const u64 *m, u64 minv
     }
     return 0;
 }
+
+/* Horner packing of ciphertexts (a passive party's compression): for each of ``count`` groups of g values
+   v_0..v_(g-1) (normal form, L digits each, group-major), acc = v_(g-1), then for k = 0..g-2:
+   acc = acc^(2^shifts[k]) * v_(g-2-k) mod m.  r2 = 2^(104 L) mod m (into Montgomery form).  Results < 2m. */
+IFMA int fb_horner_many(const u64 *vals, long g, const long *shifts, long L, const u64 *m, u64 minv,
+                        const u64 *r2, long count, u64 *out, long n64) {
+    if (L < 1 || L > MAXL || g < 1) return -1;
+    __m512i acc[MAXL], x[MAXL], rr[MAXL];
+    for (long j = 0; j < L; j++) rr[j] = _mm512_set1_epi64((long long)r2[j]);
+    for (long base = 0; base < count; base += 8) {
+        long lanes = count - base < 8 ? count - base : 8;
+        long long idx[8];
+        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * g * L;
+        __m512i vidx = _mm512_loadu_si512(idx);
+        for (long j = 0; j < L; j++) acc[j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + (g - 1) * L + j), 8);
+        mont_mul8(acc, acc, rr, m, minv, L);
+        for (long k = 0; k < g - 1; k++) {
+            for (long s = 0; s < shifts[k]; s++) mont_mul8(acc, acc, acc, m, minv, L);
+            const u64 *v = vals + (g - 2 - k) * L;
+            for (long j = 0; j < L; j++) x[j] = _mm512_i64gather_epi64(vidx, (const void *)(v + j), 8);
+            mont_mul8(x, x, rr, m, minv, L);
+            mont_mul8(acc, acc, x, m, minv, L);
+        }
+        x[0] = _mm512_set1_epi64(1);
+        for (long j = 1; j < L; j++) x[j] = _mm512_setzero_si512();
+        mont_mul8(acc, acc, x, m, minv, L);
+        u64 lane[8][MAXL];
+        for (long j = 0; j < L; j++) {
+            u64 tmp[8];
+            _mm512_storeu_si512(tmp, acc[j]);
+            for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
+        }
+        for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+    }
+    return 0;
+}
 """
 
 _LIB = None
 _STATUS = "not loaded yet"
-_MAX_DIGITS = 80            # MAXL in the C source: moduli up to 4096 bits (p^2 of a 4096-bit key)
+_MAX_DIGITS = 160           # MAXL in the C source: moduli up to 8192 bits (n^2 of a 4096-bit key)
 
 
 def _disabled() -> bool:
@@ -192,6 +231,9 @@ def _load():
     lib.fb_pow_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
                                 ctypes.c_char_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
     lib.fb_pow_many.restype = ctypes.c_int
+    lib.fb_horner_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p,
+                                   ctypes.c_uint64, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
+    lib.fb_horner_many.restype = ctypes.c_int
     _LIB = lib
     _STATUS = "on (AVX-512 IFMA)"
     return _LIB
@@ -203,40 +245,84 @@ def status() -> str:
     return _STATUS
 
 
-class NativeFixedBase:
-    """One fixed-base table (rows of 256 entries: 8-bit digits) in the kernel's form: Montgomery form
-    (x 2^(52 L) mod m) in L digits of 52 bits, with L such that 4m < 2^(52 L)."""
+class _Modulus:
+    """An odd modulus m in the kernel's form: L digits of 52 bits with 4m < 2^(52 L) (so Montgomery products of
+    values below 2m stay below 2m)."""
+
+    def __init__(self, lib, mod):
+        from gmpy2 import mpz
+
+        self._lib = lib
+        self.mod = mpz(mod)
+        bits = int(self.mod.bit_length())
+        if self.mod % 2 == 0:
+            raise ValueError("the C kernel needs an odd modulus")
+        self.L = (bits + 2) // 52 + 1
+        if self.L > _MAX_DIGITS:
+            raise ValueError(f"a {bits}-bit modulus is beyond the C kernel")
+        self.n64 = (bits + 1 + 63) // 64          # results are < 2m before the last reduction
+        self.shift = 52 * self.L
+        self._minv = int((-pow(int(self.mod), -1, 1 << 52)) % (1 << 52))
+        self._m = self._digits([self.mod])
+
+    def _digits(self, values) -> bytes:
+        nb = 8 * self.n64
+        raw = b"".join(int(v).to_bytes(nb, "little") for v in values)
+        count = len(raw) // nb
+        out = ctypes.create_string_buffer(8 * self.L * count)
+        self._lib.fb_to52_many(raw, count, self.n64, out, self.L)
+        return out.raw
+
+    def _results(self, out) -> list:
+        from gmpy2 import mpz
+
+        nb, raw, m = 8 * self.n64, out.raw, self.mod
+        return [mpz.from_bytes(raw[i:i + nb], "little") % m for i in range(0, len(raw), nb)]
+
+
+class NativeHorner(_Modulus):
+    """Horner packing of ciphertexts mod n^2 (compression at a passive party), eight groups at once."""
+
+    def __init__(self, lib, mod):
+        from gmpy2 import mpz
+
+        super().__init__(lib, mod)
+        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])
+
+    def horner_many(self, groups, widths) -> list:
+        """For groups of values x_0..x_(g-1) (lowest field first) with field widths w_j, all groups the same
+        shape: acc = x_(g-1); acc = acc^(2^w_j) * x_j mod m for j = g-2 .. 0."""
+        groups = [list(gr) for gr in groups]
+        g = len(widths)
+        if not groups:
+            return []
+        if any(len(gr) != g for gr in groups) or g < 1:
+            raise ValueError("every group needs one value per width")
+        shifts = (ctypes.c_long * max(1, g - 1))(*[int(w) for w in reversed(widths[:-1])])
+        vals = self._digits(v for gr in groups for v in gr)
+        out = ctypes.create_string_buffer(8 * self.n64 * len(groups))
+        rc = self._lib.fb_horner_many(vals, g, ctypes.cast(shifts, ctypes.c_char_p), self.L, self._m, self._minv,
+                                      self._r2, len(groups), out, self.n64)
+        if rc != 0:
+            raise ValueError("the C kernel refused its arguments")
+        return self._results(out)
+
+
+class NativeFixedBase(_Modulus):
+    """One fixed-base table (rows of 256 entries: 8-bit digits) in Montgomery form (x 2^(52 L) mod m)."""
 
     def __init__(self, lib, tables, mod):
         from gmpy2 import mpz
 
         if any(len(row) != 256 for row in tables):
             raise ValueError("the C kernel takes 8-bit windows (256 entries per row)")
-        self._lib = lib
-        self.mod = mpz(mod)
-        bits = int(self.mod.bit_length())
+        super().__init__(lib, mod)
         self.rows = len(tables)
-        self.L = (bits + 2) // 52 + 1
-        if self.L > _MAX_DIGITS:
-            raise ValueError(f"a {bits}-bit modulus is beyond the C kernel")
-        self.n64 = (bits + 1 + 63) // 64          # results are < 2m before the last reduction
-        shift = 52 * self.L
-        self._minv = int((-pow(int(self.mod), -1, 1 << 52)) % (1 << 52))
-        self._m = self._digits([self.mod])
-        self._one = self._digits([(mpz(1) << shift) % self.mod])
-        self._table = self._digits([(mpz(v) << shift) % self.mod for row in tables for v in row])
-
-    def _digits(self, values) -> bytes:
-        nb = 8 * self.n64
-        raw = b"".join(int(v).to_bytes(nb, "little") for v in values)
-        out = ctypes.create_string_buffer(8 * self.L * len(values))
-        self._lib.fb_to52_many(raw, len(values), self.n64, out, self.L)
-        return out.raw
+        self._one = self._digits([(mpz(1) << self.shift) % self.mod])
+        self._table = self._digits([(mpz(v) << self.shift) % self.mod for row in tables for v in row])
 
     def pow_many(self, exponents) -> list:
         """[prod_i table[i][byte i of e] mod m for e in exponents] (mpz)."""
-        from gmpy2 import mpz
-
         exps = list(exponents)
         digits = b"".join(int(e).to_bytes(self.rows, "little") for e in exps)
         nb = 8 * self.n64
@@ -245,8 +331,7 @@ class NativeFixedBase:
                                    len(exps), out, self.n64)
         if rc != 0:
             raise ValueError("the C kernel refused its arguments")
-        raw, m = out.raw, self.mod
-        return [mpz.from_bytes(raw[i:i + nb], "little") % m for i in range(0, len(raw), nb)]
+        return self._results(out)
 
 
 def fixed_base(tables, mod, check) -> NativeFixedBase | None:
@@ -266,4 +351,26 @@ def fixed_base(tables, mod, check) -> NativeFixedBase | None:
     if nat.pow_many(exps) != [check(e) for e in exps]:
         _STATUS = "off: the C kernel disagreed with the Python product"
         return None
+    return nat
+
+
+def horner(mod, check) -> NativeHorner | None:
+    """A :class:`NativeHorner` for ciphertexts mod ``mod`` if the kernel is available and gives the same
+    integers as ``check(group, widths)`` (the Python packing) on a few random groups; otherwise None."""
+    global _STATUS
+    import secrets
+
+    lib = _load()
+    if lib is None:
+        return None
+    try:
+        nat = NativeHorner(lib, mod)
+    except ValueError:
+        return None
+    m = int(mod)
+    for widths in ([139, 139, 139], [7, 64, 1, 300], [5]):
+        groups = [[secrets.randbelow(m) for _ in widths] for _ in range(11)]
+        if nat.horner_many(groups, widths) != [check(gr, widths) for gr in groups]:
+            _STATUS = "off: the C kernel disagreed with the Python packing"
+            return None
     return nat

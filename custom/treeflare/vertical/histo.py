@@ -14,6 +14,7 @@ the same integer (a product mod n^2 does not depend on the order of its factors)
 from __future__ import annotations
 
 import numpy as np
+from gmpy2 import mpz
 
 from ..crypto.backend import public_from_json, public_to_json
 from ..crypto.workers import make_pool
@@ -142,18 +143,37 @@ def _op_hist(st, args, blobs):
     return {"mults": st["mults"]}, out
 
 
+def _horner(pub, group, widths):
+    acc = group[-1]
+    for c, w in zip(reversed(group[:-1]), reversed(widths[:-1])):
+        acc = pub.add(pub.shift(acc, w), c)
+    return acc
+
+
 def _op_compress(st, args, blobs):
-    """Horner packing: for fields x_0..x_m (lowest first) with widths w_j, E(sum_j 2^(w_0+..+w_(j-1)) x_j)."""
+    """Horner packing: for fields x_0..x_m (lowest first) with widths w_j, E(sum_j 2^(w_0+..+w_(j-1)) x_j).
+    Groups of one shape go through the C kernel (:mod:`treeflare.crypto.native`) together when it is usable."""
     pub = st["pub"]
     flat = pub.from_bytes(blobs[0], check=False)
-    out, pos = [], 0
+    if "horner" not in st:
+        st["horner"] = None
+        if pub.scheme == "paillier":
+            from ..crypto import native
+
+            st["horner"] = native.horner(pub.nsq, lambda gr, ws: _horner(pub, [mpz(v) for v in gr], ws))
+    nat = st["horner"]
+    out, pos, shapes = [], 0, {}
     for widths in args["widths"]:
         group = flat[pos:pos + len(widths)]
         pos += len(widths)
-        acc = group[-1]
-        for c, w in zip(reversed(group[:-1]), reversed(widths[:-1])):
-            acc = pub.add(pub.shift(acc, w), c)
-        out.append(acc)
+        if nat is not None and len(widths) > 1:
+            shapes.setdefault(tuple(widths), []).append((len(out), group))
+            out.append(None)
+        else:
+            out.append(_horner(pub, group, widths))
+    for widths, items in shapes.items():
+        for (i, _g), c in zip(items, nat.horner_many([g for _i, g in items], list(widths))):
+            out[i] = c
     return {}, [pub.to_bytes(out)]
 
 
