@@ -1,5 +1,6 @@
 """The optional C kernel for fixed-base products (treeflare.crypto.native) gives exactly the Python product's
 integers, and the package falls back to the Python product whenever the kernel is not usable."""
+import functools
 import os
 import secrets
 import subprocess
@@ -109,3 +110,33 @@ def test_kernel_packing_equals_python(bits):
 def test_kernel_refuses_moduli_beyond_its_size():
     m = mpz((1 << 8400) + 1)
     assert native.horner(m, lambda gr, ws: 0) is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [1024, 4096, 8192])
+def test_kernel_segment_products_equal_gmpy2(bits):
+    import numpy as np
+
+    m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)
+    nat = native.products(m)
+    assert nat is not None
+    rng = np.random.default_rng(bits)
+    vals = [mpz(secrets.randbelow(int(m))) for _ in range(300)]
+    table = nat.load(vals)
+    lens = rng.integers(1, 40, size=37)                  # many lengths, so lanes finish at different times
+    idx = rng.integers(0, len(vals), size=int(lens.sum())).astype(np.int32)
+    starts = np.r_[0, np.cumsum(lens)].astype(np.int64)
+    want = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        acc = mpz(1)
+        for i in idx[a:b]:
+            acc = acc * vals[int(i)] % m
+        want.append(acc)
+    cells = nat.segment_products(table, idx, starts)
+    assert nat.values(cells) == want
+    # products of products stay in the kernel's form (cells -> bins)
+    assert nat.values(nat.segment_products(cells, np.arange(len(want)), [0, len(want)])) == [
+        functools.reduce(lambda x, y: x * y % m, want)]
+    for bad_idx, bad_starts in (([len(vals)], [0, 1]), ([0, 1], [0, 0, 2]), ([-1], [0, 1])):
+        with pytest.raises(ValueError, match="refused"):
+            nat.segment_products(table, bad_idx, bad_starts)

@@ -166,6 +166,109 @@ IFMA int fb_horner_many(const u64 *vals, long g, const long *shifts, long L, con
     }
     return 0;
 }
+
+/* Montgomery form in (x R mod m) for count values (normal form digits, < 2m); r2 = R^2 mod m. */
+IFMA int fb_to_mont(const u64 *vals, long count, long L, const u64 *m, u64 minv, const u64 *r2, u64 *out) {
+    if (L < 1 || L > MAXL) return -1;
+    __m512i x[MAXL], rr[MAXL];
+    for (long j = 0; j < L; j++) rr[j] = _mm512_set1_epi64((long long)r2[j]);
+    for (long base = 0; base < count; base += 8) {
+        long lanes = count - base < 8 ? count - base : 8;
+        long long idx[8];
+        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * L;
+        __m512i vidx = _mm512_loadu_si512(idx);
+        for (long j = 0; j < L; j++) x[j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + j), 8);
+        mont_mul8(x, x, rr, m, minv, L);
+        for (long j = 0; j < L; j++) {
+            u64 tmp[8];
+            _mm512_storeu_si512(tmp, x[j]);
+            for (long k = 0; k < lanes; k++) out[(base + k) * L + j] = tmp[k];
+        }
+    }
+    return 0;
+}
+
+/* Montgomery form out: count values -> n64 64-bit limbs each (< 2m). */
+IFMA int fb_from_mont(const u64 *vals, long count, long L, const u64 *m, u64 minv, u64 *out, long n64) {
+    if (L < 1 || L > MAXL) return -1;
+    __m512i x[MAXL], one[MAXL];
+    one[0] = _mm512_set1_epi64(1);
+    for (long j = 1; j < L; j++) one[j] = _mm512_setzero_si512();
+    for (long base = 0; base < count; base += 8) {
+        long lanes = count - base < 8 ? count - base : 8;
+        long long idx[8];
+        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * L;
+        __m512i vidx = _mm512_loadu_si512(idx);
+        for (long j = 0; j < L; j++) x[j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + j), 8);
+        mont_mul8(x, x, one, m, minv, L);
+        u64 lane[8][MAXL];
+        for (long j = 0; j < L; j++) {
+            u64 tmp[8];
+            _mm512_storeu_si512(tmp, x[j]);
+            for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
+        }
+        for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+    }
+    return 0;
+}
+
+/* Segment products (a passive party's histogram cells and bins), Montgomery form in and out:
+   out[s] = prod of tab[idx[i]] for i in [starts[s], starts[s+1]); every segment non-empty, every index < n_tab.
+   Eight segments are multiplied at once; a lane that finishes takes the next segment. */
+IFMA int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, const int64_t *starts, long nseg, long L,
+                    const u64 *m, u64 minv, u64 *out) {
+    if (L < 1 || L > MAXL) return -1;
+    for (long s = 0; s < nseg; s++) {
+        if (starts[s + 1] <= starts[s]) return -2;
+        for (int64_t i = starts[s]; i < starts[s + 1]; i++)
+            if (idx[i] < 0 || idx[i] >= n_tab) return -3;
+    }
+    __m512i acc[MAXL], b[MAXL], prod[MAXL];
+    u64 accm[MAXL][8] __attribute__((aligned(64)));
+    long seg[8], pos[8], end[8], next = 0;
+    int active[8];
+    for (int k = 0; k < 8; k++) {
+        active[k] = 0;
+        while (next < nseg) {
+            long s = next++;
+            const u64 *v = tab + (size_t)idx[starts[s]] * L;
+            if (starts[s + 1] - starts[s] == 1) { memcpy(out + s * L, v, L * sizeof(u64)); continue; }
+            for (long j = 0; j < L; j++) accm[j][k] = v[j];
+            seg[k] = s; pos[k] = starts[s] + 1; end[k] = starts[s + 1]; active[k] = 1;
+            break;
+        }
+    }
+    for (;;) {
+        __mmask8 mask = 0;
+        long long gi[8];
+        for (int k = 0; k < 8; k++) {
+            gi[k] = active[k] ? (long long)idx[pos[k]] * L : 0;
+            if (active[k]) mask |= (__mmask8)(1u << k);
+        }
+        if (!mask) break;
+        __m512i vidx = _mm512_loadu_si512(gi);
+        for (long j = 0; j < L; j++) {
+            b[j] = _mm512_i64gather_epi64(vidx, (const void *)(tab + j), 8);
+            acc[j] = _mm512_load_si512((const void *)accm[j]);
+        }
+        mont_mul8(prod, acc, b, m, minv, L);
+        for (long j = 0; j < L; j++) _mm512_store_si512((void *)accm[j], _mm512_mask_blend_epi64(mask, acc[j], prod[j]));
+        for (int k = 0; k < 8; k++) {
+            if (!active[k] || ++pos[k] < end[k]) continue;
+            for (long j = 0; j < L; j++) out[seg[k] * L + j] = accm[j][k];
+            active[k] = 0;
+            while (next < nseg) {
+                long s = next++;
+                const u64 *v = tab + (size_t)idx[starts[s]] * L;
+                if (starts[s + 1] - starts[s] == 1) { memcpy(out + s * L, v, L * sizeof(u64)); continue; }
+                for (long j = 0; j < L; j++) accm[j][k] = v[j];
+                seg[k] = s; pos[k] = starts[s] + 1; end[k] = starts[s + 1]; active[k] = 1;
+                break;
+            }
+        }
+    }
+    return 0;
+}
 """
 
 _LIB = None
@@ -234,6 +337,14 @@ def _load():
     lib.fb_horner_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p,
                                    ctypes.c_uint64, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
     lib.fb_horner_many.restype = ctypes.c_int
+    lib.fb_to_mont.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
+                               ctypes.c_char_p, ctypes.c_char_p]
+    lib.fb_from_mont.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
+                                 ctypes.c_char_p, ctypes.c_long]
+    lib.fb_segprod.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                               ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
+    for fn in (lib.fb_to_mont, lib.fb_from_mont, lib.fb_segprod):
+        fn.restype = ctypes.c_int
     _LIB = lib
     _STATUS = "on (AVX-512 IFMA)"
     return _LIB
@@ -308,6 +419,48 @@ class NativeHorner(_Modulus):
         return self._results(out)
 
 
+class NativeProducts(_Modulus):
+    """Products of many values mod m (a passive party's encrypted histograms), kept in Montgomery form
+    between steps: :meth:`load` once, :meth:`segment_products` as often as needed, :meth:`values` at the end."""
+
+    def __init__(self, lib, mod):
+        from gmpy2 import mpz
+
+        super().__init__(lib, mod)
+        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])
+
+    def load(self, values) -> bytes:
+        digits = self._digits(values)
+        count = len(digits) // (8 * self.L)
+        out = ctypes.create_string_buffer(len(digits))
+        self._check(self._lib.fb_to_mont(digits, count, self.L, self._m, self._minv, self._r2, out))
+        return out.raw
+
+    def segment_products(self, table: bytes, idx, starts) -> bytes:
+        """out[s] = prod of table[idx[i]] for i in [starts[s], starts[s+1]) (every segment non-empty)."""
+        import numpy as np
+
+        idx = np.ascontiguousarray(idx, dtype=np.int32)
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        nseg = len(starts) - 1
+        out = ctypes.create_string_buffer(8 * self.L * max(nseg, 0))
+        if nseg > 0:
+            self._check(self._lib.fb_segprod(table, len(table) // (8 * self.L), idx.ctypes.data, starts.ctypes.data,
+                                             nseg, self.L, self._m, self._minv, out))
+        return out.raw
+
+    def values(self, table: bytes) -> list:
+        count = len(table) // (8 * self.L)
+        out = ctypes.create_string_buffer(8 * self.n64 * count)
+        self._check(self._lib.fb_from_mont(table, count, self.L, self._m, self._minv, out, self.n64))
+        return self._results(out)
+
+    @staticmethod
+    def _check(rc):
+        if rc != 0:
+            raise ValueError(f"the C kernel refused its arguments ({rc})")
+
+
 class NativeFixedBase(_Modulus):
     """One fixed-base table (rows of 256 entries: 8-bit digits) in Montgomery form (x 2^(52 L) mod m)."""
 
@@ -373,4 +526,38 @@ def horner(mod, check) -> NativeHorner | None:
         if nat.horner_many(groups, widths) != [check(gr, widths) for gr in groups]:
             _STATUS = "off: the C kernel disagreed with the Python packing"
             return None
+    return nat
+
+
+def products(mod) -> NativeProducts | None:
+    """A :class:`NativeProducts` for values mod ``mod`` if the kernel is available and its segment products
+    equal gmpy2's on random values; otherwise None."""
+    global _STATUS
+    import secrets
+
+    from gmpy2 import mpz
+
+    lib = _load()
+    if lib is None:
+        return None
+    try:
+        nat = NativeProducts(lib, mod)
+    except ValueError:
+        return None
+    m = mpz(mod)
+    vals = [mpz(secrets.randbelow(int(m))) for _ in range(40)]
+    lens = [1, 2, 3, 17, 1, 5, 9, 1, 30, 4, 2]
+    idx = [secrets.randbelow(len(vals)) for _ in range(sum(lens))]
+    starts = [0]
+    for n_ in lens:
+        starts.append(starts[-1] + n_)
+    want = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        acc = mpz(1)
+        for i in idx[a:b]:
+            acc = acc * vals[i] % m
+        want.append(acc)
+    if nat.values(nat.segment_products(nat.load(vals), idx, starts)) != want:
+        _STATUS = "off: the C kernel disagreed with gmpy2's products"
+        return None
     return nat

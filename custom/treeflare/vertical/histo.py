@@ -73,6 +73,8 @@ def _node_hist(st, rows: np.ndarray) -> list:
     out = [[[None] * units for _ in range(nb)] for nb in nbins]
     if rows.size == 0:
         return out
+    if st.get("native") is not None:
+        return _node_hist_native(st, rows, out)
     for grp in st["groups"]:
         if len(grp) == 2:
             fa, fb = grp
@@ -108,6 +110,44 @@ def _node_hist(st, rows: np.ndarray) -> list:
     return out
 
 
+def _node_hist_native(st, rows: np.ndarray, out: list) -> list:
+    """:func:`_node_hist` on the C kernel: the same cells and bins, the same products (kept in Montgomery form
+    from the rows to the bins)."""
+    bins, nbins, nat = st["bins"], st["nbins"], st["native"]
+    units = len(st["C"])
+    n = rows.size
+    for grp in st["groups"]:
+        if len(grp) == 2:
+            fa, fb = grp
+            nbb = nbins[fb]
+            keys = bins[rows, fa].astype(np.int64) * nbb + bins[rows, fb]
+        else:
+            (fa,) = grp
+            keys = bins[rows, fa].astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        skeys = keys[order]
+        starts = np.asarray(_segments(skeys), dtype=np.int64)
+        cell_keys = skeys[starts[:-1]]
+        n_cells = len(starts) - 1
+        st["mults"] += units * (n - n_cells)
+        srows = rows[order]
+        plan = [(fa, cell_keys, None, None)]
+        if len(grp) == 2:
+            ka, kb = cell_keys // nbb, cell_keys % nbb
+            sa = np.asarray(_segments(ka), dtype=np.int64)
+            ob = np.argsort(kb, kind="stable")
+            sb = np.asarray(_segments(kb[ob]), dtype=np.int64)
+            st["mults"] += units * (2 * n_cells - (len(sa) - 1) - (len(sb) - 1))
+            plan = [(fa, ka[sa[:-1]], np.arange(n_cells), sa), (fb, kb[ob][sb[:-1]], ob, sb)]
+        for u in range(units):
+            cells = nat.segment_products(st["C52"][u], srows, starts)
+            for f, keys_f, idx, seg in plan:
+                vals = nat.values(cells if idx is None else nat.segment_products(cells, idx, seg))
+                for k, v in zip(keys_f.tolist(), vals):
+                    out[f][k][u] = v
+    return out
+
+
 def _op_setup(st, args, blobs):
     st.clear()
     st["pub"] = pub = public_from_json(args["pub"])
@@ -129,6 +169,14 @@ def _op_load(st, args, blobs):
     lo, hi = (int(v) for v in args["check"])
     pub.check_many(flat[lo * units:hi * units])
     st["C"] = [flat[u::units] for u in range(units)]
+    if "native" not in st:
+        st["native"] = None
+        if pub.scheme == "paillier":
+            from ..crypto import native
+
+            st["native"] = native.products(pub.nsq)
+    if st["native"] is not None:
+        st["C52"] = [st["native"].load(c) for c in st["C"]]
     return {}, []
 
 
