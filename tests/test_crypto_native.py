@@ -140,3 +140,27 @@ def test_kernel_segment_products_equal_gmpy2(bits):
     for bad_idx, bad_starts in (([len(vals)], [0, 1]), ([0, 1], [0, 0, 2]), ([-1], [0, 1])):
         with pytest.raises(ValueError, match="refused"):
             nat.segment_products(table, bad_idx, bad_starts)
+
+
+@pytest.mark.parametrize("obfuscation", ["full", "djn"])
+def test_batch_decryption_equals_one_by_one(obfuscation):
+    key = PaillierPrivateKey.generate(512, obfuscation)
+    vals = [0, 1, -1, 2**200, -(2**250)] + [secrets.randbits(300) - 2**299 for _ in range(30)]
+    cts = key.encrypt_many(vals)
+    assert key.decrypt_many(cts) == [key.decrypt(c) for c in cts] == vals
+    assert bool(key._native_pow()) == ON_THIS_MACHINE
+    with pytest.raises(ValueError):
+        key.decrypt_many(cts[:3] + [key.public.nsq + 5])
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [1024, 2048, 4096])
+def test_kernel_secret_powers_equal_powmod_sec(bits):
+    import gmpy2
+
+    m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)
+    for e in (mpz(1), mpz(16), mpz(secrets.randbits(bits // 2) | 1), m - 1):
+        nat = native.pow_sec(m, e)
+        assert nat is not None
+        xs = [mpz(secrets.randbelow(int(m))) for _ in range(11)] + [mpz(0), mpz(1)]
+        assert nat.pow_many(xs) == [gmpy2.powmod_sec(x, e, m) for x in xs]

@@ -323,7 +323,7 @@ class PaillierKeyHolder(KeyHolder):
         self.ops["decryptions"] += n
         pool = self._pool(n, workers)
         if pool is None:
-            return [self.key.decrypt(c) for c in self.public.from_bytes(raw, check=False)]
+            return self.key.decrypt_many(self.public.from_bytes(raw, check=False))
         tasks = [({}, [raw[a * w:b * w]]) for a, b in _split(n, _n_tasks(n, pool.n, 16))]
         out = []
         pw = self.plain_bytes
@@ -367,7 +367,7 @@ def _op_dec(state, args, blobs):
     key = state["key"]
     w = key.public.ct_bytes
     raw = blobs[0]
-    out = [key.decrypt(mpz.from_bytes(raw[i:i + w], "big")) for i in range(0, len(raw), w)]
+    out = key.decrypt_many(mpz.from_bytes(raw[i:i + w], "big") for i in range(0, len(raw), w))
     return {}, [ints_to_bytes(out, w // 2 + 2)]
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 _SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef uint64_t u64;
@@ -269,6 +270,57 @@ IFMA int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, const int64_
     }
     return 0;
 }
+
+/* vals^e mod m for count values (normal form digits, < 2m) and one exponent e of exp_bits bits (big-endian
+   bytes), in constant time with respect to e: fixed 4-bit windows from the top, every window 4 squarings and
+   one multiplication by a table entry chosen by reading all 16 entries with masks.  Results < 2m, n64 limbs. */
+IFMA int fb_powm_sec_many(const u64 *vals, long count, const uint8_t *exp, long exp_bytes, long L, const u64 *m,
+                          u64 minv, const u64 *r2, u64 *out, long n64) {
+    if (L < 1 || L > MAXL || exp_bytes < 1) return -1;
+    __m512i (*tab)[MAXL] = aligned_alloc(64, 16 * sizeof(*tab));     /* 16 x L digits: off the stack */
+    if (!tab) return -4;
+    __m512i acc[MAXL], sel[MAXL], one[MAXL];
+    one[0] = _mm512_set1_epi64(1);
+    for (long j = 1; j < L; j++) one[j] = _mm512_setzero_si512();
+    for (long base = 0; base < count; base += 8) {
+        long lanes = count - base < 8 ? count - base : 8;
+        long long idx[8];
+        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * L;
+        __m512i vidx = _mm512_loadu_si512(idx);
+        for (long j = 0; j < L; j++) {
+            tab[1][j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + j), 8);
+            tab[0][j] = _mm512_set1_epi64((long long)r2[j]);
+        }
+        mont_mul8(tab[1], tab[1], tab[0], m, minv, L);        /* x R */
+        mont_mul8(tab[0], tab[0], one, m, minv, L);           /* R (Montgomery one) */
+        for (int i = 2; i < 16; i++) mont_mul8(tab[i], tab[i - 1], tab[1], m, minv, L);
+        for (long j = 0; j < L; j++) acc[j] = tab[0][j];
+        for (long byte = 0; byte < exp_bytes; byte++) {
+            for (int half = 0; half < 2; half++) {
+                unsigned d = half ? (exp[byte] & 15u) : (exp[byte] >> 4);
+                for (int s = 0; s < 4; s++) mont_mul8(acc, acc, acc, m, minv, L);
+                for (long j = 0; j < L; j++) sel[j] = _mm512_setzero_si512();
+                for (unsigned i = 0; i < 16; i++) {
+                    /* all ones when i == d, computed without a branch */
+                    u64 eq = (u64)0 - (u64)(((u64)(i ^ d) - 1) >> 63);
+                    __m512i mk = _mm512_set1_epi64((long long)eq);
+                    for (long j = 0; j < L; j++) sel[j] = _mm512_or_si512(sel[j], _mm512_and_si512(tab[i][j], mk));
+                }
+                mont_mul8(acc, acc, sel, m, minv, L);
+            }
+        }
+        mont_mul8(acc, acc, one, m, minv, L);
+        u64 lane[8][MAXL];
+        for (long j = 0; j < L; j++) {
+            u64 tmp[8];
+            _mm512_storeu_si512(tmp, acc[j]);
+            for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
+        }
+        for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+    }
+    free(tab);
+    return 0;
+}
 """
 
 _LIB = None
@@ -343,7 +395,9 @@ def _load():
                                  ctypes.c_char_p, ctypes.c_long]
     lib.fb_segprod.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
                                ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
-    for fn in (lib.fb_to_mont, lib.fb_from_mont, lib.fb_segprod):
+    lib.fb_powm_sec_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_long,
+                                     ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_long]
+    for fn in (lib.fb_to_mont, lib.fb_from_mont, lib.fb_segprod, lib.fb_powm_sec_many):
         fn.restype = ctypes.c_int
     _LIB = lib
     _STATUS = "on (AVX-512 IFMA)"
@@ -461,6 +515,28 @@ class NativeProducts(_Modulus):
             raise ValueError(f"the C kernel refused its arguments ({rc})")
 
 
+class NativePowSec(_Modulus):
+    """x^e mod m for many x and one secret exponent e (the key holder's decryption), constant-time in e."""
+
+    def __init__(self, lib, mod, exponent):
+        from gmpy2 import mpz
+
+        super().__init__(lib, mod)
+        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])
+        e = int(exponent)
+        self._exp = e.to_bytes(max(1, (e.bit_length() + 7) // 8), "big")
+
+    def pow_many(self, values) -> list:
+        vals = self._digits(values)
+        count = len(vals) // (8 * self.L)
+        out = ctypes.create_string_buffer(8 * self.n64 * count)
+        rc = self._lib.fb_powm_sec_many(vals, count, self._exp, len(self._exp), self.L, self._m, self._minv,
+                                        self._r2, out, self.n64)
+        if rc != 0:
+            raise ValueError("the C kernel refused its arguments")
+        return self._results(out)
+
+
 class NativeFixedBase(_Modulus):
     """One fixed-base table (rows of 256 entries: 8-bit digits) in Montgomery form (x 2^(52 L) mod m)."""
 
@@ -559,5 +635,28 @@ def products(mod) -> NativeProducts | None:
         want.append(acc)
     if nat.values(nat.segment_products(nat.load(vals), idx, starts)) != want:
         _STATUS = "off: the C kernel disagreed with gmpy2's products"
+        return None
+    return nat
+
+
+def pow_sec(mod, exponent) -> NativePowSec | None:
+    """A :class:`NativePowSec` for ``x^exponent mod mod`` if the kernel is available and agrees with gmpy2's
+    constant-time ``powmod_sec`` on random values; otherwise None."""
+    global _STATUS
+    import secrets
+
+    import gmpy2
+
+    lib = _load()
+    if lib is None:
+        return None
+    try:
+        nat = NativePowSec(lib, mod, exponent)
+    except ValueError:
+        return None
+    m = gmpy2.mpz(mod)
+    vals = [gmpy2.mpz(v) for v in (0, 1, int(m) - 1)] + [gmpy2.mpz(secrets.randbelow(int(m))) for _ in range(10)]
+    if nat.pow_many(vals) != [gmpy2.powmod_sec(v, exponent, m) for v in vals]:
+        _STATUS = "off: the C kernel disagreed with gmpy2's powmod_sec"
         return None
     return nat

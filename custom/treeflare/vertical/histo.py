@@ -289,7 +289,8 @@ class HistEngine:
             return []
         if all(len(g) == 1 for g in groups):
             return [g[0][0] for g in groups]
-        n_tasks = 1 if self.pool.n == 1 else min(len(groups), 8 * self.pool.n)
+        # shares of at least 8 groups: the C kernel packs 8 groups at once (fewer lanes would idle)
+        n_tasks = 1 if self.pool.n == 1 else max(1, min(len(groups) // 8, 4 * self.pool.n))
         # contiguous shares of about equal cost (sum of shift bits)
         cost = np.cumsum([sum(w for _c, w in g[:-1]) + 1 for g in groups])
         cuts = sorted(set([0] + [int(np.searchsorted(cost, cost[-1] * i / n_tasks)) for i in range(1, n_tasks)]
