@@ -14,19 +14,27 @@ It is compiled on first use with the system C compiler into a private per-user c
 (``$TREEFLARE_NATIVE_CACHE``, else ``~/.cache/treeflare``).  Without a compiler, without IFMA, or with
 ``TREEFLARE_NATIVE=0``, the Python product is used (slower, same results).  :func:`status` says which.
 
-Like the Python product, the table lookups depend on the secret exponent's digits (not constant-time):
-see SECURITY.md.
+Decryption's exponentiations are constant-time in the secret exponent (fixed windows, every table entry
+read); encryption's fixed-base table reads depend on the random exponent, as in Python (SECURITY.md).
+
+(Over 400 lines: about 300 are the C source, kept in this module so that the package ships and builds it
+as one file.)
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 import subprocess
 import tempfile
 from pathlib import Path
+
+import gmpy2
+import numpy as np
+from gmpy2 import mpz
 
 _SOURCE = r"""
 #include <immintrin.h>
@@ -101,69 +109,92 @@ static IFMA void mont_mul8(__m512i *out, const __m512i *a, const __m512i *b, con
     }
 }
 
-/* out[e] = prod_i table[i][digits[e][i]] / 2^(52 L) ... in normal form (< 2m), as n64 64-bit limbs per result.
-   table: rows x 256 entries of L digits, each entry x 2^(52 L) mod m (Montgomery form); one: 2^(52 L) mod m. */
+/* ---- lanes: eight records at a time; a lane past the end repeats record 0 of the batch (its result is dropped) */
+static IFMA __m512i lane_index(long base, long lanes, long stride) {
+    long long idx[8];
+    for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * stride;
+    return _mm512_loadu_si512(idx);
+}
+
+static IFMA void gather(__m512i *x, __m512i vidx, const u64 *p, long L) {
+    for (long j = 0; j < L; j++) x[j] = _mm512_i64gather_epi64(vidx, (const void *)(p + j), 8);
+}
+
+static IFMA void broadcast(__m512i *x, const u64 *v, long L) {
+    for (long j = 0; j < L; j++) x[j] = _mm512_set1_epi64((long long)v[j]);
+}
+
+static IFMA void set_one(__m512i *x, long L) {
+    x[0] = _mm512_set1_epi64(1);
+    for (long j = 1; j < L; j++) x[j] = _mm512_setzero_si512();
+}
+
+/* each lane's L digits, as they are (Montgomery form kept) */
+static IFMA void store_digits(const __m512i *x, long base, long lanes, u64 *out, long L) {
+    for (long j = 0; j < L; j++) {
+        u64 tmp[8];
+        _mm512_storeu_si512(tmp, x[j]);
+        for (long k = 0; k < lanes; k++) out[(base + k) * L + j] = tmp[k];
+    }
+}
+
+/* each lane out of Montgomery form (x / R, < 2m) as n64 64-bit limbs */
+static IFMA void store_normal(__m512i *x, long base, long lanes, const u64 *m, u64 minv, long L, u64 *out,
+                              long n64) {
+    __m512i one[MAXL];
+    u64 lane[8][MAXL];
+    set_one(one, L);
+    mont_mul8(x, x, one, m, minv, L);
+    for (long j = 0; j < L; j++) {
+        u64 tmp[8];
+        _mm512_storeu_si512(tmp, x[j]);
+        for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
+    }
+    for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+}
+
+#define LANES(base, count) ((count) - (base) < 8 ? (count) - (base) : 8)
+
+/* out[e] = prod_i table[i][digits[e][i]] mod m (normal form, < 2m, n64 limbs each).
+   table: rows x 256 entries of L digits in Montgomery form (x R mod m); one = R mod m. */
 IFMA int fb_pow_many(const u64 *table, long rows, long L, const u64 *m, u64 minv, const u64 *one,
                      const uint8_t *digits, long count, u64 *out, long n64) {
     if (L < 1 || L > MAXL) return -1;
     __m512i acc[MAXL], b[MAXL];
     for (long base = 0; base < count; base += 8) {
-        long lanes = count - base < 8 ? count - base : 8;
-        for (long j = 0; j < L; j++) acc[j] = _mm512_set1_epi64((long long)one[j]);
+        long lanes = LANES(base, count);
+        broadcast(acc, one, L);
         for (long i = 0; i < rows; i++) {
             long long idx[8];
             for (long k = 0; k < 8; k++) idx[k] = k < lanes ? (long long)digits[(base + k) * rows + i] * L : 0;
-            __m512i vidx = _mm512_loadu_si512(idx);
-            const u64 *rowp = table + (size_t)i * 256 * L;
-            for (long j = 0; j < L; j++) b[j] = _mm512_i64gather_epi64(vidx, (const void *)(rowp + j), 8);
+            gather(b, _mm512_loadu_si512(idx), table + (size_t)i * 256 * L, L);
             mont_mul8(acc, acc, b, m, minv, L);
         }
-        b[0] = _mm512_set1_epi64(1);
-        for (long j = 1; j < L; j++) b[j] = _mm512_setzero_si512();
-        mont_mul8(acc, acc, b, m, minv, L);
-        u64 lane[8][MAXL];
-        for (long j = 0; j < L; j++) {
-            u64 tmp[8];
-            _mm512_storeu_si512(tmp, acc[j]);
-            for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
-        }
-        for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+        store_normal(acc, base, lanes, m, minv, L, out, n64);
     }
     return 0;
 }
 
 /* Horner packing of ciphertexts (a passive party's compression): for each of ``count`` groups of g values
    v_0..v_(g-1) (normal form, L digits each, group-major), acc = v_(g-1), then for k = 0..g-2:
-   acc = acc^(2^shifts[k]) * v_(g-2-k) mod m.  r2 = 2^(104 L) mod m (into Montgomery form).  Results < 2m. */
+   acc = acc^(2^shifts[k]) * v_(g-2-k) mod m.  r2 = R^2 mod m (into Montgomery form).  Results < 2m. */
 IFMA int fb_horner_many(const u64 *vals, long g, const long *shifts, long L, const u64 *m, u64 minv,
                         const u64 *r2, long count, u64 *out, long n64) {
     if (L < 1 || L > MAXL || g < 1) return -1;
     __m512i acc[MAXL], x[MAXL], rr[MAXL];
-    for (long j = 0; j < L; j++) rr[j] = _mm512_set1_epi64((long long)r2[j]);
+    broadcast(rr, r2, L);
     for (long base = 0; base < count; base += 8) {
-        long lanes = count - base < 8 ? count - base : 8;
-        long long idx[8];
-        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * g * L;
-        __m512i vidx = _mm512_loadu_si512(idx);
-        for (long j = 0; j < L; j++) acc[j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + (g - 1) * L + j), 8);
+        long lanes = LANES(base, count);
+        __m512i vidx = lane_index(base, lanes, g * L);
+        gather(acc, vidx, vals + (g - 1) * L, L);
         mont_mul8(acc, acc, rr, m, minv, L);
         for (long k = 0; k < g - 1; k++) {
             for (long s = 0; s < shifts[k]; s++) mont_mul8(acc, acc, acc, m, minv, L);
-            const u64 *v = vals + (g - 2 - k) * L;
-            for (long j = 0; j < L; j++) x[j] = _mm512_i64gather_epi64(vidx, (const void *)(v + j), 8);
+            gather(x, vidx, vals + (g - 2 - k) * L, L);
             mont_mul8(x, x, rr, m, minv, L);
             mont_mul8(acc, acc, x, m, minv, L);
         }
-        x[0] = _mm512_set1_epi64(1);
-        for (long j = 1; j < L; j++) x[j] = _mm512_setzero_si512();
-        mont_mul8(acc, acc, x, m, minv, L);
-        u64 lane[8][MAXL];
-        for (long j = 0; j < L; j++) {
-            u64 tmp[8];
-            _mm512_storeu_si512(tmp, acc[j]);
-            for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
-        }
-        for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+        store_normal(acc, base, lanes, m, minv, L, out, n64);
     }
     return 0;
 }
@@ -172,19 +203,12 @@ IFMA int fb_horner_many(const u64 *vals, long g, const long *shifts, long L, con
 IFMA int fb_to_mont(const u64 *vals, long count, long L, const u64 *m, u64 minv, const u64 *r2, u64 *out) {
     if (L < 1 || L > MAXL) return -1;
     __m512i x[MAXL], rr[MAXL];
-    for (long j = 0; j < L; j++) rr[j] = _mm512_set1_epi64((long long)r2[j]);
+    broadcast(rr, r2, L);
     for (long base = 0; base < count; base += 8) {
-        long lanes = count - base < 8 ? count - base : 8;
-        long long idx[8];
-        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * L;
-        __m512i vidx = _mm512_loadu_si512(idx);
-        for (long j = 0; j < L; j++) x[j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + j), 8);
+        long lanes = LANES(base, count);
+        gather(x, lane_index(base, lanes, L), vals, L);
         mont_mul8(x, x, rr, m, minv, L);
-        for (long j = 0; j < L; j++) {
-            u64 tmp[8];
-            _mm512_storeu_si512(tmp, x[j]);
-            for (long k = 0; k < lanes; k++) out[(base + k) * L + j] = tmp[k];
-        }
+        store_digits(x, base, lanes, out, L);
     }
     return 0;
 }
@@ -192,23 +216,25 @@ IFMA int fb_to_mont(const u64 *vals, long count, long L, const u64 *m, u64 minv,
 /* Montgomery form out: count values -> n64 64-bit limbs each (< 2m). */
 IFMA int fb_from_mont(const u64 *vals, long count, long L, const u64 *m, u64 minv, u64 *out, long n64) {
     if (L < 1 || L > MAXL) return -1;
-    __m512i x[MAXL], one[MAXL];
-    one[0] = _mm512_set1_epi64(1);
-    for (long j = 1; j < L; j++) one[j] = _mm512_setzero_si512();
+    __m512i x[MAXL];
     for (long base = 0; base < count; base += 8) {
-        long lanes = count - base < 8 ? count - base : 8;
-        long long idx[8];
-        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * L;
-        __m512i vidx = _mm512_loadu_si512(idx);
-        for (long j = 0; j < L; j++) x[j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + j), 8);
-        mont_mul8(x, x, one, m, minv, L);
-        u64 lane[8][MAXL];
-        for (long j = 0; j < L; j++) {
-            u64 tmp[8];
-            _mm512_storeu_si512(tmp, x[j]);
-            for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
-        }
-        for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+        long lanes = LANES(base, count);
+        gather(x, lane_index(base, lanes, L), vals, L);
+        store_normal(x, base, lanes, m, minv, L, out, n64);
+    }
+    return 0;
+}
+
+/* Start lane k on the next segment that has more than one value (one-value segments are copied through). */
+static int next_segment(const u64 *tab, const int32_t *idx, const int64_t *starts, long nseg, long L, long *next,
+                        u64 (*accm)[8], int k, long *seg, long *pos, long *end, u64 *out) {
+    while (*next < nseg) {
+        long s = (*next)++;
+        const u64 *v = tab + (size_t)idx[starts[s]] * L;
+        if (starts[s + 1] - starts[s] == 1) { memcpy(out + s * L, v, L * sizeof(u64)); continue; }
+        for (long j = 0; j < L; j++) accm[j][k] = v[j];
+        seg[k] = s; pos[k] = starts[s] + 1; end[k] = starts[s + 1];
+        return 1;
     }
     return 0;
 }
@@ -228,17 +254,7 @@ IFMA int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, const int64_
     u64 accm[MAXL][8] __attribute__((aligned(64)));
     long seg[8], pos[8], end[8], next = 0;
     int active[8];
-    for (int k = 0; k < 8; k++) {
-        active[k] = 0;
-        while (next < nseg) {
-            long s = next++;
-            const u64 *v = tab + (size_t)idx[starts[s]] * L;
-            if (starts[s + 1] - starts[s] == 1) { memcpy(out + s * L, v, L * sizeof(u64)); continue; }
-            for (long j = 0; j < L; j++) accm[j][k] = v[j];
-            seg[k] = s; pos[k] = starts[s] + 1; end[k] = starts[s + 1]; active[k] = 1;
-            break;
-        }
-    }
+    for (int k = 0; k < 8; k++) active[k] = next_segment(tab, idx, starts, nseg, L, &next, accm, k, seg, pos, end, out);
     for (;;) {
         __mmask8 mask = 0;
         long long gi[8];
@@ -247,52 +263,35 @@ IFMA int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, const int64_
             if (active[k]) mask |= (__mmask8)(1u << k);
         }
         if (!mask) break;
-        __m512i vidx = _mm512_loadu_si512(gi);
-        for (long j = 0; j < L; j++) {
-            b[j] = _mm512_i64gather_epi64(vidx, (const void *)(tab + j), 8);
-            acc[j] = _mm512_load_si512((const void *)accm[j]);
-        }
+        gather(b, _mm512_loadu_si512(gi), tab, L);
+        for (long j = 0; j < L; j++) acc[j] = _mm512_load_si512((const void *)accm[j]);
         mont_mul8(prod, acc, b, m, minv, L);
         for (long j = 0; j < L; j++) _mm512_store_si512((void *)accm[j], _mm512_mask_blend_epi64(mask, acc[j], prod[j]));
         for (int k = 0; k < 8; k++) {
             if (!active[k] || ++pos[k] < end[k]) continue;
             for (long j = 0; j < L; j++) out[seg[k] * L + j] = accm[j][k];
-            active[k] = 0;
-            while (next < nseg) {
-                long s = next++;
-                const u64 *v = tab + (size_t)idx[starts[s]] * L;
-                if (starts[s + 1] - starts[s] == 1) { memcpy(out + s * L, v, L * sizeof(u64)); continue; }
-                for (long j = 0; j < L; j++) accm[j][k] = v[j];
-                seg[k] = s; pos[k] = starts[s] + 1; end[k] = starts[s + 1]; active[k] = 1;
-                break;
-            }
+            active[k] = next_segment(tab, idx, starts, nseg, L, &next, accm, k, seg, pos, end, out);
         }
     }
     return 0;
 }
 
-/* vals^e mod m for count values (normal form digits, < 2m) and one exponent e of exp_bits bits (big-endian
-   bytes), in constant time with respect to e: fixed 4-bit windows from the top, every window 4 squarings and
-   one multiplication by a table entry chosen by reading all 16 entries with masks.  Results < 2m, n64 limbs. */
+/* vals^e mod m for count values (normal form digits, < 2m) and one exponent e (exp_bytes big-endian bytes), in
+   constant time with respect to e: fixed 4-bit windows from the top, every window 4 squarings and one
+   multiplication by a table entry chosen by reading all 16 entries with masks.  Results < 2m, n64 limbs. */
 IFMA int fb_powm_sec_many(const u64 *vals, long count, const uint8_t *exp, long exp_bytes, long L, const u64 *m,
                           u64 minv, const u64 *r2, u64 *out, long n64) {
     if (L < 1 || L > MAXL || exp_bytes < 1) return -1;
     __m512i (*tab)[MAXL] = aligned_alloc(64, 16 * sizeof(*tab));     /* 16 x L digits: off the stack */
     if (!tab) return -4;
     __m512i acc[MAXL], sel[MAXL], one[MAXL];
-    one[0] = _mm512_set1_epi64(1);
-    for (long j = 1; j < L; j++) one[j] = _mm512_setzero_si512();
+    set_one(one, L);
     for (long base = 0; base < count; base += 8) {
-        long lanes = count - base < 8 ? count - base : 8;
-        long long idx[8];
-        for (long k = 0; k < 8; k++) idx[k] = (base + (k < lanes ? k : 0)) * L;
-        __m512i vidx = _mm512_loadu_si512(idx);
-        for (long j = 0; j < L; j++) {
-            tab[1][j] = _mm512_i64gather_epi64(vidx, (const void *)(vals + j), 8);
-            tab[0][j] = _mm512_set1_epi64((long long)r2[j]);
-        }
+        long lanes = LANES(base, count);
+        gather(tab[1], lane_index(base, lanes, L), vals, L);
+        broadcast(tab[0], r2, L);
         mont_mul8(tab[1], tab[1], tab[0], m, minv, L);        /* x R */
-        mont_mul8(tab[0], tab[0], one, m, minv, L);           /* R (Montgomery one) */
+        mont_mul8(tab[0], tab[0], one, m, minv, L);           /* R, the Montgomery one */
         for (int i = 2; i < 16; i++) mont_mul8(tab[i], tab[i - 1], tab[1], m, minv, L);
         for (long j = 0; j < L; j++) acc[j] = tab[0][j];
         for (long byte = 0; byte < exp_bytes; byte++) {
@@ -309,14 +308,7 @@ IFMA int fb_powm_sec_many(const u64 *vals, long count, const uint8_t *exp, long 
                 mont_mul8(acc, acc, sel, m, minv, L);
             }
         }
-        mont_mul8(acc, acc, one, m, minv, L);
-        u64 lane[8][MAXL];
-        for (long j = 0; j < L; j++) {
-            u64 tmp[8];
-            _mm512_storeu_si512(tmp, acc[j]);
-            for (long k = 0; k < 8; k++) lane[k][j] = tmp[k];
-        }
-        for (long k = 0; k < lanes; k++) from52(lane[k], L, out + (base + k) * n64, n64);
+        store_normal(acc, base, lanes, m, minv, L, out, n64);
     }
     free(tab);
     return 0;
@@ -415,8 +407,6 @@ class _Modulus:
     values below 2m stay below 2m)."""
 
     def __init__(self, lib, mod):
-        from gmpy2 import mpz
-
         self._lib = lib
         self.mod = mpz(mod)
         bits = int(self.mod.bit_length())
@@ -429,6 +419,12 @@ class _Modulus:
         self.shift = 52 * self.L
         self._minv = int((-pow(int(self.mod), -1, 1 << 52)) % (1 << 52))
         self._m = self._digits([self.mod])
+        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])     # R^2 mod m: into Montgomery form
+
+    @staticmethod
+    def _check(rc):
+        if rc != 0:
+            raise ValueError(f"the C kernel refused its arguments ({rc})")
 
     def _digits(self, values) -> bytes:
         nb = 8 * self.n64
@@ -439,20 +435,12 @@ class _Modulus:
         return out.raw
 
     def _results(self, out) -> list:
-        from gmpy2 import mpz
-
         nb, raw, m = 8 * self.n64, out.raw, self.mod
         return [mpz.from_bytes(raw[i:i + nb], "little") % m for i in range(0, len(raw), nb)]
 
 
 class NativeHorner(_Modulus):
     """Horner packing of ciphertexts mod n^2 (compression at a passive party), eight groups at once."""
-
-    def __init__(self, lib, mod):
-        from gmpy2 import mpz
-
-        super().__init__(lib, mod)
-        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])
 
     def horner_many(self, groups, widths) -> list:
         """For groups of values x_0..x_(g-1) (lowest field first) with field widths w_j, all groups the same
@@ -466,22 +454,14 @@ class NativeHorner(_Modulus):
         shifts = (ctypes.c_long * max(1, g - 1))(*[int(w) for w in reversed(widths[:-1])])
         vals = self._digits(v for gr in groups for v in gr)
         out = ctypes.create_string_buffer(8 * self.n64 * len(groups))
-        rc = self._lib.fb_horner_many(vals, g, ctypes.cast(shifts, ctypes.c_char_p), self.L, self._m, self._minv,
-                                      self._r2, len(groups), out, self.n64)
-        if rc != 0:
-            raise ValueError("the C kernel refused its arguments")
+        self._check(self._lib.fb_horner_many(vals, g, ctypes.cast(shifts, ctypes.c_char_p), self.L, self._m,
+                                             self._minv, self._r2, len(groups), out, self.n64))
         return self._results(out)
 
 
 class NativeProducts(_Modulus):
     """Products of many values mod m (a passive party's encrypted histograms), kept in Montgomery form
     between steps: :meth:`load` once, :meth:`segment_products` as often as needed, :meth:`values` at the end."""
-
-    def __init__(self, lib, mod):
-        from gmpy2 import mpz
-
-        super().__init__(lib, mod)
-        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])
 
     def load(self, values) -> bytes:
         digits = self._digits(values)
@@ -492,8 +472,6 @@ class NativeProducts(_Modulus):
 
     def segment_products(self, table: bytes, idx, starts) -> bytes:
         """out[s] = prod of table[idx[i]] for i in [starts[s], starts[s+1]) (every segment non-empty)."""
-        import numpy as np
-
         idx = np.ascontiguousarray(idx, dtype=np.int32)
         starts = np.ascontiguousarray(starts, dtype=np.int64)
         nseg = len(starts) - 1
@@ -509,20 +487,13 @@ class NativeProducts(_Modulus):
         self._check(self._lib.fb_from_mont(table, count, self.L, self._m, self._minv, out, self.n64))
         return self._results(out)
 
-    @staticmethod
-    def _check(rc):
-        if rc != 0:
-            raise ValueError(f"the C kernel refused its arguments ({rc})")
 
 
 class NativePowSec(_Modulus):
     """x^e mod m for many x and one secret exponent e (the key holder's decryption), constant-time in e."""
 
     def __init__(self, lib, mod, exponent):
-        from gmpy2 import mpz
-
         super().__init__(lib, mod)
-        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])
         e = int(exponent)
         self._exp = e.to_bytes(max(1, (e.bit_length() + 7) // 8), "big")
 
@@ -530,10 +501,8 @@ class NativePowSec(_Modulus):
         vals = self._digits(values)
         count = len(vals) // (8 * self.L)
         out = ctypes.create_string_buffer(8 * self.n64 * count)
-        rc = self._lib.fb_powm_sec_many(vals, count, self._exp, len(self._exp), self.L, self._m, self._minv,
-                                        self._r2, out, self.n64)
-        if rc != 0:
-            raise ValueError("the C kernel refused its arguments")
+        self._check(self._lib.fb_powm_sec_many(vals, count, self._exp, len(self._exp), self.L, self._m, self._minv,
+                                               self._r2, out, self.n64))
         return self._results(out)
 
 
@@ -541,8 +510,6 @@ class NativeFixedBase(_Modulus):
     """One fixed-base table (rows of 256 entries: 8-bit digits) in Montgomery form (x 2^(52 L) mod m)."""
 
     def __init__(self, lib, tables, mod):
-        from gmpy2 import mpz
-
         if any(len(row) != 256 for row in tables):
             raise ValueError("the C kernel takes 8-bit windows (256 entries per row)")
         super().__init__(lib, mod)
@@ -556,107 +523,76 @@ class NativeFixedBase(_Modulus):
         digits = b"".join(int(e).to_bytes(self.rows, "little") for e in exps)
         nb = 8 * self.n64
         out = ctypes.create_string_buffer(nb * len(exps))
-        rc = self._lib.fb_pow_many(self._table, self.rows, self.L, self._m, self._minv, self._one, digits,
-                                   len(exps), out, self.n64)
-        if rc != 0:
-            raise ValueError("the C kernel refused its arguments")
+        self._check(self._lib.fb_pow_many(self._table, self.rows, self.L, self._m, self._minv, self._one, digits,
+                                          len(exps), out, self.n64))
         return self._results(out)
 
 
-def fixed_base(tables, mod, check) -> NativeFixedBase | None:
-    """A :class:`NativeFixedBase` for ``tables`` mod ``mod`` if the kernel is available and gives the same
-    integers as ``check(e)`` (the Python product) on a few exponents; otherwise None."""
+def _checked(make, agrees, what: str):
+    """``make(lib)``, trusted only if ``agrees(kernel)`` (its results equal ``what`` on test values); None when
+    the kernel is not usable here, cannot take these arguments, or disagrees."""
     global _STATUS
-    import secrets
-
     lib = _load()
     if lib is None:
         return None
     try:
-        nat = NativeFixedBase(lib, tables, mod)
+        nat = make(lib)
     except ValueError:
         return None
-    exps = [0, 1, (1 << (8 * nat.rows)) - 1] + [secrets.randbits(8 * nat.rows) for _ in range(13)]
-    if nat.pow_many(exps) != [check(e) for e in exps]:
-        _STATUS = "off: the C kernel disagreed with the Python product"
+    if not agrees(nat):
+        _STATUS = f"off: the C kernel disagreed with {what}"
         return None
     return nat
+
+
+def fixed_base(tables, mod, check) -> NativeFixedBase | None:
+    """A :class:`NativeFixedBase` for ``tables`` mod ``mod``, checked against ``check(e)`` (the Python product)."""
+    def agrees(nat):
+        exps = [0, 1, (1 << (8 * nat.rows)) - 1] + [secrets.randbits(8 * nat.rows) for _ in range(13)]
+        return nat.pow_many(exps) == [check(e) for e in exps]
+
+    return _checked(lambda lib: NativeFixedBase(lib, tables, mod), agrees, "the Python product")
 
 
 def horner(mod, check) -> NativeHorner | None:
-    """A :class:`NativeHorner` for ciphertexts mod ``mod`` if the kernel is available and gives the same
-    integers as ``check(group, widths)`` (the Python packing) on a few random groups; otherwise None."""
-    global _STATUS
-    import secrets
+    """A :class:`NativeHorner` for ciphertexts mod ``mod``, checked against ``check(group, widths)`` (the Python
+    packing) on random groups."""
+    def agrees(nat):
+        for widths in ([139, 139, 139], [7, 64, 1, 300], [5]):
+            groups = [[secrets.randbelow(int(mod)) for _ in widths] for _ in range(11)]
+            if nat.horner_many(groups, widths) != [check(gr, widths) for gr in groups]:
+                return False
+        return True
 
-    lib = _load()
-    if lib is None:
-        return None
-    try:
-        nat = NativeHorner(lib, mod)
-    except ValueError:
-        return None
-    m = int(mod)
-    for widths in ([139, 139, 139], [7, 64, 1, 300], [5]):
-        groups = [[secrets.randbelow(m) for _ in widths] for _ in range(11)]
-        if nat.horner_many(groups, widths) != [check(gr, widths) for gr in groups]:
-            _STATUS = "off: the C kernel disagreed with the Python packing"
-            return None
-    return nat
+    return _checked(lambda lib: NativeHorner(lib, mod), agrees, "the Python packing")
 
 
 def products(mod) -> NativeProducts | None:
-    """A :class:`NativeProducts` for values mod ``mod`` if the kernel is available and its segment products
-    equal gmpy2's on random values; otherwise None."""
-    global _STATUS
-    import secrets
+    """A :class:`NativeProducts` for values mod ``mod``, checked against gmpy2's products of random values."""
+    m = gmpy2.mpz(mod)
 
-    from gmpy2 import mpz
+    def agrees(nat):
+        vals = [gmpy2.mpz(secrets.randbelow(int(m))) for _ in range(40)]
+        lens = [1, 2, 3, 17, 1, 5, 9, 1, 30, 4, 2]
+        idx = [secrets.randbelow(len(vals)) for _ in range(sum(lens))]
+        starts, want = [0], []
+        for n_ in lens:
+            acc = gmpy2.mpz(1)
+            for i in idx[starts[-1]:starts[-1] + n_]:
+                acc = acc * vals[i] % m
+            want.append(acc)
+            starts.append(starts[-1] + n_)
+        return nat.values(nat.segment_products(nat.load(vals), idx, starts)) == want
 
-    lib = _load()
-    if lib is None:
-        return None
-    try:
-        nat = NativeProducts(lib, mod)
-    except ValueError:
-        return None
-    m = mpz(mod)
-    vals = [mpz(secrets.randbelow(int(m))) for _ in range(40)]
-    lens = [1, 2, 3, 17, 1, 5, 9, 1, 30, 4, 2]
-    idx = [secrets.randbelow(len(vals)) for _ in range(sum(lens))]
-    starts = [0]
-    for n_ in lens:
-        starts.append(starts[-1] + n_)
-    want = []
-    for a, b in zip(starts[:-1], starts[1:]):
-        acc = mpz(1)
-        for i in idx[a:b]:
-            acc = acc * vals[i] % m
-        want.append(acc)
-    if nat.values(nat.segment_products(nat.load(vals), idx, starts)) != want:
-        _STATUS = "off: the C kernel disagreed with gmpy2's products"
-        return None
-    return nat
+    return _checked(lambda lib: NativeProducts(lib, mod), agrees, "gmpy2's products")
 
 
 def pow_sec(mod, exponent) -> NativePowSec | None:
-    """A :class:`NativePowSec` for ``x^exponent mod mod`` if the kernel is available and agrees with gmpy2's
-    constant-time ``powmod_sec`` on random values; otherwise None."""
-    global _STATUS
-    import secrets
-
-    import gmpy2
-
-    lib = _load()
-    if lib is None:
-        return None
-    try:
-        nat = NativePowSec(lib, mod, exponent)
-    except ValueError:
-        return None
+    """A :class:`NativePowSec` for ``x^exponent mod mod``, checked against gmpy2's constant-time ``powmod_sec``."""
     m = gmpy2.mpz(mod)
-    vals = [gmpy2.mpz(v) for v in (0, 1, int(m) - 1)] + [gmpy2.mpz(secrets.randbelow(int(m))) for _ in range(10)]
-    if nat.pow_many(vals) != [gmpy2.powmod_sec(v, exponent, m) for v in vals]:
-        _STATUS = "off: the C kernel disagreed with gmpy2's powmod_sec"
-        return None
-    return nat
+
+    def agrees(nat):
+        vals = [gmpy2.mpz(v) for v in (0, 1, int(m) - 1)] + [gmpy2.mpz(secrets.randbelow(int(m))) for _ in range(10)]
+        return nat.pow_many(vals) == [gmpy2.powmod_sec(v, exponent, m) for v in vals]
+
+    return _checked(lambda lib: NativePowSec(lib, mod, exponent), agrees, "gmpy2's powmod_sec")

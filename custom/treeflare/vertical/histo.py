@@ -10,6 +10,10 @@ Features are summed **in pairs**: the rows of a node are first multiplied into t
 (bin of feature a, bin of feature b), then each feature's bins are products of its cells.  That
 takes |rows| + |cells| multiplications for two features instead of 2 |rows|, and the result is
 the same integer (a product mod n^2 does not depend on the order of its factors).
+
+Where the C kernel (:mod:`treeflare.crypto.native`) is usable, a worker keeps its rows' ciphertexts in
+the kernel's Montgomery form and multiplies cells and bins eight at a time; compression packs eight
+groups at once.  Same integers as the gmpy2 path, which runs otherwise.
 """
 from __future__ import annotations
 
@@ -66,83 +70,55 @@ def _mul_of(pub):
     return lambda a, b: a + b
 
 
+def _cell_plan(st, rows: np.ndarray, grp: tuple):
+    """How one feature group's histograms come from a node's rows: the rows sorted into cells (joint bins of
+    the group's features), and for each feature, its bins as products of cells.  Returns (sorted rows, cell
+    starts, [(feature, bin of each result, cell order or None for the cells themselves, segment starts)])."""
+    bins, nbins = st["bins"], st["nbins"]
+    units = len(st["C"])
+    if len(grp) == 2:
+        fa, fb = grp
+        nbb = nbins[fb]
+        keys = bins[rows, fa].astype(np.int64) * nbb + bins[rows, fb]
+    else:
+        (fa,) = grp
+        keys = bins[rows, fa].astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    skeys = keys[order]
+    starts = np.asarray(_segments(skeys), dtype=np.int64)
+    cell_keys = skeys[starts[:-1]]
+    n_cells = len(starts) - 1
+    st["mults"] += units * (rows.size - n_cells)
+    if len(grp) == 1:
+        return rows[order], starts, [(fa, cell_keys, None, None)]
+    ka, kb = cell_keys // nbb, cell_keys % nbb      # sorted by key: the cells of one bin of fa are contiguous
+    sa = np.asarray(_segments(ka), dtype=np.int64)
+    ob = np.argsort(kb, kind="stable")
+    sb = np.asarray(_segments(kb[ob]), dtype=np.int64)
+    st["mults"] += units * (2 * n_cells - (len(sa) - 1) - (len(sb) - 1))
+    return rows[order], starts, [(fa, ka[sa[:-1]], np.arange(n_cells), sa), (fb, kb[ob][sb[:-1]], ob, sb)]
+
+
 def _node_hist(st, rows: np.ndarray) -> list:
-    """out[f][b][u]: product over the node's rows of this worker with bin b of feature f (None if none)."""
-    bins, nbins, C, mul = st["bins"], st["nbins"], st["C"], st["mul"]
+    """out[f][b][u]: product over the node's rows of this worker with bin b of feature f (None if none).
+    With the C kernel the products stay in its Montgomery form from the rows to the bins."""
+    nbins, C, mul, nat = st["nbins"], st["C"], st["mul"], st.get("native")
     units = len(C)
     out = [[[None] * units for _ in range(nb)] for nb in nbins]
     if rows.size == 0:
         return out
-    if st.get("native") is not None:
-        return _node_hist_native(st, rows, out)
     for grp in st["groups"]:
-        if len(grp) == 2:
-            fa, fb = grp
-            nbb = nbins[fb]
-            keys = bins[rows, fa].astype(np.int64) * nbb + bins[rows, fb]
-        else:
-            (fa,) = grp
-            keys = bins[rows, fa].astype(np.int64)
-        order = np.argsort(keys, kind="stable")
-        skeys = keys[order]
-        srows = rows[order].tolist()
-        starts = _segments(skeys)
-        cell_keys = skeys[np.asarray(starts[:-1], dtype=np.int64)]
-        n_cells = len(starts) - 1
-        st["mults"] += units * (rows.size - n_cells)
+        srows, starts, plan = _cell_plan(st, rows, grp)
         for u in range(units):
-            cells = _seg_idx(C[u], srows, starts, mul)
-            if len(grp) == 1:
-                for k, v in zip(cell_keys.tolist(), cells):
-                    out[fa][k][u] = v
-                continue
-            ka = cell_keys // nbb                      # sorted: cells of one bin of fa are contiguous
-            sa = _segments(ka)
-            kb = cell_keys % nbb
-            st["mults"] += 2 * n_cells - (len(sa) - 1) - len(np.unique(kb))
-            for b, v in zip(ka[np.asarray(sa[:-1], dtype=np.int64)].tolist(), _seg_vals(cells, sa, mul)):
-                out[fa][b][u] = v
-            ob = np.argsort(kb, kind="stable")
-            sb = _segments(kb[ob])
-            cells_b = [cells[i] for i in ob.tolist()]
-            for b, v in zip(kb[ob][np.asarray(sb[:-1], dtype=np.int64)].tolist(), _seg_vals(cells_b, sb, mul)):
-                out[fb][b][u] = v
-    return out
-
-
-def _node_hist_native(st, rows: np.ndarray, out: list) -> list:
-    """:func:`_node_hist` on the C kernel: the same cells and bins, the same products (kept in Montgomery form
-    from the rows to the bins)."""
-    bins, nbins, nat = st["bins"], st["nbins"], st["native"]
-    units = len(st["C"])
-    n = rows.size
-    for grp in st["groups"]:
-        if len(grp) == 2:
-            fa, fb = grp
-            nbb = nbins[fb]
-            keys = bins[rows, fa].astype(np.int64) * nbb + bins[rows, fb]
-        else:
-            (fa,) = grp
-            keys = bins[rows, fa].astype(np.int64)
-        order = np.argsort(keys, kind="stable")
-        skeys = keys[order]
-        starts = np.asarray(_segments(skeys), dtype=np.int64)
-        cell_keys = skeys[starts[:-1]]
-        n_cells = len(starts) - 1
-        st["mults"] += units * (n - n_cells)
-        srows = rows[order]
-        plan = [(fa, cell_keys, None, None)]
-        if len(grp) == 2:
-            ka, kb = cell_keys // nbb, cell_keys % nbb
-            sa = np.asarray(_segments(ka), dtype=np.int64)
-            ob = np.argsort(kb, kind="stable")
-            sb = np.asarray(_segments(kb[ob]), dtype=np.int64)
-            st["mults"] += units * (2 * n_cells - (len(sa) - 1) - (len(sb) - 1))
-            plan = [(fa, ka[sa[:-1]], np.arange(n_cells), sa), (fb, kb[ob][sb[:-1]], ob, sb)]
-        for u in range(units):
-            cells = nat.segment_products(st["C52"][u], srows, starts)
-            for f, keys_f, idx, seg in plan:
-                vals = nat.values(cells if idx is None else nat.segment_products(cells, idx, seg))
+            if nat is not None:
+                cells = nat.segment_products(st["C52"][u], srows, starts)
+                results = [nat.values(cells if idx is None else nat.segment_products(cells, idx, seg))
+                           for _f, _k, idx, seg in plan]
+            else:
+                cells = _seg_idx(C[u], srows.tolist(), starts.tolist(), mul)
+                results = [cells if idx is None else _seg_vals([cells[i] for i in idx.tolist()], seg.tolist(), mul)
+                           for _f, _k, idx, seg in plan]
+            for (f, keys_f, _i, _s), vals in zip(plan, results):
                 for k, v in zip(keys_f.tolist(), vals):
                     out[f][k][u] = v
     return out
