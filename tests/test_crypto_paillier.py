@@ -55,7 +55,6 @@ def test_roundtrip_and_homomorphism(kh):
     for c in cts[:4]:
         s = pub.add(s, c)
     assert kh.decrypt_many([s]) == [sum(vals[:4])]
-    assert kh.decrypt_many([pub.sub(cts[3], cts[2])]) == [vals[3] - vals[2]]
     assert kh.decrypt_many([pub.shift(cts[3], 77)]) == [vals[3] << 77]
 
 
@@ -122,12 +121,10 @@ def test_property_sum_of_random_values(vals):
 _KH = PaillierKeyHolder.generate(BITS, "djn")
 
 
-def test_batched_checks_and_inversions(kh):
+def test_batched_checks(kh):
     pub = kh.public.pk
     cts = kh.encrypt_many([3, -4, 5, 0])
     pub.check_many(cts)
-    inv = pub.invert_many(cts)
-    assert all(c * i % pub.nsq == 1 for c, i in zip(cts, inv))
     bad = cts[:2] + [int(kh.key.p) * 7] + cts[2:]
     with pytest.raises(CiphertextError, match="not invertible"):
         pub.check_many(bad)

@@ -7,8 +7,8 @@ Two objects per scheme:
   worker processes (:mod:`.workers`) that hold their own copy of the key, started at the first
   call and kept until :meth:`KeyHolder.close`;
 * a **public context** (other parties, rebuilt from ``public.to_message()``):
-  ``add``, ``sub``, ``shift`` (multiply the plaintext by 2^w), ``one`` (neutral element),
-  ``invert_many``, ``serialize`` / ``deserialize`` (fixed-width big-endian bytes in one uint8
+  ``add``, ``shift`` (multiply the plaintext by 2^w), ``one`` (neutral element),
+  ``serialize`` / ``deserialize`` (fixed-width big-endian bytes in one uint8
   array; every received ciphertext is range-checked).
 
 Backends: ``paillier`` (gmpy2, see :mod:`.paillier`) and ``mock`` (identity "encryption" on
@@ -60,16 +60,10 @@ class PublicContext:
     def add(self, a, b):  # pragma: no cover - interface
         raise NotImplementedError
 
-    def sub(self, a, b):  # pragma: no cover
-        raise NotImplementedError
-
     def shift(self, a, w: int):  # pragma: no cover
         raise NotImplementedError
 
     def one(self):  # pragma: no cover
-        raise NotImplementedError
-
-    def invert_many(self, cts) -> list:  # pragma: no cover
         raise NotImplementedError
 
     def check(self, c) -> None:  # pragma: no cover
@@ -133,17 +127,11 @@ class PaillierPublic(PublicContext):
     def add(self, a, b):
         return a * b % self.nsq
 
-    def sub(self, a, b):
-        return self.pk.sub(a, b)
-
     def shift(self, a, w: int):
         return self.pk.shift(a, w)
 
     def one(self):
         return mpz(1)
-
-    def invert_many(self, cts) -> list:
-        return self.pk.invert_many(cts)
 
     def check(self, c) -> None:
         self.pk.check(c)
@@ -169,17 +157,11 @@ class MockPublicKey(PublicContext):
     def add(self, a, b):
         return a + b
 
-    def sub(self, a, b):
-        return a - b
-
     def shift(self, a, w: int):
         return a << w
 
     def one(self):
         return mpz(0)
-
-    def invert_many(self, cts) -> list:
-        return [-c for c in cts]
 
     def check(self, c) -> None:
         if abs(c) >= (mpz(1) << (self.key_bits - 1)):

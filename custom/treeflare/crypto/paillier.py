@@ -156,10 +156,6 @@ class PaillierPublicKey:
         """E(a), E(b) -> E(a + b)."""
         return a * b % self.nsq
 
-    def sub(self, a, b):
-        """E(a), E(b) -> E(a - b)."""
-        return a * gmpy2.invert(b, self.nsq) % self.nsq
-
     def shift(self, a, w: int):
         """E(m) -> E(m * 2^w)."""
         return gmpy2.powmod(a, mpz(1) << w, self.nsq)
@@ -167,23 +163,6 @@ class PaillierPublicKey:
     def one(self):
         """Neutral element for the homomorphic sum (a trivial encryption of 0)."""
         return mpz(1)
-
-    def invert_many(self, cts) -> list:
-        """[c^-1 mod n^2] for many ciphertexts with one modular inversion (Montgomery's trick)."""
-        cts = list(cts)
-        if not cts:
-            return []
-        nsq = self.nsq
-        prefix = [cts[0]]
-        for c in cts[1:]:
-            prefix.append(prefix[-1] * c % nsq)
-        inv = gmpy2.invert(prefix[-1], nsq)
-        out = [None] * len(cts)
-        for i in range(len(cts) - 1, 0, -1):
-            out[i] = inv * prefix[i - 1] % nsq
-            inv = inv * cts[i] % nsq
-        out[0] = inv
-        return out
 
     # --- wire format ----------------------------------------------------------------
     def to_message(self) -> dict:

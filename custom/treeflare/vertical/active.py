@@ -331,7 +331,7 @@ class ActiveParty:
                         raise ProtocolError(f"{p}: {e}") from None
                     jobs.append((p, nid, ids, n_values, plan, pair))
                     raws.append(raw)
-                    self.comm["hist_nodes"] += 1
+                    self.comm["hist_nodes"] += 1 if pair is None else 2      # nodes answered, not reply entries
                 if sorted(covered) != sorted(open_):
                     raise ProtocolError(f"{p}: histogram reply does not cover the open nodes")
         with _Timer(self.timings, "decrypt"):
