@@ -6,8 +6,9 @@ Sections (``--sections``, default all):
   micro     single-core Paillier rates (median of ``--repeats`` bursts), both randomness modes
   speed     today's engine against the earlier code (``--legacy-ref``, extracted with ``git archive`` and
             imported through PYTHONPATH: its own code path, unchanged), same data, same settings, same
-            cores, arms interleaved; plus today's engine without histogram subtraction
-  packing   the packing arms at one size per model: (a) oracle (mock cipher), (b) unpacked,
+            cores, arms interleaved; plus today's engine on Python arithmetic only (TREEFLARE_NATIVE=0:
+            what a site without the C kernel gets) and without histogram subtraction
+  packing   the packing arms at one size per model, on Python arithmetic: (a) oracle (mock cipher), (b) unpacked,
             (c) packed only, (d) packed + compressed; beside the measured CPU seconds of every
             encrypted arm, the CPU seconds the operation-count model predicts (a check of the model)
   models    binary / softmax / squared-error GBDT on public data: metrics, identical to the plaintext
