@@ -140,6 +140,22 @@ def test_kernel_segment_products_equal_gmpy2(bits):
     for bad_idx, bad_starts in (([len(vals)], [0, 1]), ([0, 1], [0, 0, 2]), ([-1], [0, 1])):
         with pytest.raises(ValueError, match="refused"):
             nat.segment_products(table, bad_idx, bad_starts)
+    # segment bounds outside the index list are refused before the C code reads anything
+    for bad_starts in ([-50_000_000, 2], [0, 50_000_000], [1, 2], [[0, 2]]):
+        with pytest.raises(ValueError, match="segment starts"):
+            nat.segment_products(table, [0, 1], bad_starts)
+
+
+@needs_kernel
+def test_kernel_refuses_values_and_widths_it_cannot_take():
+    m = mpz(secrets.randbits(1024) | (1 << 1023) | 1)
+    nat = native.horner(m, lambda gr, ws: _python_horner(gr, ws, m))
+    for bad in ([2 * m, 1], [-1, 1], [1 << 2000, 1]):
+        with pytest.raises(ValueError, match="outside"):
+            nat.horner_many([bad], [64, 64])
+    for widths in ([-1, 64], [2**64, 64]):
+        with pytest.raises(ValueError, match="widths"):
+            nat.horner_many([[1, 2]], widths)
 
 
 @pytest.mark.parametrize("obfuscation", ["full", "djn"])

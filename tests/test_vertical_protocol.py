@@ -441,6 +441,8 @@ def _first_pair_reply():
     (lambda e: e.update(sibling=e["sibling"] + 2), "not an open sibling pair"),
     (lambda e: e.update(sibling=e["nid"]), "not an open sibling pair"),
     (lambda e: e.pop("sel_sibling"), "missing"),
+    # one id for a candidate of each child: both could win, and a partition would answer for two nodes
+    (lambda e: e.update(ids_sibling=[e["ids"][0]] + e["ids_sibling"][1:]), "duplicate split ids"),
 ])
 def test_hostile_sibling_pair_refused_before_decryption(tamper, match):
     a, ps, name, reply = _first_pair_reply()
@@ -450,6 +452,28 @@ def test_hostile_sibling_pair_refused_before_decryption(tamper, match):
     with pytest.raises(ProtocolError, match=match):
         a.step({name: {"type": "hist", "nodes": nodes}})
     assert a.kh.ops["decryptions"] == before
+    close_parties(a, ps)
+
+
+def test_split_id_reused_across_nodes_refused():
+    a, ps, name, reply = _first_pair_reply()
+    nodes = [dict(e) for e in reply["nodes"]]
+    pair = next(e for e in nodes if "sibling" in e)
+    other = next((e for e in nodes if e is not pair), None)
+    if other is None:                       # the reply holds one pair only: reuse the id inside it instead
+        pair["ids_sibling"] = [pair["ids"][-1]] + pair["ids_sibling"][1:]
+    else:
+        other["ids"] = [pair["ids"][0]] + other["ids"][1:]
+    with pytest.raises(ProtocolError, match="duplicate split ids"):
+        a.step({name: {"type": "hist", "nodes": nodes}})
+    close_parties(a, ps)
+
+
+def test_pair_refused_when_subtraction_is_off():
+    a, ps, name, reply = _first_pair_reply()
+    a.params.hist_subtraction = False
+    with pytest.raises(ProtocolError, match="subtraction is off"):
+        a.step({name: reply})
     close_parties(a, ps)
 
 

@@ -30,6 +30,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import gmpy2
@@ -242,9 +243,10 @@ static int next_segment(const u64 *tab, const int32_t *idx, const int64_t *start
 /* Segment products (a passive party's histogram cells and bins), Montgomery form in and out:
    out[s] = prod of tab[idx[i]] for i in [starts[s], starts[s+1]); every segment non-empty, every index < n_tab.
    Eight segments are multiplied at once; a lane that finishes takes the next segment. */
-IFMA int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, const int64_t *starts, long nseg, long L,
-                    const u64 *m, u64 minv, u64 *out) {
+IFMA int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, long n_idx, const int64_t *starts, long nseg,
+                    long L, const u64 *m, u64 minv, u64 *out) {
     if (L < 1 || L > MAXL) return -1;
+    if (nseg > 0 && (starts[0] < 0 || starts[nseg] > n_idx)) return -2;
     for (long s = 0; s < nseg; s++) {
         if (starts[s + 1] <= starts[s]) return -2;
         for (int64_t i = starts[s]; i < starts[s + 1]; i++)
@@ -317,6 +319,7 @@ IFMA int fb_powm_sec_many(const u64 *vals, long count, const uint8_t *exp, long 
 
 _LIB = None
 _STATUS = "not loaded yet"
+_LOCK = threading.Lock()
 _MAX_DIGITS = 160           # MAXL in the C source: moduli up to 8192 bits (n^2 of a 4096-bit key)
 
 
@@ -329,31 +332,45 @@ def _cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "treeflare")
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        # a library loaded from a folder others can write to could be replaced under us
-        raise OSError(f"native cache folder {path} is not private to this user")
+    path = path.resolve()                   # the real folder, checked and used from here on
+    _check_private(path, stat.S_ISDIR)
     return path
+
+
+def _check_private(path: Path, kind) -> None:
+    """A library loaded from a place others can write to could be replaced under us: the folder and the
+    library must be this user's and writable by nobody else."""
+    st = os.lstat(path)
+    if not kind(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OSError(f"native cache {path} is not private to this user")
 
 
 def _build(cc: str) -> Path:
     tag = hashlib.sha256((_SOURCE + cc).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"fixed_base_{tag}.so"
-    if out.exists():
-        return out
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "fixed_base.c"
-        src.write_text(_SOURCE)
-        lib = Path(tmp) / "fixed_base.so"
-        subprocess.run([cc, "-O2", "-fPIC", "-shared", "-o", str(lib), str(src)], check=True, capture_output=True,
-                       timeout=120)
-        part = out.with_name(f"{out.name}.{os.getpid()}.part")
-        shutil.copyfile(lib, part)
-        os.replace(part, out)               # atomic: a party's workers may build at the same time
+    cache = _cache_dir()
+    out = cache / f"fixed_base_{tag}.so"
+    if not out.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "fixed_base.c"
+            src.write_text(_SOURCE)
+            lib = Path(tmp) / "fixed_base.so"
+            subprocess.run([cc, "-O2", "-fPIC", "-shared", "-o", str(lib), str(src)], check=True,
+                           capture_output=True, timeout=120)
+            fd, part = tempfile.mkstemp(dir=cache, suffix=".part")      # a private name: parallel builds never share
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(lib.read_bytes())
+            os.chmod(part, 0o500)
+            os.replace(part, out)               # atomic: a party's workers may build at the same time
+    _check_private(out, stat.S_ISREG)
     return out
 
 
 def _load():
+    with _LOCK:
+        return _load_locked()
+
+
+def _load_locked():
     global _LIB, _STATUS
     if _LIB is not None or _STATUS != "not loaded yet":
         return _LIB
@@ -385,8 +402,8 @@ def _load():
                                ctypes.c_char_p, ctypes.c_char_p]
     lib.fb_from_mont.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
                                  ctypes.c_char_p, ctypes.c_long]
-    lib.fb_segprod.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
-                               ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
+    lib.fb_segprod.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                               ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
     lib.fb_powm_sec_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_long,
                                      ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_long]
     for fn in (lib.fb_to_mont, lib.fb_from_mont, lib.fb_segprod, lib.fb_powm_sec_many):
@@ -427,8 +444,11 @@ class _Modulus:
             raise ValueError(f"the C kernel refused its arguments ({rc})")
 
     def _digits(self, values) -> bytes:
-        nb = 8 * self.n64
-        raw = b"".join(int(v).to_bytes(nb, "little") for v in values)
+        nb, top = 8 * self.n64, 2 * self.mod          # the kernel's bound on every input: below 2m
+        vals = [int(v) for v in values]
+        if any(v < 0 or v >= top for v in vals):
+            raise ValueError("a value outside [0, 2m) for the C kernel")
+        raw = b"".join(v.to_bytes(nb, "little") for v in vals)
         count = len(raw) // nb
         out = ctypes.create_string_buffer(8 * self.L * count)
         self._lib.fb_to52_many(raw, count, self.n64, out, self.L)
@@ -451,6 +471,8 @@ class NativeHorner(_Modulus):
             return []
         if any(len(gr) != g for gr in groups) or g < 1:
             raise ValueError("every group needs one value per width")
+        if any(not 0 <= int(w) < 2**31 for w in widths):
+            raise ValueError("field widths must be in [0, 2^31)")
         shifts = (ctypes.c_long * max(1, g - 1))(*[int(w) for w in reversed(widths[:-1])])
         vals = self._digits(v for gr in groups for v in gr)
         out = ctypes.create_string_buffer(8 * self.n64 * len(groups))
@@ -474,11 +496,13 @@ class NativeProducts(_Modulus):
         """out[s] = prod of table[idx[i]] for i in [starts[s], starts[s+1]) (every segment non-empty)."""
         idx = np.ascontiguousarray(idx, dtype=np.int32)
         starts = np.ascontiguousarray(starts, dtype=np.int64)
+        if idx.ndim != 1 or starts.ndim != 1 or len(starts) < 1 or starts[0] != 0 or starts[-1] != len(idx):
+            raise ValueError("segment starts must run from 0 to the number of indices")
         nseg = len(starts) - 1
-        out = ctypes.create_string_buffer(8 * self.L * max(nseg, 0))
+        out = ctypes.create_string_buffer(8 * self.L * nseg)
         if nseg > 0:
-            self._check(self._lib.fb_segprod(table, len(table) // (8 * self.L), idx.ctypes.data, starts.ctypes.data,
-                                             nseg, self.L, self._m, self._minv, out))
+            self._check(self._lib.fb_segprod(table, len(table) // (8 * self.L), idx.ctypes.data, len(idx),
+                                             starts.ctypes.data, nseg, self.L, self._m, self._minv, out))
         return out.raw
 
     def values(self, table: bytes) -> list:

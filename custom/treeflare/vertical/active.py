@@ -298,10 +298,13 @@ class ActiveParty:
                 prev = self._node_sums.get(p, {})
                 covered = []
                 bound = self.declared[p] * (P.bins - 1)
+                seen = set()          # split ids are unique across the whole reply (they name one node's candidate)
                 for nd in require(r, "nodes", list):
                     nid = require(nd, "nid", int)
-                    ids = self._offered(p, nd, "ids", bound)
+                    ids = self._offered(p, nd, "ids", bound, seen)
                     if "sibling" in nd:
+                        if not P.hist_subtraction:
+                            raise ProtocolError(f"{p}: a sibling pair although histogram subtraction is off")
                         sib = require(nd, "sibling", int)
                         parent = (nid - 1) // 2
                         if nid == 0 or sib == nid or (sib - 1) // 2 != parent or sib not in open_set \
@@ -313,7 +316,7 @@ class ActiveParty:
                             raise ProtocolError(f"{p}: candidate positions of node {nid} not increasing")
                         sel = int_array(nd, "sel", pos.size, 0, 1).astype(bool)
                         sel_sib = int_array(nd, "sel_sibling", pos.size, 0, 1).astype(bool)
-                        ids_sib = self._offered(p, nd, "ids_sibling", bound)
+                        ids_sib = self._offered(p, nd, "ids_sibling", bound, seen)
                         if len(ids) != int(sel.sum()) or len(ids_sib) != int(sel_sib.sum()):
                             raise ProtocolError(f"{p}: split ids of nodes {nid} and {sib} do not match their "
                                                 "candidates")
@@ -382,14 +385,16 @@ class ActiveParty:
         self._node_sums = dict(sums)
         return out
 
-    def _offered(self, p, nd, key, bound) -> list:
+    def _offered(self, p, nd, key, bound, seen: set) -> list:
         ids = require(nd, key, list)
         if len(ids) > bound:
             raise ProtocolError(f"{p}: {len(ids)} candidates for node {nd['nid']}, more than the {bound} "
                                 f"its {self.declared[p]} declared features x {self.params.bins - 1} thresholds allow")
         for s_ in ids:
             check_split_id(s_)
-        if len(set(ids)) != len(ids):
+        n_before = len(seen)
+        seen.update(ids)
+        if len(seen) != n_before + len(ids):
             raise ProtocolError(f"{p}: duplicate split ids")
         return ids
 
