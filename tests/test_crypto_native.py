@@ -97,7 +97,7 @@ def _python_horner(group, widths, m):
 @pytest.mark.parametrize("bits", [1024, 4095, 4096, 6144, 8192])
 def test_kernel_packing_equals_python(bits):
     m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)
-    nat = native.horner(m, lambda gr, ws: _python_horner(gr, ws, m))
+    nat = native.products(m)
     assert nat is not None
     for widths in ([135] * 15, [17] * 24, [1, 2, 300], [64]):
         groups = [[secrets.randbelow(int(m)) for _ in widths] for _ in range(13)]      # 13: one full set of lanes + 5
@@ -109,7 +109,7 @@ def test_kernel_packing_equals_python(bits):
 @needs_kernel
 def test_kernel_refuses_moduli_beyond_its_size():
     m = mpz((1 << 8400) + 1)
-    assert native.horner(m, lambda gr, ws: 0) is None
+    assert native.products(m) is None
 
 
 @needs_kernel
@@ -149,7 +149,7 @@ def test_kernel_segment_products_equal_gmpy2(bits):
 @needs_kernel
 def test_kernel_refuses_values_and_widths_it_cannot_take():
     m = mpz(secrets.randbits(1024) | (1 << 1023) | 1)
-    nat = native.horner(m, lambda gr, ws: _python_horner(gr, ws, m))
+    nat = native.products(m)
     for bad in ([2 * m, 1], [-1, 1], [1 << 2000, 1]):
         with pytest.raises(ValueError, match="outside"):
             nat.horner_many([bad], [64, 64])

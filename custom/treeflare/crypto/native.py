@@ -459,8 +459,10 @@ class _Modulus:
         return [mpz.from_bytes(raw[i:i + nb], "little") % m for i in range(0, len(raw), nb)]
 
 
-class NativeHorner(_Modulus):
-    """Horner packing of ciphertexts mod n^2 (compression at a passive party), eight groups at once."""
+class NativeProducts(_Modulus):
+    """A passive party's ciphertext arithmetic mod n^2, eight results at once: its encrypted histograms
+    (products kept in Montgomery form between steps: :meth:`load` once, :meth:`segment_products` as often as
+    needed, :meth:`values` at the end) and the packing of its replies (:meth:`horner_many`)."""
 
     def horner_many(self, groups, widths) -> list:
         """For groups of values x_0..x_(g-1) (lowest field first) with field widths w_j, all groups the same
@@ -479,11 +481,6 @@ class NativeHorner(_Modulus):
         self._check(self._lib.fb_horner_many(vals, g, ctypes.cast(shifts, ctypes.c_char_p), self.L, self._m,
                                              self._minv, self._r2, len(groups), out, self.n64))
         return self._results(out)
-
-
-class NativeProducts(_Modulus):
-    """Products of many values mod m (a passive party's encrypted histograms), kept in Montgomery form
-    between steps: :meth:`load` once, :meth:`segment_products` as often as needed, :meth:`values` at the end."""
 
     def load(self, values) -> bytes:
         digits = self._digits(values)
@@ -578,24 +575,27 @@ def fixed_base(tables, mod, check) -> NativeFixedBase | None:
     return _checked(lambda lib: NativeFixedBase(lib, tables, mod), agrees, "the Python product")
 
 
-def horner(mod, check) -> NativeHorner | None:
-    """A :class:`NativeHorner` for ciphertexts mod ``mod``, checked against ``check(group, widths)`` (the Python
-    packing) on random groups."""
-    def agrees(nat):
+def products(mod) -> NativeProducts | None:
+    """A :class:`NativeProducts` for values mod ``mod``, checked against gmpy2's products and powers of random
+    values."""
+    m = gmpy2.mpz(mod)
+
+    def packs(nat):
         for widths in ([139, 139, 139], [7, 64, 1, 300], [5]):
-            groups = [[secrets.randbelow(int(mod)) for _ in widths] for _ in range(11)]
-            if nat.horner_many(groups, widths) != [check(gr, widths) for gr in groups]:
+            groups = [[gmpy2.mpz(secrets.randbelow(int(m))) for _ in widths] for _ in range(11)]
+            want = []
+            for gr in groups:
+                acc = gr[-1]
+                for c, w in zip(reversed(gr[:-1]), reversed(widths[:-1])):
+                    acc = gmpy2.powmod(acc, gmpy2.mpz(1) << w, m) * c % m
+                want.append(acc)
+            if nat.horner_many(groups, widths) != want:
                 return False
         return True
 
-    return _checked(lambda lib: NativeHorner(lib, mod), agrees, "the Python packing")
-
-
-def products(mod) -> NativeProducts | None:
-    """A :class:`NativeProducts` for values mod ``mod``, checked against gmpy2's products of random values."""
-    m = gmpy2.mpz(mod)
-
     def agrees(nat):
+        if not packs(nat):
+            return False
         vals = [gmpy2.mpz(secrets.randbelow(int(m))) for _ in range(40)]
         lens = [1, 2, 3, 17, 1, 5, 9, 1, 30, 4, 2]
         idx = [secrets.randbelow(len(vals)) for _ in range(sum(lens))]
@@ -608,7 +608,7 @@ def products(mod) -> NativeProducts | None:
             starts.append(starts[-1] + n_)
         return nat.values(nat.segment_products(nat.load(vals), idx, starts)) == want
 
-    return _checked(lambda lib: NativeProducts(lib, mod), agrees, "gmpy2's products")
+    return _checked(lambda lib: NativeProducts(lib, mod), agrees, "gmpy2's products and powers")
 
 
 def pow_sec(mod, exponent) -> NativePowSec | None:

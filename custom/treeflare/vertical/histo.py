@@ -18,8 +18,8 @@ groups at once.  Same integers as the gmpy2 path, which runs otherwise.
 from __future__ import annotations
 
 import numpy as np
-from gmpy2 import mpz
 
+from ..crypto import native
 from ..crypto.backend import public_from_json, public_to_json
 from ..crypto.workers import make_pool
 
@@ -102,7 +102,7 @@ def _cell_plan(st, rows: np.ndarray, grp: tuple):
 def _node_hist(st, rows: np.ndarray) -> list:
     """out[f][b][u]: product over the node's rows of this worker with bin b of feature f (None if none).
     With the C kernel the products stay in its Montgomery form from the rows to the bins."""
-    nbins, C, mul, nat = st["nbins"], st["C"], st["mul"], st.get("native")
+    nbins, C, mul, nat = st["nbins"], st["C"], st["mul"], st["native"]
     units = len(C)
     out = [[[None] * units for _ in range(nb)] for nb in nbins]
     if rows.size == 0:
@@ -133,6 +133,8 @@ def _op_setup(st, args, blobs):
     st["bins"] = np.frombuffer(blobs[0], dtype=np.int32).reshape(-1, nf) if nf else np.zeros((0, 0), np.int32)
     st["groups"] = [tuple(g) for g in args["groups"]]
     st["C"] = None
+    # the C kernel for this key's ciphertexts (None: gmpy2 arithmetic), checked once per worker
+    st["native"] = native.products(pub.nsq) if pub.scheme == "paillier" else None
     return {}, []
 
 
@@ -145,12 +147,6 @@ def _op_load(st, args, blobs):
     lo, hi = (int(v) for v in args["check"])
     pub.check_many(flat[lo * units:hi * units])
     st["C"] = [flat[u::units] for u in range(units)]
-    if "native" not in st:
-        st["native"] = None
-        if pub.scheme == "paillier":
-            from ..crypto import native
-
-            st["native"] = native.products(pub.nsq)
     if st["native"] is not None:
         st["C52"] = [st["native"].load(c) for c in st["C"]]
     return {}, []
@@ -177,15 +173,8 @@ def _horner(pub, group, widths):
 def _op_compress(st, args, blobs):
     """Horner packing: for fields x_0..x_m (lowest first) with widths w_j, E(sum_j 2^(w_0+..+w_(j-1)) x_j).
     Groups of one shape go through the C kernel (:mod:`treeflare.crypto.native`) together when it is usable."""
-    pub = st["pub"]
+    pub, nat = st["pub"], st["native"]
     flat = pub.from_bytes(blobs[0], check=False)
-    if "horner" not in st:
-        st["horner"] = None
-        if pub.scheme == "paillier":
-            from ..crypto import native
-
-            st["horner"] = native.horner(pub.nsq, lambda gr, ws: _horner(pub, [mpz(v) for v in gr], ws))
-    nat = st["horner"]
     out, pos, shapes = [], 0, {}
     for widths in args["widths"]:
         group = flat[pos:pos + len(widths)]
