@@ -349,16 +349,24 @@ class PaillierPrivateKey:
     def decrypt_raw(self, c) -> int:
         """Plaintext in [0, n)."""
         p, q = self.p, self.q
-        mp = self._L(gmpy2.powmod_sec(c % self.psq, p - 1, self.psq), p) * self.hp % p
-        mq = self._L(gmpy2.powmod_sec(c % self.qsq, q - 1, self.qsq), q) * self.hq % q
+        return self._from_powers(gmpy2.powmod_sec(c % self.psq, p - 1, self.psq),
+                                 gmpy2.powmod_sec(c % self.qsq, q - 1, self.qsq))
+
+    def _from_powers(self, up, uq) -> int:
+        """The plaintext in [0, n) from c^(p-1) mod p^2 and c^(q-1) mod q^2 (L function, then the CRT)."""
+        p, q = self.p, self.q
+        mp = self._L(up, p) * self.hp % p
+        mq = self._L(uq, q) * self.hq % q
         return int(mq + q * ((mp - mq) * self.q_inv % p))
+
+    def _centred(self, m: int) -> int:
+        n = int(self.public.n)
+        return m - n if m > n // 2 else m
 
     def decrypt(self, c) -> int:
         """Centred plaintext in (-n/2, n/2] (checks that c is a valid ciphertext first)."""
         self.public.check(c)
-        m = self.decrypt_raw(c)
-        n = int(self.public.n)
-        return m - n if m > n // 2 else m
+        return self._centred(self.decrypt_raw(c))
 
     def decrypt_many(self, cts) -> list:
         """[decrypt(c) for c in cts]; the exponentiations run in the C kernel of :mod:`.native` when it is
@@ -368,16 +376,9 @@ class PaillierPrivateKey:
         if not nat or not cts:
             return [self.decrypt(c) for c in cts]
         self.public.check_many(cts)
-        p, q, n = self.p, self.q, int(self.public.n)
         up = nat[0].pow_many([c % self.psq for c in cts])
         uq = nat[1].pow_many([c % self.qsq for c in cts])
-        out = []
-        for a, b in zip(up, uq):
-            mp = self._L(a, p) * self.hp % p
-            mq = self._L(b, q) * self.hq % q
-            m = int(mq + q * ((mp - mq) * self.q_inv % p))
-            out.append(m - n if m > n // 2 else m)
-        return out
+        return [self._centred(self._from_powers(a, b)) for a, b in zip(up, uq)]
 
     def _native_pow(self):
         if self._native_dec is None:
