@@ -265,7 +265,8 @@ class PassiveParty:
             return idx[nid]
 
         pairs = self._pairs(d, open_, rows)
-        direct = [nid for nid in open_ if nid not in pairs and all(nid != x for x, _p in pairs.values())]
+        paired = set(pairs) | {x for x, _parent in pairs.values()}
+        direct = [nid for nid in open_ if nid not in paired]
         t0 = time.perf_counter()
         before = self.engine.counts["multiplications"]
         hists = self.engine.histograms({nid: rows(nid) for nid in sorted(direct + list(pairs))})
@@ -345,60 +346,53 @@ class PassiveParty:
     def _pair_entries(self, parent_list, rows_s, rows_x, hist_s):
         """The parent's candidates that are admissible in either child, in the parent's order: their
         positions, admissibility in each child, and the smaller child's cumulative left sums there."""
-        cnt = {}
-        for fe, f in enumerate(self.features):
-            nb = self.nbins[f]
-            cs = np.bincount(self.bins[rows_s, f], minlength=nb)
-            cx = np.bincount(self.bins[rows_x, f], minlength=nb)
-            cnt[f] = (fe, cs, np.cumsum(cs), cx, np.cumsum(cx))
-        n_s, n_x = rows_s.size, rows_x.size
+        adm_s, adm_x = self._admissible(rows_s), self._admissible(rows_x)
         pos, sel_s, sel_x, entries, wanted = [], [], [], [], {}
         for i, (f, b) in enumerate(parent_list):
-            _fe, cs, ls, cx, lx = cnt[f]
-            a_s = bool(cs[b] > 0 and 0 < ls[b] < n_s)
-            a_x = bool(cx[b] > 0 and 0 < lx[b] < n_x)
+            a_s, a_x = bool(adm_s[f][2][b]), bool(adm_x[f][2][b])
             if a_s or a_x:
                 pos.append(i)
                 sel_s.append(a_s)
                 sel_x.append(a_x)
                 entries.append((f, b))
                 wanted.setdefault(f, set()).add(b)
-        pub, units = self.pub, self._grad["units"]
-        cum = {}
-        for f, bs in wanted.items():
-            fe, cs = cnt[f][0], cnt[f][1]
-            acc, top = None, max(bs)
-            for b in range(top + 1):
-                if cs[b]:
-                    if acc is None:
-                        acc = list(hist_s[fe][b])
-                    else:
-                        acc = [pub.add(x, y) for x, y in zip(acc, hist_s[fe][b])]
-                        self.ops["additions"] += units
-                if b in bs:
-                    cum[(f, b)] = acc if acc is not None else [pub.one()] * units
-        return pos, sel_s, sel_x, entries, [cum[e] for e in entries]
+        cum = {f: self._cumulative(hist_s[adm_s[f][0]], adm_s[f][1], bs) for f, bs in wanted.items()}
+        return pos, sel_s, sel_x, entries, [cum[f][b] for f, b in entries]
 
     def _candidates(self, ii, hist) -> list:
         """Admissible thresholds of every feature: (feature, bin, cumulative left unit ciphertexts)."""
-        pub = self.pub
         out = []
+        for f, (fe, cnt, ok) in self._admissible(ii).items():
+            bs = np.flatnonzero(ok).tolist()
+            if bs:
+                cum = self._cumulative(hist[fe], cnt, set(bs))
+                out += [(f, b, cum[b]) for b in bs]
+        return out
+
+    def _admissible(self, rows) -> dict:
+        """{feature: (its column in the engine, bin counts, ok)}: ok[b] when a threshold after bin b splits the
+        rows into two non-empty sides and bin b holds rows (after an empty bin the split repeats the last one)."""
+        out = {}
         for fe, f in enumerate(self.features):
-            nb = self.nbins[f]
-            cnt = np.bincount(self.bins[ii, f], minlength=nb).tolist()
-            n_all = sum(cnt)
-            left, nl = None, 0
-            for b in range(nb - 1):
-                c = cnt[b]
-                nl += c
-                if c:
-                    if left is None:
-                        left = list(hist[fe][b])
-                    else:
-                        left = [pub.add(x, y) for x, y in zip(left, hist[fe][b])]
-                        self.ops["additions"] += len(left)
-                if c > 0 and 0 < nl < n_all:
-                    out.append((f, b, left))
+            cnt = np.bincount(self.bins[rows, f], minlength=self.nbins[f])
+            left = np.cumsum(cnt)[:-1]
+            out[f] = (fe, cnt, (cnt[:-1] > 0) & (left > 0) & (left < rows.size))
+        return out
+
+    def _cumulative(self, hist_f, cnt, wanted: set) -> dict:
+        """{b: encrypted sums of the rows in bins 0..b} for the wanted bins (empty bins add nothing; no rows yet
+        is the neutral ciphertext)."""
+        pub, units = self.pub, self._grad["units"]
+        acc, out = None, {}
+        for b in range(max(wanted) + 1):
+            if cnt[b]:
+                if acc is None:
+                    acc = list(hist_f[b])
+                else:
+                    acc = [pub.add(x, y) for x, y in zip(acc, hist_f[b])]
+                    self.ops["additions"] += units
+            if b in wanted:
+                out[b] = acc if acc is not None else [pub.one()] * units
         return out
 
     # ------------------------------------------------------------------------------- splits
