@@ -1,5 +1,6 @@
-"""The optional C kernel for fixed-base products (treeflare.crypto.native) gives exactly the Python product's
-integers, and the package falls back to the Python product whenever the kernel is not usable."""
+"""The optional C kernel (treeflare.crypto.native: fixed-base products, packing, segment products, secret
+powers) gives exactly the integers of the gmpy2 arithmetic, and the package falls back to that arithmetic
+whenever the kernel is not usable."""
 import functools
 import os
 import secrets
