@@ -1,0 +1,250 @@
+"""Pairwise-masked secure aggregation of integer vectors (the ICDTA4FL refinement round; Bonawitz et al. 2017).
+
+Every site makes a fresh X25519 key pair per run and announces its public key, signed with its provisioned
+identity (the startup kit's ``client.key``; its ``client.crt`` is issued by the project's ``rootCA.pem``). The
+server forwards the list of announcements; every site checks the list itself (:func:`verify_key_list`): each
+certificate chains to *its own* root CA, names the listed site, the signature covers (job id, site, key), the
+list is long enough and holds the site's own key unchanged. Each pair (i, j) then derives a mask from its
+X25519 secret: HKDF-SHA256 (info = job id | round | the sorted participant list | the pair) keys a ChaCha20
+keystream read as uint64. Site i sends ``y_i = c_i + sum_{j>i} m_ij - sum_{j<i} m_ij  (mod 2^64)``; the masks
+cancel only in the sum over every listed site, so a proper subset of the ``y_i`` is uniformly random.
+
+Without certificates (the FLARE simulator has no startup kits) keys are unauthenticated: a server that makes
+keys itself can unmask a site. A site that has a root CA never accepts an unsigned key.
+
+There is no secret sharing of the mask seeds: a listed site that does not send its vector leaves the sum
+masked, and the round fails (cross-silo sites are few and online; the caller keeps its previous result).
+
+Everything here is the ``cryptography`` package's: X25519, HKDF, ChaCha20, X.509 and RSA-PSS/ECDSA.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, x25519
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.x509.oid import NameOID
+
+__all__ = ["SecAggError", "SiteIdentity", "MaskingKeys", "key_statement", "check_key_record", "verify_key_list",
+           "pair_mask", "sum_masked", "KIT_FILES", "MAX_SITES"]
+
+KEY_BYTES = 32
+MAX_SITES = 1000
+MAX_CERT_CHARS = 16 * 1024
+MAX_SIGNATURE_BYTES = 1024
+MAX_VALUES = 10_000_000
+KIT_FILES = {"key": "client.key", "cert": "client.crt", "ca": "rootCA.pem"}
+_DOMAIN = b"treeflare-icdta4fl-secagg-v1"
+
+
+class SecAggError(ValueError):
+    """A key list, record or vector this site (or the server) must refuse."""
+
+
+def key_statement(job_id: str, site: str, public_key: bytes) -> bytes:
+    """What a site signs: its key, bound to the job and its own name (unambiguous: a JSON list)."""
+    return _DOMAIN + b"|key|" + json.dumps([str(job_id), str(site), bytes(public_key).hex()]).encode()
+
+
+def _common_name(cert: x509.Certificate) -> str | None:
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if len(names) == 1 else None
+
+
+def _check_issued(cert: x509.Certificate, root: x509.Certificate, what: str) -> None:
+    """``cert`` was signed by ``root`` and is valid now."""
+    try:
+        cert.verify_directly_issued_by(root)
+    except (ValueError, TypeError, InvalidSignature):
+        raise SecAggError(f"{what}: the certificate is not issued by this site's rootCA.pem") from None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise SecAggError(f"{what}: the certificate is not valid now")
+
+
+def _verify_signature(public_key, signature: bytes, data: bytes) -> None:
+    if isinstance(public_key, rsa.RSAPublicKey):
+        public_key.verify(signature, data, padding.PSS(mgf=padding.MGF1(hashes.SHA256()),
+                                                       salt_length=padding.PSS.MAX_LENGTH), hashes.SHA256())
+    elif isinstance(public_key, ec.EllipticCurvePublicKey):
+        public_key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+    else:
+        raise InvalidSignature("unsupported certificate key type")
+
+
+@dataclass(frozen=True)
+class SiteIdentity:
+    """A site's provisioned identity: its private key and certificate, and the root CA it trusts."""
+
+    site: str
+    private_key: object
+    certificate: x509.Certificate
+    root_ca: x509.Certificate
+
+    @classmethod
+    def from_kit(cls, startup_dir, site: str) -> "SiteIdentity":
+        """Read ``client.key``, ``client.crt`` and ``rootCA.pem`` from a startup kit's folder; the certificate must
+        chain to the root CA and name ``site`` (a kit for another site is refused here, not at the peers)."""
+        d = Path(startup_dir)
+        try:
+            key = serialization.load_pem_private_key((d / KIT_FILES["key"]).read_bytes(), password=None)
+            cert = x509.load_pem_x509_certificate((d / KIT_FILES["cert"]).read_bytes())
+            root = x509.load_pem_x509_certificate((d / KIT_FILES["ca"]).read_bytes())
+        except (OSError, ValueError, TypeError) as exc:
+            raise SecAggError(f"{site}: the startup kit's {', '.join(KIT_FILES.values())} cannot be read "
+                              f"({type(exc).__name__})") from None
+        if not isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey)):
+            raise SecAggError(f"{site}: the startup kit's client.key is neither RSA nor EC")
+        _check_issued(cert, root, f"{site}'s own kit")
+        if _common_name(cert) != site:
+            raise SecAggError(f"{site}: the startup kit's certificate names {_common_name(cert)!r}, not this site")
+        return cls(site, key, cert, root)
+
+    def sign(self, data: bytes) -> bytes:
+        if isinstance(self.private_key, rsa.RSAPrivateKey):
+            return self.private_key.sign(data, padding.PSS(mgf=padding.MGF1(hashes.SHA256()),
+                                                           salt_length=padding.PSS.MAX_LENGTH), hashes.SHA256())
+        return self.private_key.sign(data, ec.ECDSA(hashes.SHA256()))
+
+    def certificate_pem(self) -> str:
+        return self.certificate.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+class MaskingKeys:
+    """One site's X25519 key pair for one job (fresh per run), its announcement, and its masking."""
+
+    def __init__(self, site: str, job_id: str, identity: SiteIdentity | None = None):
+        self.site, self.job_id, self.identity = str(site), str(job_id), identity
+        self._private = x25519.X25519PrivateKey.generate()
+        self.public = self._private.public_key().public_bytes(serialization.Encoding.Raw,
+                                                              serialization.PublicFormat.Raw)
+
+    def record(self) -> dict:
+        """{site, public_key, certificate, signature}: plain strings and uint8 arrays (None without a kit)."""
+        signed = self.identity is not None
+        return {"site": self.site, "public_key": np.frombuffer(self.public, dtype=np.uint8).copy(),
+                "certificate": self.identity.certificate_pem() if signed else None,
+                "signature": (np.frombuffer(self.identity.sign(key_statement(self.job_id, self.site, self.public)),
+                                            dtype=np.uint8).copy() if signed else None)}
+
+    def mask(self, counts, peers: dict, round_no: int) -> np.ndarray:
+        """``counts`` (integers, negatives allowed: noise) as uint64 mod 2^64, plus this site's pairwise masks
+        with every other site of ``peers`` (site -> 32-byte public key, this site included: the verified list)."""
+        values = np.asarray(counts)
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu") or values.size > MAX_VALUES:
+            raise SecAggError(f"counts must be a 1-D integer array of at most {MAX_VALUES} values")
+        if peers.get(self.site) != self.public:
+            raise SecAggError(f"{self.site}: the participant list does not hold this site's own key")
+        out = values.astype(np.int64).view(np.uint64).copy()
+        participants = sorted(peers)
+        for other in participants:
+            if other == self.site:
+                continue
+            try:
+                shared = self._private.exchange(x25519.X25519PublicKey.from_public_bytes(peers[other]))
+            except ValueError:
+                raise SecAggError(f"public_key of {other}: not a usable X25519 key") from None
+            m = pair_mask(shared, self.job_id, round_no, participants, (self.site, other), out.size)
+            if other > self.site:
+                out += m
+            else:
+                out -= m
+        return out
+
+
+def pair_mask(shared: bytes, job_id: str, round_no: int, participants, pair, n: int) -> np.ndarray:
+    """The mask of one pair for one round: HKDF-SHA256 of the X25519 secret keys a ChaCha20 keystream of ``n``
+    uint64 values. The key is unique per pair, round and participant list, so the all-zero nonce never repeats."""
+    info = _DOMAIN + b"|mask|" + json.dumps([str(job_id), int(round_no), sorted(participants),
+                                             sorted(pair)]).encode()
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+    stream = Cipher(algorithms.ChaCha20(key, b"\x00" * 16), mode=None).encryptor().update(b"\x00" * (8 * n))
+    return np.frombuffer(stream, dtype="<u8").astype(np.uint64)
+
+
+def sum_masked(vectors) -> np.ndarray:
+    """The server's side: the sum of every listed site's masked vector mod 2^64, read as signed int64."""
+    vectors = list(vectors)
+    if not vectors:
+        raise SecAggError("nothing to add")
+    total = np.zeros(vectors[0].shape, dtype=np.uint64)
+    for v in vectors:
+        total += v
+    return total.view(np.int64)
+
+
+def check_key_record(record, site: str) -> dict:
+    """The shape of one announcement (either side checks it): ``site`` as named, a 32-byte key, and either both a
+    PEM certificate and a signature or neither. Returns {site, public_key: bytes, certificate, signature}."""
+    if not isinstance(record, dict) or set(record) != {"site", "public_key", "certificate", "signature"}:
+        raise SecAggError(f"key of {site}: expected a dict of site, public_key, certificate, signature")
+    if record["site"] != site:
+        raise SecAggError(f"key of {site}: names site {record['site']!r}")
+    key = record["public_key"]
+    if not isinstance(key, np.ndarray) or key.dtype != np.uint8 or key.shape != (KEY_BYTES,):
+        raise SecAggError(f"key of {site}: public_key must be {KEY_BYTES} bytes (uint8 array)")
+    cert, sig = record["certificate"], record["signature"]
+    if (cert is None) != (sig is None):
+        raise SecAggError(f"key of {site}: a certificate needs a signature and a signature a certificate")
+    if cert is not None:
+        if not isinstance(cert, str) or not 0 < len(cert) <= MAX_CERT_CHARS:
+            raise SecAggError(f"key of {site}: certificate must be PEM text of at most {MAX_CERT_CHARS} characters")
+        if not isinstance(sig, np.ndarray) or sig.dtype != np.uint8 or sig.ndim != 1 or \
+                not 0 < sig.size <= MAX_SIGNATURE_BYTES:
+            raise SecAggError(f"key of {site}: signature must be at most {MAX_SIGNATURE_BYTES} bytes (uint8 array)")
+    return {"site": site, "public_key": key.tobytes(), "certificate": cert,
+            "signature": None if sig is None else sig.tobytes()}
+
+
+def verify_key_list(records, *, site: str, own_public: bytes, job_id: str, root_ca: x509.Certificate | None,
+                    min_sites: int) -> dict:
+    """A site's check of the key list the server forwarded; returns {site: 32-byte public key} to mask with.
+
+    With ``root_ca`` (a site with a startup kit) every key must carry a certificate issued by that root whose CN
+    is the listed site, and a signature of (job id, site, key) under it; without one (the simulator) keys are
+    taken as sent (unauthenticated). Always: at least ``min_sites`` distinct sites, distinct keys, and this
+    site's own key unchanged.
+    """
+    if not isinstance(records, list) or not 0 < len(records) <= MAX_SITES:
+        raise SecAggError(f"keys: expected a list of 1 to {MAX_SITES} announcements")
+    keys = {}
+    for i, rec in enumerate(records):
+        name = rec.get("site") if isinstance(rec, dict) else None
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise SecAggError(f"keys[{i}]: site must be a non-empty name")
+        if name in keys:
+            raise SecAggError(f"keys[{i}]: {name} is listed twice")
+        rec = check_key_record(rec, name)
+        if root_ca is not None:
+            if rec["certificate"] is None:
+                raise SecAggError(f"key of {name}: unsigned, and this site accepts only keys signed with a "
+                                  "startup kit's certificate")
+            try:
+                cert = x509.load_pem_x509_certificate(rec["certificate"].encode("ascii"))
+            except (ValueError, UnicodeError):
+                raise SecAggError(f"key of {name}: the certificate is not a PEM X.509 certificate") from None
+            _check_issued(cert, root_ca, f"key of {name}")
+            if _common_name(cert) != name:
+                raise SecAggError(f"key of {name}: the certificate names {_common_name(cert)!r}")
+            try:
+                _verify_signature(cert.public_key(), rec["signature"], key_statement(job_id, name, rec["public_key"]))
+            except InvalidSignature:
+                raise SecAggError(f"key of {name}: the signature does not cover this job, site and key") from None
+        keys[name] = rec["public_key"]
+    if len(set(keys.values())) != len(keys):
+        raise SecAggError("keys: two sites announce the same public key")
+    if keys.get(site) != bytes(own_public):
+        raise SecAggError(f"keys: this site's own key is {'changed' if site in keys else 'missing'}")
+    if len(keys) < min_sites:
+        raise SecAggError(f"keys: {len(keys)} sites listed; this site masks only in a sum of at least {min_sites} "
+                          "(from fewer, the others' counts follow from the sum and one's own)")
+    return keys
