@@ -236,3 +236,68 @@ def test_no_training_after_prediction_started():
         _reject(p, nxt, "training request after prediction started")
     finally:
         close_parties(a, ps)
+
+
+def _one_row_in(m, child, sibling):
+    """The layer-1 request ``m`` with one row of the root in ``child`` and every other row in ``sibling``."""
+    assign = np.full_like(m["assign"], sibling)
+    assign[0] = child
+    return assign
+
+
+@pytest.mark.parametrize("child,sibling", [(1, 2), (2, 1)])
+def test_no_answer_for_the_open_sibling_of_a_one_row_child(child, sibling):
+    """Issue 19 item 5: the active party split the root (its own feature) into one row and the rest and asks about
+    the rest only; it holds the root's sums, so root minus sibling would be that row's bin on every passive
+    feature.  The request is refused, naming the nodes (no count, no value); afterwards the passive still answers
+    the honest case of a closed (say pure) child of exactly the minimum beside an open sibling."""
+    r = Run(owner="active")
+    try:
+        m = r.until("layer", 1)
+        assert not r.p.splits                               # the active party made the root split
+        with pytest.raises(ProtocolError) as e:
+            r.p.handle({**m, "assign": _one_row_in(m, child, sibling), "open": [sibling]})
+        assert str(e.value) == (f"node {child} is below the 10 rows agreed at setup and its sibling {sibling} is "
+                                "open: its sums would follow from the parent's; no answer")
+        at_minimum = np.full_like(m["assign"], sibling)
+        at_minimum[:10] = child
+        assert r.p.handle({**m, "assign": at_minimum, "open": [sibling]})["type"] == "hist"
+    finally:
+        r.close()
+
+
+def test_deviating_active_splitting_off_a_small_child_refused(monkeypatch):
+    """An active party whose own split search ignores the minimum (the rule before issue 19, item 5) creates small
+    children on its own feature; the passive refuses the first layer that would expose one."""
+    import treeflare.vertical.active as active_mod
+    from treeflare.vertical.stats import cum_candidates
+    monkeypatch.setattr(active_mod, "cum_candidates", lambda cnt, vecs, _min_side=1: cum_candidates(cnt, vecs))
+    r = Run(max_depth=5)
+    try:
+        with pytest.raises(ProtocolError, match=r"^node \d+ is below the 10 rows agreed at setup and its sibling "
+                                                r"\d+ is open"):
+            while r.msg()["type"] != "finish":
+                r.step()
+    finally:
+        r.close()
+
+
+def test_passive_offers_no_threshold_leaving_a_side_below_the_minimum():
+    """The passive's own splits never create a node below the minimum: every candidate it offers, in every layer
+    of an honest run, leaves at least the agreed rows on each side."""
+    r = Run(max_depth=5)
+    checked = 0
+    try:
+        while r.msg()["type"] != "finish":
+            is_layer = r.msg()["type"] == "layer"
+            r.step()
+            if not is_layer:
+                continue
+            for nid, f, b in r.p._pending.values():
+                rows = r.p._idx[nid]
+                n_left = int(np.count_nonzero(r.p.bins[rows, f] <= b))
+                assert 10 <= n_left <= rows.size - 10, (nid, n_left, rows.size)
+                checked += 1
+        assert checked > 0
+    finally:
+        r.close()

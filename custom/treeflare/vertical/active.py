@@ -412,7 +412,8 @@ class ActiveParty:
             if nb < 2:
                 continue
             bc, bv = stats.sums(idx, self.bins[idx, f], nb)
-            for b, _nl, left in cum_candidates(bc, bv):
+            # no child below the node minimum: the passive sites would refuse to answer its open sibling
+            for b, _nl, left in cum_candidates(bc, bv, max(2, self.params.min_rows_node)):
                 lefts.append(left)
                 owners.append((self.name, f, b))
         for p in self.passives:

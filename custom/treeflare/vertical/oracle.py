@@ -1,7 +1,8 @@
 """Centralised plaintext reference: the same algorithm on the *joined* columns, with no
 parties, no messages and no cipher.  Used by the tests as an independent check that the
 federated protocol builds the tree a centralised learner would build on the same quantised
-integers (same binning per column, same exact gains, same tie-break: party, feature, bin)."""
+integers (same binning per column, same exact gains, same tie-break: party, feature, bin, and the same rule
+that no split leaves a child below the minimum rows per node)."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,7 +58,7 @@ def centralized_build(data, params: VerticalParams, active_name="site-1"):
                     if nb < 2:
                         continue
                     bc, bv = st.sums(idx, b[idx], nb)
-                    for bb, _nl, left in cum_candidates(bc, bv):
+                    for bb, _nl, left in cum_candidates(bc, bv, min_rows):     # no child below the minimum
                         lefts.append(left)
                         keys.append((p, j, nm, edges, b, bb))
                 gain, winners = select(lefts, tot, crit)

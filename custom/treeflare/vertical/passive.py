@@ -9,7 +9,9 @@ key size) and against what this party saw and answered before:
 * every row of a layer sits in a child of the node it was in one layer up, a split node's rows
   all go to its two children (both non-empty), a closed node's rows leave the tree, and a split
   this party made is followed exactly;
-* an open node with fewer rows than the agreed minimum gets no answer at all (the request fails);
+* an open node with fewer rows than the agreed minimum gets no answer at all (the request fails), nor does a layer
+  in which a non-empty child below the minimum has an open sibling (the parent's sums minus the sibling's would
+  be that child's); this party's own candidates leave at least the minimum on each side;
 * one split request per layer, for candidates of this layer only; prediction requests (after which no
   training request is answered) only for trained splits, once each, with the test rows that reach the node
   (checked against this party's own earlier answers where it owns the parent split: :mod:`.inference`), and
@@ -217,6 +219,7 @@ class PassiveParty:
                 raise ProtocolError("at depth 0 every row must be in the root")
         else:
             self._check_children(assign)
+            self._check_small_children(assign, open_)
         sizes = {}
         for nid in open_:
             sizes[nid] = int(np.count_nonzero(assign == nid))
@@ -246,6 +249,19 @@ class PassiveParty:
                 raise ProtocolError(f"node {pid}: a split with an empty child")
             if pid in self._own and not np.array_equal(left, self._own[pid]):
                 raise ProtocolError(f"node {pid}: its children differ from the partition this party returned")
+
+    def _check_small_children(self, assign, open_):
+        """A child below the minimum whose sibling is open: refused.  The active party holds the parent's sums over
+        the parent's candidates, so the sibling's sums would give this child's by subtraction, at every threshold."""
+        m = max(2, self.min_rows)
+        open_set = set(open_)
+        for pid in self._prev_open:
+            kids = (2 * pid + 1, 2 * pid + 2)
+            for child, sibling in (kids, kids[::-1]):
+                if sibling in open_set and child not in open_set and 0 < np.count_nonzero(assign == child) < m:
+                    raise ProtocolError(f"node {child} is below the {self.min_rows} rows agreed at setup and its "
+                                        f"sibling {sibling} is open: its sums would follow from the parent's; "
+                                        "no answer")
 
     def _layer(self, msg):
         t, d = require(msg, "tree", int), require(msg, "depth", int)
@@ -370,13 +386,15 @@ class PassiveParty:
         return out
 
     def _admissible(self, rows) -> dict:
-        """{feature: (its column in the engine, bin counts, ok)}: ok[b] when a threshold after bin b splits the
-        rows into two non-empty sides and bin b holds rows (after an empty bin the split repeats the last one)."""
+        """{feature: (its column in the engine, bin counts, ok)}: ok[b] when a threshold after bin b leaves at
+        least the agreed minimum rows on each side and bin b holds rows (after an empty bin the split repeats the
+        last one).  So this party's own splits never create a node below the minimum (see _check_small_children)."""
+        m = max(2, self.min_rows)
         out = {}
         for fe, f in enumerate(self.features):
             cnt = np.bincount(self.bins[rows, f], minlength=self.nbins[f])
             left = np.cumsum(cnt)[:-1]
-            out[f] = (fe, cnt, (cnt[:-1] > 0) & (left > 0) & (left < rows.size))
+            out[f] = (fe, cnt, (cnt[:-1] > 0) & (left >= m) & (left <= rows.size - m))
         return out
 
     def _cumulative(self, hist_f, cnt, wanted: set) -> dict:

@@ -52,14 +52,15 @@ class PlainHist:
         return cnt[0], sums[0]
 
 
-def cum_candidates(cnt, vecs):
-    """Cumulative left sums over bins; admissible thresholds only (bin non-empty, both sides
-    non-empty).  Yields (bin, left_count, left_vector)."""
+def cum_candidates(cnt, vecs, min_side: int = 1):
+    """Cumulative left sums over bins; admissible thresholds only (bin non-empty, each side at least
+    ``min_side`` rows: the node minimum, so that no split creates a node below it).
+    Yields (bin, left_count, left_vector)."""
     n = sum(cnt)
     left = [0] * len(vecs[0])
     nl = 0
     for b in range(len(cnt) - 1):
         nl += cnt[b]
         left = [a + v for a, v in zip(left, vecs[b])]
-        if cnt[b] > 0 and 0 < nl < n:
+        if cnt[b] > 0 and min_side <= nl <= n - min_side and 0 < nl < n:
             yield b, nl, list(left)
