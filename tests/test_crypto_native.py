@@ -4,6 +4,7 @@ whenever the kernel is not usable."""
 import functools
 import os
 import secrets
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,157 @@ def test_shared_cache_folder_refused(tmp_path):
 def test_no_compiler_falls_back(tmp_path):
     st = _status_in_subprocess({"CC": str(tmp_path / "no-such-cc"), "TREEFLARE_NATIVE_CACHE": str(tmp_path / "c")})
     assert st.startswith("off")
+
+
+# ---- the cache: no other user can replace the library between its check and its load (tests run as root here,
+# which bypasses permission checks, so these set owners and modes and check the logic, not EACCES)
+OTHER_ID = 65534                                      # "nobody": another user and another group
+LOADED = ("on (AVX-512 IFMA)", "off: this CPU has no AVX-512 IFMA")   # the library was loaded and ran
+as_root = pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+
+
+@pytest.fixture
+def fresh_kernel(monkeypatch):
+    """The kernel as if not loaded yet in this process (the loaded one is restored afterwards)."""
+    monkeypatch.setattr(native, "_LIB", None)
+    monkeypatch.setattr(native, "_STATUS", "not loaded yet")
+
+
+@pytest.fixture(scope="module")
+def built_library(tmp_path_factory) -> Path:
+    """One library built by the package (in a subprocess), copied into the tests' caches."""
+    cache = tmp_path_factory.mktemp("built") / "cache"
+    assert _status_in_subprocess({"TREEFLARE_NATIVE_CACHE": str(cache)}) in LOADED
+    (lib,) = cache.glob("fixed_base_*.so")
+    return lib
+
+
+def _cache_with(tmp_path, monkeypatch, built_library) -> Path:
+    """A private cache folder holding a copy of the built library under its own name."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / built_library.name).write_bytes(built_library.read_bytes())
+    (cache / built_library.name).chmod(0o500)
+    monkeypatch.setenv("TREEFLARE_NATIVE_CACHE", str(cache))
+    return cache
+
+
+def _make_unsafe(folder: Path, how: str) -> None:
+    if how == "other-writable":
+        folder.chmod(0o777)
+    elif how == "group-writable by another group":
+        os.chown(folder, -1, OTHER_ID)
+        folder.chmod(0o775)
+    elif how == "another user's":
+        os.chown(folder, OTHER_ID, -1)
+        folder.chmod(0o755)
+    elif how == "another user's, in a sticky folder":      # made first in a /tmp-like folder by someone else
+        folder.parent.chmod(0o1777)
+        os.chown(folder, OTHER_ID, OTHER_ID)
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("how", ["other-writable", pytest.param("group-writable by another group", marks=as_root),
+                                 pytest.param("another user's", marks=as_root),
+                                 pytest.param("another user's, in a sticky folder", marks=as_root)])
+@pytest.mark.parametrize("below", ["cache", "a/b/cache"])
+def test_cache_below_a_folder_others_can_change_is_refused(tmp_path, monkeypatch, fresh_kernel, how, below):
+    unsafe = tmp_path / "parent" / "unsafe"
+    unsafe.mkdir(parents=True)
+    cache = unsafe / below
+    if below != "cache":
+        cache.mkdir(parents=True, mode=0o700)         # the folders under the unsafe one are private: every one is walked
+        for folder in (cache, cache.parent, cache.parent.parent):
+            folder.chmod(0o700)
+    _make_unsafe(unsafe, how)
+    monkeypatch.setenv("TREEFLARE_NATIVE_CACHE", str(cache))
+    with pytest.raises(OSError, match="native cache refused: a folder on its path"):
+        native._cache_dir()
+    st = native.status()
+    assert st.startswith("off: OSError: native cache refused") and str(tmp_path) not in st
+    if below == "cache":
+        assert not list(unsafe.iterdir())             # nothing made in a folder others can change
+
+
+def test_cache_below_a_sticky_folder_is_accepted_and_built_atomically(tmp_path, monkeypatch, fresh_kernel):
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)                              # like /tmp: others write here but cannot rename our entries
+    cache = sticky / "me" / "cache"
+    monkeypatch.setenv("TREEFLARE_NATIVE_CACHE", str(cache))
+    assert native._cache_dir() == cache.resolve()
+    assert stat.S_IMODE(cache.stat().st_mode) == stat.S_IMODE(cache.parent.stat().st_mode) == 0o700
+    real_run, outputs = subprocess.run, []
+
+    def compile_run(cmd, *args, **kwargs):            # while compiling, the library's own name is not there yet
+        outputs.append(Path(cmd[cmd.index("-o") + 1]))
+        assert not list(cache.glob("fixed_base_*.so"))
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", compile_run)
+    assert native.status() in LOADED
+    (lib,) = cache.iterdir()                          # no source or half-written library left behind
+    assert lib.name.startswith("fixed_base_") and stat.S_IMODE(lib.lstat().st_mode) == 0o500
+    assert [out.parent for out in outputs] == [cache.resolve()] and outputs[0].name != lib.name
+
+
+def test_cache_below_a_folder_writable_by_the_users_own_group_is_accepted(tmp_path, monkeypatch):
+    import grp
+    import pwd
+
+    user, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid())
+    if group.gr_name != user or set(group.gr_mem) - {user}:
+        pytest.skip("this user's primary group is not its own private group")
+    shared_with_self = tmp_path / "ours"
+    shared_with_self.mkdir()
+    os.chown(shared_with_self, -1, os.getgid())
+    shared_with_self.chmod(0o775)                     # umask 002 with user private groups: nobody else is in it
+    monkeypatch.setenv("TREEFLARE_NATIVE_CACHE", str(shared_with_self / "cache"))
+    assert native._cache_dir() == (shared_with_self / "cache").resolve()
+
+
+def test_symlinked_library_is_refused(tmp_path, monkeypatch, fresh_kernel, built_library):
+    cache = _cache_with(tmp_path, monkeypatch, built_library)
+    lib = cache / built_library.name
+    lib.rename(cache / "elsewhere.so")                # ours, private, a good library: only the link is wrong
+    lib.symlink_to("elsewhere.so")
+    assert native.status() == "off: OSError: native cache library is a symbolic link"
+
+
+@pytest.mark.parametrize("how", [pytest.param("another user's", marks=as_root), "group-writable"])
+def test_library_others_can_write_is_refused(tmp_path, monkeypatch, fresh_kernel, built_library, how):
+    lib = _cache_with(tmp_path, monkeypatch, built_library) / built_library.name
+    if how == "another user's":
+        os.chown(lib, OTHER_ID, -1)
+    else:
+        lib.chmod(0o570)
+    assert native.status() == "off: OSError: native cache library is not private to this user"
+
+
+@pytest.mark.parametrize("swap", ["another file", "a link to another file"])
+def test_library_swapped_after_its_check_is_not_the_one_loaded(tmp_path, monkeypatch, fresh_kernel, built_library,
+                                                               swap):
+    import ctypes
+
+    cache = _cache_with(tmp_path, monkeypatch, built_library)
+    lib = cache / built_library.name
+    checked_ino = lib.stat().st_ino
+    real_cdll, loaded = ctypes.CDLL, {}
+
+    def swap_then_load(name, *args, **kwargs):        # another user's rename lands between check and load
+        bogus = cache / "bogus.so"
+        bogus.write_bytes(b"\x7fELF not a library")
+        lib.unlink()
+        if swap == "another file":
+            bogus.rename(lib)
+        else:
+            lib.symlink_to(bogus)
+        loaded["ino"] = os.stat(name).st_ino          # what the loader is handed to open, after the swap
+        return real_cdll(name, *args, **kwargs)
+
+    monkeypatch.setattr(ctypes, "CDLL", swap_then_load)
+    assert native.status() in LOADED
+    assert loaded["ino"] == checked_ino != lib.stat().st_ino
 
 
 def _python_horner(group, widths, m):
