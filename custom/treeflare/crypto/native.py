@@ -22,7 +22,7 @@ Decryption's exponentiations are constant-time in the secret exponent (fixed win
 read); encryption's fixed-base table reads depend on the random exponent, as in Python (SECURITY.md).
 
 (Over 400 lines: about 300 are the C source, kept in this module so that the package ships and builds it
-as one file.)
+as one file; about 150 build, check and load it safely.)
 """
 from __future__ import annotations
 
