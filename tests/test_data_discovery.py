@@ -98,8 +98,9 @@ def test_numeric_at_one_site_and_categorical_at_another():
     text = conflicts({"site-1": a, "site-2": a, "site-3": b})
     assert "column 'x' is categorical at site-3 but numeric at site-1, site-2" in text
     assert "--categorical x" in text
-    # declared categorical, the sites agree
-    assert merge({"site-1": a, "site-2": b}, categorical=["x"], min_category_rows=1).feature("x").kind == "categorical"
+    # declared categorical (and site-1 and site-2's bindings allow it, as they read x as numbers), the sites agree
+    assert merge({"site-1": a, "site-2": b}, categorical=["x"], categorical_allowed=["x"],
+                 min_category_rows=1).feature("x").kind == "categorical"
 
 
 def test_a_column_missing_at_one_site():
@@ -129,12 +130,14 @@ def test_label_named_differently_by_the_sites_bindings():
 def test_ordinal_levels_that_disagree_with_a_sites_values():
     levels = {"size": ["S", "M", "L"]}
     a = frame({"size": ["S", "M", "L", "M"] * 3, "y": ["p", "q"] * 6})
-    b = frame({"size": ["S", "M", "XL", RARE] * 3, "y": ["p", "q"] * 6})
+    b = frame({"size": ["S", "M", "XL", RARE] * 3, "y": ["p", "q"] * 6})  # XL and RARE: 3 rows each
     schema = merge({"site-1": a, "site-2": a}, ordinal=levels, min_category_rows=1)
     assert schema.feature("size") == Feature("size", "ordinal", ("S", "M", "L"))
-    text = conflicts({"site-1": a, "site-2": b}, ordinal=levels, min_category_rows=5)
-    assert "ordinal column 'size': 6 rows at site-2 hold a value that is not one of the declared levels S < M < L" \
-        in text
+    text = conflicts({"site-1": a, "site-2": b}, ordinal=levels, min_category_rows=3)
+    assert "ordinal column 'size': site-2 holds a value in 3 rows or more that is not one of the declared levels " \
+        "S < M < L" in text
+    # held by fewer than k rows: not flagged here (training stops at it, naming the line)
+    assert merge({"site-1": a, "site-2": b}, ordinal=levels, min_category_rows=4).feature("size").kind == "ordinal"
 
 
 def test_vertical_parties():
@@ -189,7 +192,7 @@ def test_site_refuses_data_no_schema_could_describe():
         site_profile(long, label="y")
 
 
-GOOD = {"version": 1, "min_category_rows": 5, "n_rows": 10, "label": "y", "id_column": None, "classes": ["a", "b"],
+GOOD = {"version": 2, "min_category_rows": 5, "n_rows": 10, "label": "y", "id_column": None, "classes": ["a", "b"],
         "columns": [{"name": "x", "kind": "numeric"}, {"name": "c", "kind": "categorical", "values": ["u"]}]}
 
 
@@ -215,29 +218,86 @@ GOOD = {"version": 1, "min_category_rows": 5, "n_rows": 10, "label": "y", "id_co
     lambda p: {**p, "columns": [{"name": "c", "kind": "categorical", "values": ["v"] * 3}]},
     lambda p: {**p, "columns": [{"name": "c", "kind": "categorical", "values": [str(i) for i in range(MAX_CATEGORIES + 1)]}]},
     lambda p: {**p, "columns": [{"name": "c", "kind": "categorical", "values": [1, 2]}]},
-    lambda p: {**p, "columns": [{"name": "c", "kind": "ordinal", "values": ["u"], "undeclared_rows": 0}]},
+    lambda p: {**p, "columns": [{"name": "c", "kind": "ordinal", "undeclared": False}]},  # not declared ordinal
+    lambda p: {**p, "columns": [{"name": "s", "kind": "ordinal", "undeclared": 3}]},  # a count, not a flag
+    lambda p: {**p, "columns": [{"name": "s", "kind": "ordinal"}]},
+    lambda p: {**p, "columns": [{"name": "s", "kind": "ordinal", "undeclared": False, "values": ["S"]}]},
     lambda p: {**p, "columns": [{"name": f"c{i}", "kind": "numeric"} for i in range(6000)]},
-    lambda p: {**p, "columns": [{"name": "c", "kind": "categorical", "values": ["u"], "undeclared_rows": 1}]},
+    lambda p: {**p, "columns": [{"name": "c", "kind": "categorical", "values": ["u"], "undeclared": True}]},
     lambda p: {**p, "k" * 100_000: 1},  # the message counts unknown keys, never quotes them
     lambda p: {**p, "version": np.array([1, 1])},  # FLARE decodes numpy arrays: no "ambiguous truth value"
     lambda p: {**p, "columns": [{"name": "x", "kind": np.array(["numeric", "numeric"])}]},
 ])
 def test_a_hostile_reply_is_refused_naming_the_site_and_field(change):
-    check_profile(GOOD, "site-9", min_category_rows=5)  # the unchanged reply passes
+    declared = {"s": ("S", "M", "L")}
+    check_profile(GOOD, "site-9", min_category_rows=5, declared_ordinal=declared)  # the unchanged reply passes
     with pytest.raises(DataError) as err:
-        check_profile(change(dict(GOOD)), "site-9", min_category_rows=5)
+        check_profile(change(dict(GOOD)), "site-9", min_category_rows=5, declared_ordinal=declared)
     assert str(err.value).startswith("site-9: invalid schema-discovery reply: ")
     assert len(str(err.value)) < 300
 
 
-def test_declared_ordinal_values_are_checked_by_the_server_too():
-    p = {**GOOD, "columns": [{"name": "s", "kind": "ordinal", "values": ["S", "XL"], "undeclared_rows": 0}]}
-    with pytest.raises(DataError, match="outside the declared levels"):
-        check_profile(p, "site-1", declared_ordinal={"s": ("S", "M", "L")})
-    p["columns"][0]["undeclared_rows"] = 11  # more than the site's rows
-    p["columns"][0]["values"] = ["S"]
-    with pytest.raises(DataError, match="undeclared_rows"):
-        check_profile(p, "site-1", declared_ordinal={"s": ("S", "M", "L")})
+def test_an_ordinal_column_reports_one_flag_checked_by_the_server():
+    p = {**GOOD, "columns": [{"name": "s", "kind": "ordinal", "undeclared": True}]}
+    assert check_profile(p, "site-1", declared_ordinal={"s": ("S", "M", "L")})["columns"] == p["columns"]
+    for bad in (1, 0, "yes", None):  # an integer here could carry a count
+        p["columns"][0]["undeclared"] = bad
+        with pytest.raises(DataError, match=r"columns\[0\]\.undeclared: expected true or false"):
+            check_profile(p, "site-1", declared_ordinal={"s": ("S", "M", "L")})
+
+
+def single_row_site(last_zip: str, last_income: str, n=200, seed=4) -> pd.DataFrame:
+    """n rows: zip codes each held by many rows, incomes each held by few, and one last row (the one to hide)."""
+    rng = np.random.default_rng(seed)
+    return frame({"zip": [*rng.choice(["Z10001", "Z10002", "Z10003"], n - 1), last_zip],
+                  "income": [*rng.integers(1_000, 90_000, n - 1), last_income], "y": ["p", "q"] * (n // 2)})
+
+
+@pytest.mark.parametrize("zip_levels", [
+    ["Z90210"],  # the finding: 199 of 200 rows outside it, so one row held it
+    ["Z10001", "Z10002", "Z10003", "Z90210"],  # every common value and the guess
+    ["Z10001", "Z10002", "Z10003"],
+    ["Z10001", "Z90210"],
+])
+def test_a_declared_ordinal_level_reveals_nothing_about_a_single_row(zip_levels):
+    """A site where one row holds Z90210 (and income 987654) answers every declaration exactly as a site where
+    that row holds another value: no field of the reply and no word of the merge's message tells them apart."""
+    declared = {"zip": zip_levels, "income": ["987654"]}
+    outcomes = []
+    for last in (("Z90210", "987654"), ("Z55555", "41234"), ("Z10002", "1000")):
+        sites = {"site-1": single_row_site(*last), "site-2": single_row_site("Z10001", "1000", seed=5)}
+        profiles = profiles_of(sites, ordinal=declared, categorical_allowed=["income"])
+        wire = json.dumps(profiles, sort_keys=True)
+        try:
+            merged = merge_profiles(profiles, ordinal=declared, site_order=list(sites)).to_dict()
+        except SchemaConflict as exc:
+            merged = str(exc)
+        outcomes.append((wire, json.dumps(merged, sort_keys=True)))
+        # the only numbers a site sends are the format's version, its k and its row count
+        numbers = [v for v in profiles["site-1"].values() if isinstance(v, int) and not isinstance(v, bool)]
+        assert sorted(numbers) == sorted([2, 5, 200])
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+
+
+@pytest.mark.parametrize("declare", [{"categorical": ["income"]}, {"ordinal": {"income": ["987654"]}},
+                                     {"categorical": ["typo"]}])
+def test_a_numeric_column_is_read_as_categories_only_where_the_site_allows_it(declare):
+    column = next(iter(declare.get("categorical") or declare.get("ordinal")))
+    f = single_row_site("Z90210", "987654")
+    if column == "typo":
+        f["typo"] = [str(i % 7) for i in range(199)] + ["12O"]  # mostly numbers: the site reads it as numeric
+    with pytest.raises(DataError) as err:
+        site_profile(f, label="y", file="/secret/train.csv", site="site-2", **declare)
+    red = err.value.redacted()
+    assert red.startswith(f"site-2: train.csv, column '{column}': the job declares it ")
+    assert "categorical_allowed" in red and "987654" not in red and "12O" not in red and "/secret" not in red
+    # the site's binding allows it: the column is reported as the job declared it
+    kind = site_profile(f, label="y", categorical_allowed=[column], **declare)["columns"]
+    assert {c["name"]: c["kind"] for c in kind}[column] == ("ordinal" if "ordinal" in declare else "categorical")
+    # a column the site reads as categories needs no permission
+    f = f.drop(columns=["typo"], errors="ignore")
+    assert site_profile(f, label="y", categorical=["zip"])["columns"][0]["kind"] == "categorical"
+    assert site_profile(f, label="y", ordinal={"zip": ["Z10001"]})["columns"][0]["kind"] == "ordinal"
 
 
 def test_merged_schema_round_trips_as_json():

@@ -18,7 +18,7 @@ from icdta4fl_inprocess import InProcessRun
 from treeflare.data import DataError, Schema
 from treeflare.flare.schema_discovery import (RESULT_FILE, SCHEMA_FILE, SchemaDiscoveryController,
                                               SchemaDiscoveryExecutor, profile_site, read_schema_file)
-from treeflare.flare.site_config import SiteBinding
+from treeflare.flare.site_config import SiteBinding, parse_binding
 
 RARE = "violet-0917"
 SECRET = "123-45-6789"
@@ -113,9 +113,9 @@ class HostileExecutor(Executor):
 
 @pytest.mark.parametrize("profile", [
     None,
-    {"version": 1, "min_category_rows": 5, "n_rows": 10, "label": "y", "id_column": None, "classes": ["a", "b"],
+    {"version": 2, "min_category_rows": 5, "n_rows": 10, "label": "y", "id_column": None, "classes": ["a", "b"],
      "columns": [{"name": "colour", "kind": "categorical", "values": [str(i) for i in range(200_000)]}]},
-    {"version": 1, "min_category_rows": 1, "n_rows": 10, "label": "y", "id_column": None, "classes": ["a", "b"],
+    {"version": 2, "min_category_rows": 1, "n_rows": 10, "label": "y", "id_column": None, "classes": ["a", "b"],
      "columns": []},
 ])
 def test_a_hostile_site_cannot_crash_the_server(tmp_path, profile):
@@ -153,6 +153,84 @@ def test_site_binding_names_and_its_own_k(tmp_path):
     assert p["columns"] == [{"name": "c", "kind": "categorical", "values": ["a", "b"]}]  # 'z': 2 rows < 6
     # no job label: the binding's own name is reported
     assert profile_site(binding, "site-1", {})["label"] == "outcome"
+
+
+def test_the_site_not_the_job_sets_the_floor_of_k(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    # 'b' and 'c' are held by 2 rows and 1 row, 'a' by 9
+    (d / "train.csv").write_text("c,y\n" + "".join(f"{v},{i % 2}\n" for i, v in enumerate("aaaaaaaaabbc")))
+    for request in ({"min_category_rows": 1}, {}):  # no floor in the binding: the default, 5
+        p = profile_site(SiteBinding(d), "site-1", {"label": "y", **request})
+        assert p["min_category_rows"] == 5 and p["columns"] == [{"name": "c", "kind": "categorical", "values": ["a"]}]
+    # the site's operator may set its own floor, lower or higher; a job may only ask for more
+    assert profile_site(SiteBinding(d, min_category_rows=2), "site-1",
+                        {"label": "y", "min_category_rows": 1})["columns"][0]["values"] == ["a", "b"]
+    assert profile_site(SiteBinding(d, min_category_rows=2), "site-1",
+                        {"label": "y", "min_category_rows": 10})["columns"][0]["values"] == []
+
+
+def zip_sites(root: Path, last_zip: str):
+    """Three sites of 80 rows, zip codes each held by many rows; site-2's last row holds ``last_zip``."""
+    rng = np.random.default_rng(7)
+    for site in SITES:
+        zips = rng.choice(["Z10001", "Z10002"], 80).astype(object)
+        if site == "site-2":
+            zips[-1] = last_zip
+        write_site(root, site, {"zip": list(zips), "income": [str(v) for v in rng.integers(1000, 9000, 80)],
+                                "y": list(rng.choice(["no", "yes"], 80))})
+
+
+@pytest.mark.parametrize("levels", [["Z90210"], ["Z10001", "Z10002"]])
+def test_a_job_declaring_ordinal_levels_learns_no_count(tmp_path, levels):
+    """The finding, through the controller: a hostile job declares a guessed zip code as the column's one level.
+    The result (conflict text included) is the same whether one row holds it or none."""
+    results = []
+    for i, last in enumerate(("Z90210", "Z10001")):
+        zip_sites(tmp_path / f"data{i}", last)
+        result, harness, _ = run(tmp_path / f"r{i}", SchemaDiscoveryController(sites=SITES, label="y",
+                                                                                ordinal={"zip": levels}),
+                                 data_root=tmp_path / f"data{i}")
+        results.append(result)
+        sent = json.dumps([m[3]["profile"] for m in harness.messages if m[0] == "to_server"])
+        assert "79" not in sent and "80" in sent  # the rows outside the level are not counted; the row count is
+    assert results[0] == results[1]
+    if levels == ["Z90210"]:
+        assert results[0]["status"] == "failed"
+        assert "ordinal column 'zip': site-1 holds a value in 5 rows or more that is not one of the declared " \
+               "levels Z90210" in results[0]["error"]
+    else:
+        assert results[0]["status"] == "completed", results[0]
+
+
+def test_a_numeric_column_is_reported_as_categories_only_with_the_sites_leave(tmp_path):
+    zip_sites(tmp_path / "data", "Z10001")
+    controller = SchemaDiscoveryController(sites=SITES, label="y", categorical=["income"])
+    result, harness, _ = run(tmp_path, controller)
+    assert result["status"] == "failed"
+    assert ("site-1: DataError: site-1: train.csv, column 'income': the job declares it categorical, but this site "
+            "reads it as numbers") in result["error"] and "categorical_allowed" in result["error"]
+    assert not [m for m in harness.messages if m[0] == "to_server" and "profile" in m[3]]  # no site sent one
+    # the binding allows it: the column's common values are reported
+    binding = parse_binding({"data_dir": str(tmp_path / "data" / "site-1"), "categorical_allowed": ["income"]},
+                            "treeflare_site.json")
+    p = profile_site(binding, "site-1", {"label": "y", "categorical": ["income"], "min_category_rows": 1})
+    assert p["columns"][1]["name"] == "income" and p["columns"][1]["kind"] == "categorical"
+    for bad in ("income", [1], [""], {"income": True}):
+        with pytest.raises(DataError, match="'categorical_allowed' must be a list of column names"):
+            parse_binding({"data_dir": "d", "categorical_allowed": bad}, "treeflare_site.json")
+
+
+def test_a_job_may_rename_the_sites_label_column_but_not_pick_another(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "train.csv").write_text("pid,zip,outcome\n" + "".join(f"p{i},Z{i},{i % 2}\n" for i in range(10)))
+    binding = SiteBinding(d, label_column="outcome", id_column="pid")
+    assert profile_site(binding, "site-1", {"label": "y", "min_category_rows": 1})["classes"] == ["0", "1"]
+    for request in ({"label": "zip"}, {"label": "y", "id_column": "zip"}):
+        with pytest.raises(DataError) as err:  # 'zip' is another column: its values would be reported as classes
+            profile_site(binding, "site-1", request)
+        assert "is also another column of its file" in err.value.redacted() and "Z1" not in err.value.redacted()
 
 
 def test_reviewed_schema_file(tmp_path):

@@ -4,9 +4,12 @@ Each site turns its bound training file into a *profile* (:func:`site_profile`),
 
 * every column's name and inferred kind (``numeric``, ``categorical``, ``ordinal`` when the job declared it,
   ``empty`` when no cell holds a value);
-* for a categorical or ordinal column, the values seen in at least ``k`` rows at this site (``k`` =
-  ``min_category_rows``, default :data:`DEFAULT_MIN_CATEGORY_ROWS`); rarer values are not reported. Numeric
-  columns report no values at all;
+* for a categorical column, the values seen in at least ``k`` rows at this site (``k`` = ``min_category_rows``:
+  the site's own floor, default :data:`DEFAULT_MIN_CATEGORY_ROWS`, or the job's if higher); rarer values are not
+  reported. Numeric columns report no values at all, and a job may declare a column this site reads as numbers
+  categorical or ordinal only if the site allows it (``categorical_allowed``);
+* for a declared ordinal column, one flag and no count: whether a value held by at least ``k`` rows is not one
+  of the declared levels (a rarer value never changes the reply);
 * the class labels (all of them: a row whose class the schema lacks could not be read), and the row count;
 * which column it holds as the label and as the id (the job's names, or the names in the site's binding).
 
@@ -18,8 +21,8 @@ differently, values outside a declared ordinal column's levels, and in a vertica
 two parties) raise one :class:`SchemaConflict` listing every problem with its sites and columns.
 
 A rare value that no site reports is not in the schema: at training it reads as an unknown category (treated as
-missing) in a categorical column; in an ordinal column the site counts it against the declared levels
-(``undeclared_rows``), so it stops the job here, not later.
+missing) in a categorical column; in an ordinal column a value outside the levels held by fewer than ``k`` rows
+is not flagged here (that would tell the server it exists) and training stops at it, naming the column and line.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from .csv_io import _is_missing, check_levels, class_sort_key, infer_kind, norma
 from .errors import DataError, where
 from .schema import Feature, Schema
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: an ordinal column reports the flag "undeclared", no longer a count of rows
 DEFAULT_MIN_CATEGORY_ROWS = 5
 PROFILE_KINDS = ("numeric", "categorical", "ordinal", "empty")
 # Bounds on what a site may report; a profile beyond them is refused (and so is the site's data, at the site).
@@ -44,7 +47,7 @@ MAX_CLASSES = 1_000
 MAX_ROWS = 10**12
 MAX_MIN_CATEGORY_ROWS = 10**9
 _PROFILE_KEYS = {"version", "min_category_rows", "n_rows", "label", "id_column", "classes", "columns"}
-_COLUMN_KEYS = {"name", "kind", "values", "undeclared_rows"}
+_COLUMN_KEYS = {"name", "kind", "values", "undeclared"}
 _SHOWN_CONFLICTS = 25
 
 
@@ -67,22 +70,32 @@ def check_min_category_rows(k) -> int:
     return int(k)
 
 
+def site_min_category_rows(requested, site_floor: int | None = None) -> int:
+    """The ``k`` a site uses: the job's request, but never below the site's own floor (its binding's
+    ``min_category_rows``, else :data:`DEFAULT_MIN_CATEGORY_ROWS`); the site decides, not the job."""
+    floor = DEFAULT_MIN_CATEGORY_ROWS if site_floor is None else check_min_category_rows(site_floor)
+    return max(check_min_category_rows(requested), floor)
+
+
 # -- at a site ------------------------------------------------------------------------------------
 def site_profile(raw: pd.DataFrame, *, label: str | None = None, id_column: str | None = None,
                  categorical=(), ordinal: dict | None = None, min_category_rows: int = DEFAULT_MIN_CATEGORY_ROWS,
-                 file="data", site=None) -> dict:
+                 categorical_allowed=(), file="data", site=None) -> dict:
     """What a site reports about ``raw`` (every cell a string, columns under the job's names).
 
     ``label``/``id_column``: the columns to treat as label and id when present (absent: reported as None, the
     server decides whether that is a conflict). ``categorical``: columns declared categorical (not inferred).
-    ``ordinal``: declared ordinal columns and their levels, lowest first. A value is reported only when at least
-    ``min_category_rows`` rows of ``raw`` hold it. Raises DataError for data no schema could describe (a mostly
-    numeric column with a typo, a missing label, too many distinct values).
+    ``ordinal``: declared ordinal columns and their levels, lowest first. A value is reported (or flagged as
+    outside an ordinal column's levels) only when at least ``min_category_rows`` rows of ``raw`` hold it.
+    ``categorical_allowed``: the columns this site lets a job declare categorical or ordinal although it reads
+    them as numbers (the site's binding). Raises DataError for data no schema could describe (a mostly numeric
+    column with a typo, a missing label, too many distinct values) and for a declaration the site does not allow.
     """
     k = check_min_category_rows(min_category_rows)
     at = where(file, site=site or None)  # the start of every error message
     ordinal = {c: check_levels(c, levels) for c, levels in (ordinal or {}).items()}
     forced = set(categorical or ())
+    allowed = set(categorical_allowed or ())
     columns = [str(c) for c in raw.columns]
     _check_reported_names(columns, file, site)
     has_label = label is not None and label in columns
@@ -92,13 +105,17 @@ def site_profile(raw: pd.DataFrame, *, label: str | None = None, id_column: str 
         if (has_label and name == label) or (has_id and name == id_column):
             continue
         col = raw[name]
+        if (name in ordinal or name in forced) and name not in allowed and _reads_as_numbers(col, name, file, site):
+            declared = "ordinal" if name in ordinal else "categorical"
+            why = (f"the job declares it {declared}, but this site reads it as numbers and its binding does not "
+                   f"allow their values to be reported (list the column in \"categorical_allowed\")")
+            raise DataError(f"{at}: column {name!r}: {why}", problem=why, file=file, column=name, site=site)
         if name in ordinal:
-            levels = ordinal[name]
-            stripped = col.str.strip()
-            undeclared = ~_is_missing(col) & ~stripped.isin(levels).to_numpy()
-            values = _frequent_values(col, k)
-            entry = {"name": name, "kind": "ordinal", "values": [v for v in values if v in levels],
-                     "undeclared_rows": int(undeclared.sum())}
+            levels = set(ordinal[name])
+            # a flag over the values k rows hold: a count, or a rarer value, would answer "how many rows hold
+            # the levels" / "does this rare value exist" for whatever levels the job declares
+            entry = {"name": name, "kind": "ordinal",
+                     "undeclared": any(v not in levels for v in _frequent_values(col, k))}
         else:
             kind = "categorical" if name in forced else infer_kind(col, column=name, file=file, site=site)
             if kind == "categorical" and not (~_is_missing(col)).any():
@@ -135,6 +152,14 @@ def site_profile(raw: pd.DataFrame, *, label: str | None = None, id_column: str 
     return {"version": PROFILE_VERSION, "min_category_rows": k, "n_rows": int(len(raw)),
             "label": label if has_label else None, "id_column": id_column if has_id else None,
             "classes": classes, "columns": profile_columns}
+
+
+def _reads_as_numbers(col: pd.Series, name, file, site) -> bool:
+    """Whether this site would infer ``col`` numeric (or refuse it as a mostly numeric column with a typo)."""
+    try:
+        return infer_kind(col, column=name, file=file, site=site) == "numeric"
+    except DataError:
+        return True
 
 
 def _frequent_values(col: pd.Series, k: int) -> list[str]:
@@ -223,7 +248,7 @@ def check_profile(profile, site: str, *, declared_ordinal: dict | None = None, m
         if not isinstance(kind, str) or kind not in PROFILE_KINDS:
             raise bad(f"{field}.kind", f"expected one of {PROFILE_KINDS}")
         entry = {"name": cname, "kind": kind}
-        if kind in ("categorical", "ordinal"):
+        if kind == "categorical":
             entry["values"] = strings(col.get("values"), f"{field}.values", MAX_CATEGORIES)
             total += len(entry["values"])
             if total > MAX_TOTAL_VALUES:
@@ -231,15 +256,14 @@ def check_profile(profile, site: str, *, declared_ordinal: dict | None = None, m
         elif "values" in col:
             raise bad(f"{field}.values", f"a {kind} column reports no values")
         if kind == "ordinal":
-            levels = declared_ordinal.get(cname)
-            if levels is None:
+            if cname not in declared_ordinal:
                 raise bad(f"{field}.kind", "ordinal, but the job declared no levels for this column")
-            if not set(entry["values"]) <= set(levels):
-                raise bad(f"{field}.values", "a value outside the declared levels")
-            entry["undeclared_rows"] = count(col.get("undeclared_rows"), f"{field}.undeclared_rows", 0,
-                                             out["n_rows"])
-        elif "undeclared_rows" in col:
-            raise bad(f"{field}.undeclared_rows", "only an ordinal column reports it")
+            flag = col.get("undeclared")
+            if not isinstance(flag, bool):
+                raise bad(f"{field}.undeclared", "expected true or false")
+            entry["undeclared"] = flag
+        elif "undeclared" in col:
+            raise bad(f"{field}.undeclared", "only an ordinal column reports it")
         clean.append(entry)
     out["columns"] = clean
     return out
@@ -330,16 +354,18 @@ def merge_profiles(profiles: dict[str, dict], *, ordinal: dict | None = None, ve
                 conflicts.append(f"column {name!r} is reported ordinal, but the job declared no levels for it")
                 continue
             for s, e in entries.items():
-                if e.get("undeclared_rows"):
-                    conflicts.append(f"ordinal column {name!r}: {e['undeclared_rows']} rows at {s} hold a value that "
-                                     f"is not one of the declared levels {' < '.join(levels)}")
+                if e.get("undeclared"):
+                    conflicts.append(f"ordinal column {name!r}: {s} holds a value in "
+                                     f"{profiles[s]['min_category_rows']} rows or more that is not one of the "
+                                     f"declared levels {' < '.join(levels)}")
             features.append(Feature(name, "ordinal", levels))
         elif kind == "categorical":
             values = sorted({v for e in entries.values() for v in e.get("values", ())})
             if not values:
                 k = max(e.get("min_category_rows", 0) for e in profiles.values())
                 conflicts.append(f"categorical column {name!r}: no value is seen in {k} rows or more at any site, so "
-                                 "none may be reported; lower --min-category-rows or remove the column")
+                                 "none may be reported; remove the column (a job's --min-category-rows lowers k "
+                                 "only down to each site's own floor)")
                 continue
             features.append(Feature(name, "categorical", tuple(values)))
         else:
@@ -381,4 +407,4 @@ def discovery_summary(profiles: dict[str, dict], schema: Schema) -> dict:
 
 
 __all__ = ["DEFAULT_MIN_CATEGORY_ROWS", "SchemaConflict", "check_min_category_rows", "check_profile",
-           "discovery_summary", "merge_profiles", "site_profile"]
+           "discovery_summary", "merge_profiles", "site_min_category_rows", "site_profile"]

@@ -22,7 +22,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 from ..data import DataError, Schema
 from ..data.schema import read_schema_file as read_schema_document
 from ..data.discovery import (DEFAULT_MIN_CATEGORY_ROWS, SchemaConflict, check_min_category_rows, check_profile,
-                              discovery_summary, merge_profiles, site_profile)
+                              discovery_summary, merge_profiles, site_min_category_rows, site_profile)
 from ..data.errors import public_error
 from ..reporting import write_json_atomic
 from .site_config import load_binding
@@ -36,8 +36,8 @@ SCHEMA_FILE = "schema.json"
 
 class SchemaDiscoveryExecutor(Executor):
     """Site side: reads this site's bound training file (``local/treeflare_site.json``, ``$TREEFLARE_DATA_ROOT``,
-    else ``<data_root>/<site>/``) and replies with its profile. The site's binding may raise ``k``
-    (``min_category_rows``), never lower it."""
+    else ``<data_root>/<site>/``) and replies with its profile. The site sets its floor for ``k`` (its binding's
+    ``min_category_rows``, default 5): a job may ask for a higher ``k``, never a lower one."""
 
     def __init__(self, data_root: str = ""):
         super().__init__()
@@ -65,12 +65,17 @@ def profile_site(binding, site: str, request: dict) -> dict:
     ordinal, min_category_rows); the job's label and id names win over the binding's, which the file is renamed
     from."""
     label, id_column = request.get("label"), request.get("id_column")
+    categorical, ordinal = request.get("categorical") or [], request.get("ordinal") or {}
+    if not isinstance(categorical, list) or not all(isinstance(c, str) for c in categorical):
+        raise DataError("the request's 'categorical' is not a list of column names")
+    if not isinstance(ordinal, dict) or not all(isinstance(c, str) for c in ordinal):
+        raise DataError("the request's 'ordinal' does not map column names to levels")
     raw = binding.read_raw("train", site, label, id_column)
-    k = max(check_min_category_rows(request.get("min_category_rows", DEFAULT_MIN_CATEGORY_ROWS)),
-            binding.min_category_rows or 1)
+    # the site's floor, not the job's word, bounds k from below
+    k = site_min_category_rows(request.get("min_category_rows", DEFAULT_MIN_CATEGORY_ROWS), binding.min_category_rows)
     return site_profile(raw, label=label or binding.label_column, id_column=id_column or binding.id_column,
-                        categorical=list(request.get("categorical") or ()), ordinal=request.get("ordinal") or {},
-                        min_category_rows=k, file=binding.path("train").name, site=site)
+                        categorical=categorical, ordinal=ordinal, min_category_rows=k,
+                        categorical_allowed=binding.categorical_allowed, file=binding.path("train").name, site=site)
 
 
 class SchemaDiscoveryController(ResultWorkflow):
@@ -85,7 +90,7 @@ class SchemaDiscoveryController(ResultWorkflow):
             sites: the sites that must describe their data (in order; vertical: the active party first).
             label, id_column: the job's names for the label and id columns (None: each site's binding names them).
             categorical: columns declared categorical; ordinal: columns declared ordinal, with levels lowest first.
-            min_category_rows: k, a category value is reported only by a site where k rows hold it.
+            min_category_rows: the k the job asks for; each site uses it or its own floor, whichever is higher.
             vertical: sites hold different columns of the same rows (joined on the id column).
         """
         super().__init__()
@@ -185,8 +190,8 @@ def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = Fa
                               ordinal=parse_ordinal(getattr(args, "ordinal", None)), min_category_rows=k,
                               vertical=vertical, task_timeout=int(getattr(args, "task_timeout", 300) or 300))
     sub = argparse.Namespace(**{**vars(args), "workspace": workspace / "discovery"})
-    print(f"schema discovery on {', '.join(sites)} (a category value is reported by a site where {k} rows or "
-          "more hold it)", flush=True)
+    print(f"schema discovery on {', '.join(sites)} (a site reports a category value only if {k} of its rows or "
+          "more hold it, or its own floor if that is higher)", flush=True)
     run_dir = run_job(job, sub, sites)
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
     if server is None:

@@ -10,8 +10,11 @@ operator owns and the job cannot override::
       "test": "test.csv",                # optional, default test.csv
       "label_column": "outcome",         # optional: this site's name for the job's label column
       "id_column": "patient_id",         # optional: this site's name for the job's id column (vertical jobs)
-      "min_category_rows": 10,           # optional: schema discovery reports a category value only if at least
-                                         #   this many rows hold it (the job's --min-category-rows, if larger, wins)
+      "min_category_rows": 10,           # optional, default 5: schema discovery reports a category value only if
+                                         #   at least this many rows hold it (a job may ask for more, never less)
+      "categorical_allowed": ["zip"],    # optional: columns this site reads as numbers that a job may declare
+                                         #   categorical or ordinal (their values held by k rows are then reported;
+                                         #   a job declaring any other numeric column is refused)
       "predict": "predict.csv",          # optional, default predict.csv: new rows for a vertical prediction run
       "vertical_model": "vertical_passive_model.json"   # optional: this site's part of a vertical model (absolute,
     }                                    #   or relative to data_dir; default vertical_<active|passive>_model.json)
@@ -38,9 +41,10 @@ SITE_CONFIG_FILE = "treeflare_site.json"
 SITE_CONFIG_ENV = "TREEFLARE_SITE_CONFIG"
 DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
 _KEYS = {"data_dir", "train", "test", "predict", "vertical_model", "label_column", "id_column", "min_category_rows",
-         "comment"}
+         "categorical_allowed", "comment"}
 _FILE_KEYS = ("train", "test", "predict")
-_STRING_KEYS = _KEYS - {"comment", "min_category_rows"}
+_STRING_KEYS = _KEYS - {"comment", "min_category_rows", "categorical_allowed"}
+MAX_ALLOWED_COLUMNS = 5_000
 MAX_CONFIG_BYTES = 64 * 1024
 
 
@@ -53,7 +57,8 @@ class SiteBinding:
     vertical_model: str | None = None
     label_column: str | None = None
     id_column: str | None = None
-    min_category_rows: int | None = None  # this site's floor for schema discovery's k
+    min_category_rows: int | None = None  # this site's floor for schema discovery's k (None: the default, 5)
+    categorical_allowed: tuple[str, ...] = ()  # numeric columns a job may declare categorical or ordinal
     source: str = ""  # where the binding came from (for logs and errors)
 
     def path(self, which: str) -> Path:
@@ -75,11 +80,17 @@ class SiteBinding:
             renames[self.label_column] = label
         if self.id_column and id_column and self.id_column != id_column:
             renames[self.id_column] = id_column
-        for theirs in renames:
+        for theirs, ours in renames.items():
             if theirs not in raw.columns:
                 raise DataError(f"{site}: {path}: column {theirs!r} (set in {self.source}) not found; "
                                 f"columns are {list(raw.columns)}", site=site, file=path,
                                 problem=f"column {theirs!r} named in the site's configuration not found")
+            # the job's name only renames the site's own label/id column; it may not pick another column of
+            # the file (whose every value would then be reported as a class)
+            if ours in raw.columns:
+                what = "label" if ours == label else "id"
+                why = f"the job's name {ours!r} for this site's {what} column is also another column of its file"
+                raise DataError(f"{site}: {path}: {why}", site=site, file=path, problem=why)
         return raw.rename(columns=renames)
 
     def read(self, which: str, schema: Schema, site: str, *, own_columns: bool = False):
@@ -125,6 +136,10 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     k = data.get("min_category_rows")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_MIN_CATEGORY_ROWS):
         raise DataError(f"{source}: 'min_category_rows' must be an integer >= 1 (at most {MAX_MIN_CATEGORY_ROWS:,})")
+    allowed = data.get("categorical_allowed", [])
+    if (not isinstance(allowed, list) or len(allowed) > MAX_ALLOWED_COLUMNS
+            or any(not isinstance(c, str) or not c.strip() for c in allowed)):
+        raise DataError(f"{source}: 'categorical_allowed' must be a list of column names")
     for key in _STRING_KEYS:
         value = data.get(key)
         if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -142,7 +157,7 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     return SiteBinding(data_dir=data_dir, train=data.get("train") or "train.csv", test=data.get("test") or "test.csv",
                        predict=data.get("predict") or "predict.csv", vertical_model=data.get("vertical_model"),
                        label_column=data.get("label_column"), id_column=data.get("id_column"),
-                       min_category_rows=k, source=source)
+                       min_category_rows=k, categorical_allowed=tuple(c.strip() for c in allowed), source=source)
 
 
 def load_binding(site: str, fl_ctx=None, job_data_root: str = "", config_dir=None) -> SiteBinding:
