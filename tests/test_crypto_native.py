@@ -145,7 +145,7 @@ def test_cache_below_a_folder_others_can_change_is_refused(tmp_path, monkeypatch
     unsafe.mkdir(parents=True)
     cache = unsafe / below
     if below != "cache":
-        cache.mkdir(parents=True, mode=0o700)         # the folders under the unsafe one are private: every one is walked
+        cache.mkdir(parents=True, mode=0o700)         # private folders under the unsafe one: every level is walked
         for folder in (cache, cache.parent, cache.parent.parent):
             folder.chmod(0o700)
     _make_unsafe(unsafe, how)
