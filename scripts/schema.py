@@ -8,9 +8,10 @@
     python scripts/schema.py check schema.json
 
 from-csv infers the schema from a CSV you hold (every value in it is listed). discover asks the sites: each
-describes its bound training file (names, kinds, category values seen in at least --min-category-rows of its
-rows, class labels, row count) and the server merges the descriptions, or names the sites and columns that
-disagree. Discovery cannot know the order of an ordinal column's levels: declare it with --ordinal
+describes its bound training file (names, kinds, category values seen in at least k of its rows, class labels,
+row count; k is --min-category-rows or the site's own floor, default 5, whichever is higher) and the server
+merges the descriptions, or names the sites and columns that disagree. A site refuses --categorical or
+--ordinal on a column it reads as numbers unless its binding lists it in "categorical_allowed". Discovery cannot know the order of an ordinal column's levels: declare it with --ordinal
 COL=low<mid<high, or edit schema.json (set "kind": "ordinal" and list "categories" lowest first, every level
 the sites hold). check reads an edited file and prints what a job would use. Bad input: ``error: ...``, exit 2.
 """
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an ordered column with its levels lowest first (repeatable)")
     g.add_argument("--min-category-rows", type=int, default=DEFAULT_MIN_CATEGORY_ROWS, metavar="K",
                    help="a site reports a category value only if K of its rows or more hold it "
-                        f"(default {DEFAULT_MIN_CATEGORY_ROWS})")
+                        f"(default {DEFAULT_MIN_CATEGORY_ROWS}); a site whose own floor (its binding's "
+                        "min_category_rows, default 5) is higher uses that")
     g.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (<DIR>/<site>/train.csv), when they have no "
                         "binding of their own (simulator, POC)")

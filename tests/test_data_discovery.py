@@ -247,10 +247,20 @@ def test_an_ordinal_column_reports_one_flag_checked_by_the_server():
 
 
 def single_row_site(last_zip: str, last_income: str, n=200, seed=4) -> pd.DataFrame:
-    """n rows: zip codes each held by many rows, incomes each held by few, and one last row (the one to hide)."""
+    """n rows: zip codes (and cities) each held by many rows, incomes each held by few, and one last row (the one
+    to hide; its city is its zip code too)."""
     rng = np.random.default_rng(seed)
-    return frame({"zip": [*rng.choice(["Z10001", "Z10002", "Z10003"], n - 1), last_zip],
-                  "income": [*rng.integers(1_000, 90_000, n - 1), last_income], "y": ["p", "q"] * (n // 2)})
+    zips = [*rng.choice(["Z10001", "Z10002", "Z10003"], n - 1), last_zip]
+    return frame({"zip": zips, "income": [*rng.integers(1_000, 90_000, n - 1), last_income], "city": zips,
+                  "y": ["p", "q"] * (n // 2)})
+
+
+def numbers_in(value) -> list:
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in numbers_in(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in numbers_in(v)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
 
 
 @pytest.mark.parametrize("zip_levels", [
@@ -274,8 +284,9 @@ def test_a_declared_ordinal_level_reveals_nothing_about_a_single_row(zip_levels)
             merged = str(exc)
         outcomes.append((wire, json.dumps(merged, sort_keys=True)))
         # the only numbers a site sends are the format's version, its k and its row count
-        numbers = [v for v in profiles["site-1"].values() if isinstance(v, int) and not isinstance(v, bool)]
-        assert sorted(numbers) == sorted([2, 5, 200])
+        assert sorted(numbers_in(profiles["site-1"])) == [2, 5, 200]
+        assert profiles["site-1"]["columns"][2] == {"name": "city", "kind": "categorical",
+                                                    "values": ["Z10001", "Z10002", "Z10003"]}
     assert outcomes[0] == outcomes[1] == outcomes[2]
 
 
