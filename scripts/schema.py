@@ -11,9 +11,10 @@ from-csv infers the schema from a CSV you hold (every value in it is listed). di
 describes its bound training file (names, kinds, category values seen in at least k of its rows, class labels,
 row count; k is --min-category-rows or the site's own floor, default 5, whichever is higher) and the server
 merges the descriptions, or names the sites and columns that disagree. A site refuses --categorical or
---ordinal on a column it reads as numbers unless its binding lists it in "categorical_allowed". Discovery cannot know the order of an ordinal column's levels: declare it with --ordinal
-COL=low<mid<high, or edit schema.json (set "kind": "ordinal" and list "categories" lowest first, every level
-the sites hold). check reads an edited file and prints what a job would use. Bad input: ``error: ...``, exit 2.
+--ordinal on a column it reads as numbers unless its binding lists it in "categorical_allowed". Discovery
+cannot know the order of an ordinal column's levels: declare it with --ordinal COL=low<mid<high, or edit
+schema.json (set "kind": "ordinal" and list "categories" lowest first, every level the sites hold). check
+reads an edited file and prints what a job would use. Bad input: ``error: ...``, exit 2.
 """
 
 from __future__ import annotations

@@ -216,6 +216,8 @@ def test_a_numeric_column_is_reported_as_categories_only_with_the_sites_leave(tm
                             "treeflare_site.json")
     p = profile_site(binding, "site-1", {"label": "y", "categorical": ["income"], "min_category_rows": 1})
     assert p["columns"][1]["name"] == "income" and p["columns"][1]["kind"] == "categorical"
+    with pytest.raises(DataError, match="'categorical' is not a list of column names"):  # not read as i, n, c, ...
+        profile_site(binding, "site-1", {"label": "y", "categorical": "income"})
     for bad in ("income", [1], [""], {"income": True}):
         with pytest.raises(DataError, match="'categorical_allowed' must be a list of column names"):
             parse_binding({"data_dir": "d", "categorical_allowed": bad}, "treeflare_site.json")

@@ -62,14 +62,16 @@ class SchemaDiscoveryExecutor(Executor):
 
 def profile_site(binding, site: str, request: dict) -> dict:
     """A site's profile of its training file for the server's ``request`` (label, id_column, categorical,
-    ordinal, min_category_rows); the job's label and id names win over the binding's, which the file is renamed
-    from."""
+    ordinal, min_category_rows), bounded by the site's binding: its floor for k, the numeric columns it lets a job
+    read as categories, and its label and id columns, which the job's names rename (never pick another column)."""
     label, id_column = request.get("label"), request.get("id_column")
     categorical, ordinal = request.get("categorical") or [], request.get("ordinal") or {}
     if not isinstance(categorical, list) or not all(isinstance(c, str) for c in categorical):
-        raise DataError("the request's 'categorical' is not a list of column names")
+        raise DataError("the request's 'categorical' is not a list of column names",
+                        problem="the request's 'categorical' is not a list of column names", site=site)
     if not isinstance(ordinal, dict) or not all(isinstance(c, str) for c in ordinal):
-        raise DataError("the request's 'ordinal' does not map column names to levels")
+        raise DataError("the request's 'ordinal' does not map column names to levels",
+                        problem="the request's 'ordinal' does not map column names to levels", site=site)
     raw = binding.read_raw("train", site, label, id_column)
     # the site's floor, not the job's word, bounds k from below
     k = site_min_category_rows(request.get("min_category_rows", DEFAULT_MIN_CATEGORY_ROWS), binding.min_category_rows)
