@@ -7,6 +7,13 @@ feature is tested by both with different codes. A merged rule takes the intersec
 intervals and the union of the equalities, the sum of the class masses (the sample-weighted
 mean distribution) and the geometric mean of the supports (see rules.py).
 
+Missing values (each rule's ``missing`` per feature, see rules.py). A merged rule admits NaN in a
+feature where both rules do and is missing-only where either is (its value condition then drops).
+Two rules whose value conditions are disjoint but which both admit NaN would meet at NaN only;
+that conjunction is not formed: CART routes NaN at every split (towards the larger child where it
+saw none), so it would be formed on data with no missing value at all and flood the merge with
+rules about a region no row showed. A missing-only rule meets every rule that admits NaN there.
+
 Fixes to the reference behaviour (spec §7): merged categorical rules keep the conditions of both
 rules; distributions are sample-weighted for every tree kind; overlap is real-valued (no integer
 test); the cap ``max_rules`` always applies; a tree whose merge leaves nothing is skipped (and
@@ -34,7 +41,7 @@ import logging
 
 import numpy as np
 
-from .rules import RuleSet
+from .rules import MISSING_ALLOWED, MISSING_ONLY, MISSING_REFUSED, RuleSet
 
 __all__ = ["merge_rule_sets", "compatible_pairs", "deduplicate", "DEFAULT_MAX_RULES", "MAX_MERGE_PAIRS",
            "UnusableTreeError"]
@@ -59,7 +66,7 @@ class UnusableTreeError(ValueError):
 
 def _digest(rules: RuleSet) -> str:
     h = hashlib.sha256()
-    for a in (rules.lower, rules.upper, rules.equals, rules.mass, rules.support, rules.n_sources):
+    for a in (rules.lower, rules.upper, rules.equals, rules.mass, rules.support, rules.n_sources, rules.missing):
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
 
@@ -87,18 +94,29 @@ def compatible_pairs(a: RuleSet, b: RuleSet, eps: float = 0.0,
 def _compatible_block(a: RuleSet, b: RuleSet, eps: float) -> tuple[np.ndarray, np.ndarray]:
     ok = np.ones((a.n_rules, b.n_rules), dtype=bool)
     for j, kind in enumerate(a.feature_kinds):
+        sa, sb = a.missing[:, j], b.missing[:, j]
+        only_a, only_b = sa == MISSING_ONLY, sb == MISSING_ONLY
         if kind == "categorical":
             ea, eb = a.equals[:, j], b.equals[:, j]
             if (ea >= 0).any() and (eb >= 0).any():
-                ok &= ~((ea[:, None] >= 0) & (eb[None, :] >= 0) & (ea[:, None] != eb[None, :]))
+                values = ~((ea[:, None] >= 0) & (eb[None, :] >= 0) & (ea[:, None] != eb[None, :]))
+            elif only_a.any() or only_b.any():
+                values = np.ones_like(ok)
+            else:
+                continue
         else:
             la, ua, lb, ub = a.lower[:, j], a.upper[:, j], b.lower[:, j], b.upper[:, j]
             if not (np.isfinite(la).any() or np.isfinite(ua).any() or np.isfinite(lb).any()
-                    or np.isfinite(ub).any()):
+                    or np.isfinite(ub).any() or only_a.any() or only_b.any()):
                 continue
             with np.errstate(invalid="ignore"):
                 overlap = np.minimum(ua[:, None], ub[None, :]) - np.maximum(la[:, None], lb[None, :])
-            ok &= overlap > eps
+            values = overlap > eps
+        if only_a.any() or only_b.any():  # a missing-only rule meets only rules that admit NaN there
+            either_only = only_a[:, None] | only_b[None, :]
+            nan_meet = (sa[:, None] != MISSING_REFUSED) & (sb[None, :] != MISSING_REFUSED)
+            values = np.where(either_only, nan_meet, values)
+        ok &= values
     return np.nonzero(ok)
 
 
@@ -110,9 +128,13 @@ def _entropy(mass: np.ndarray) -> np.ndarray:
 
 
 def _merge_pairs(a: RuleSet, b: RuleSet, ia, ib, reference_compat: bool) -> RuleSet:
-    lower = np.maximum(a.lower[ia], b.lower[ib])
-    upper = np.minimum(a.upper[ia], b.upper[ib])
-    equals = np.where(a.equals[ia] >= 0, a.equals[ia], b.equals[ib])
+    sa, sb = a.missing[ia], b.missing[ib]
+    only = (sa == MISSING_ONLY) | (sb == MISSING_ONLY)  # only NaN meets both: no value condition left
+    missing = np.where(only, MISSING_ONLY, np.where((sa == MISSING_ALLOWED) & (sb == MISSING_ALLOWED),
+                                                    MISSING_ALLOWED, MISSING_REFUSED))
+    lower = np.where(only, -np.inf, np.maximum(a.lower[ia], b.lower[ib]))
+    upper = np.where(only, np.inf, np.minimum(a.upper[ia], b.upper[ib]))
+    equals = np.where(only, -1, np.where(a.equals[ia] >= 0, a.equals[ia], b.equals[ib]))
     n_sources = a.n_sources[ia] + b.n_sources[ib]
     if reference_compat:
         mass = (a.dist[ia] + b.dist[ib]) / 2.0
@@ -123,7 +145,7 @@ def _merge_pairs(a: RuleSet, b: RuleSet, ia, ib, reference_compat: bool) -> Rule
         with np.errstate(divide="ignore"):
             logs = (a.n_sources[ia] * np.log(a.support[ia]) + b.n_sources[ib] * np.log(b.support[ib]))
         support = np.exp(logs / n_sources)
-    return RuleSet(lower, upper, equals, mass, support, n_sources, a.feature_kinds)
+    return RuleSet(lower, upper, equals, mass, support, n_sources, a.feature_kinds, missing)
 
 
 def _cap_pairs(a, b, ia, ib, max_rules, reference_compat, cap_by):
@@ -164,7 +186,8 @@ def deduplicate(rules: RuleSet) -> RuleSet:
     """Merge rules with identical conditions: supports summed, distributions support-weighted."""
     if rules.n_rules < 2:
         return rules
-    key = np.ascontiguousarray(np.hstack([rules.lower, rules.upper, rules.equals.astype(np.float64)]))
+    key = np.ascontiguousarray(np.hstack([rules.lower, rules.upper, rules.equals.astype(np.float64),
+                                          rules.missing.astype(np.float64)]))
     _, first, inverse = np.unique(key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))),
                                   return_index=True, return_inverse=True)
     inverse = inverse.ravel()
@@ -178,7 +201,7 @@ def deduplicate(rules: RuleSet) -> RuleSet:
     n_sources = np.zeros(R, dtype=np.int64)
     np.maximum.at(n_sources, inverse, rules.n_sources)
     return RuleSet(rules.lower[first], rules.upper[first], rules.equals[first], mass, support,
-                   n_sources, rules.feature_kinds)
+                   n_sources, rules.feature_kinds, rules.missing[first])
 
 
 def merge_rule_sets(rule_sets, *, max_rules=DEFAULT_MAX_RULES, eps=None, reference_compat=False,

@@ -12,6 +12,10 @@ weights w_r p_r. A node holds the rules whose box meets the node's region.
   node's rules; rules that do not test the feature go to every child with a share of their
   weight. A code with no child (and a missing value) stops at the node, which predicts from its
   own distribution.
+- Missing values at a numeric split: a NaN follows the side where a larger share of the node's
+  rules with a value condition on the feature admit NaN (they come from a local tree's ``missing``
+  child, see rules.py); when none of them admits NaN, a NaN stops at the node. Missing-only rules
+  spread over the cells like rules without a condition on the feature (no mass is known for NaN).
 - Split quality: support-weighted impurity (entropy or Gini) of the children's class weights,
   weighted by the children's total weights. Ties go to the lowest feature, then the lowest value.
 - Growth is best-first: the node whose best split reduces weighted impurity the most is split
@@ -30,7 +34,7 @@ import heapq
 import numpy as np
 
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
-from .rules import RuleSet
+from .rules import MISSING_ALLOWED, RuleSet
 
 __all__ = ["grow_tree", "impurity"]
 
@@ -72,6 +76,7 @@ class _Grower:
         else:
             raise ValueError(f"weighting must be 'support' or 'uniform', got {weighting!r}")
         self.class_weights = w[:, None] * rules.dist
+        self.weight, self.missing = w, rules.missing
         self.criterion = criterion
         self.min_gain = min_gain
         R, d = rules.lower.shape
@@ -171,12 +176,26 @@ class _Grower:
         out.sort(key=lambda c: (-round(c[0], 12), c[1]))
         return out, total
 
-    def split_numeric(self, j, cell, idx, frac, region):
-        """Children (idx, frac, region) of a split after ``cell``; returns the threshold too."""
+    def _left_share(self, j, cell, idx, region):
         a, b = self.cell_bounds(j, idx, region)
         prefix = self.prefix[j]
         left_share = np.clip((prefix[np.minimum(b, cell) + 1] - prefix[a]) / (prefix[b + 1] - prefix[a]), 0, 1)
-        left_share = np.where(a <= cell, left_share, 0.0)
+        return np.where(a <= cell, left_share, 0.0)
+
+    def missing_side(self, j, cell, idx, frac, region) -> int:
+        """Child a NaN in j follows after a split after ``cell`` (see module docstring): 0, 1 or -1 (stop)."""
+        tested = np.isfinite(self.lower[idx, j]) | np.isfinite(self.upper[idx, j])
+        admits = tested & (self.missing[idx, j] == MISSING_ALLOWED)
+        if not admits.any():
+            return -1
+        left = self._left_share(j, cell, idx, region) * frac * self.weight[idx]
+        right = (1.0 - self._left_share(j, cell, idx, region)) * frac * self.weight[idx]
+        share = [float(side[admits].sum()) / max(float(side[tested].sum()), 1e-300) for side in (left, right)]
+        return 0 if share[0] >= share[1] else 1
+
+    def split_numeric(self, j, cell, idx, frac, region):
+        """Children (idx, frac, region) of a split after ``cell``; returns the threshold too."""
+        left_share = self._left_share(j, cell, idx, region)
         out = []
         for share, bounds in ((left_share, (region[j][0], cell)), (1.0 - left_share, (cell + 1, region[j][1]))):
             keep = share > 1e-12
@@ -212,7 +231,7 @@ def grow_tree(rules: RuleSet, *, n_categories=None, max_leaves=None, max_depth=N
     grower = _Grower(rules, criterion, weighting, min_gain, n_categories)
     d = rules.n_features
 
-    kind, feature, points, children, counts = [], [], [], [], []
+    kind, feature, points, children, counts, missing = [], [], [], [], [], []
     state = []  # per node: (idx, frac, region, used, depth, candidates)
     heap: list = []
 
@@ -222,7 +241,7 @@ def grow_tree(rules: RuleSet, *, n_categories=None, max_leaves=None, max_depth=N
         else:
             cands, total = [], (grower.class_weights[idx] * frac[:, None]).sum(axis=0)
         kind.append(LEAF), feature.append(-1), points.append(None), children.append(None)
-        counts.append(total)
+        counts.append(total), missing.append(-1)
         state.append((idx, frac, region, used, depth, cands))
         node = len(kind) - 1
         if cands:
@@ -246,6 +265,7 @@ def grow_tree(rules: RuleSet, *, n_categories=None, max_leaves=None, max_depth=N
         child_ids = []
         if split_kind == NUMERIC:
             parts, threshold = grower.split_numeric(j, point, idx, frac, region)
+            missing[node] = grower.missing_side(j, point, idx, frac, region)
             for child_idx, child_frac, child_region in parts:
                 child_ids.append(add_node(child_idx, child_frac, child_region, used, depth + 1))
             points[node] = np.array([threshold])
@@ -260,5 +280,5 @@ def grow_tree(rules: RuleSet, *, n_categories=None, max_leaves=None, max_depth=N
         state[node] = None  # expanded: its rules are no longer needed
 
     tree = Tree(rules.feature_kinds, rules.n_classes, kind, feature, points, children,
-                np.asarray(counts, dtype=np.float64).reshape(-1, rules.n_classes), n_categories)
+                np.asarray(counts, dtype=np.float64).reshape(-1, rules.n_classes), n_categories, missing=missing)
     return tree, {"truncated": truncated}

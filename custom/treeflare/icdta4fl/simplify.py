@@ -13,7 +13,8 @@ Rule sets (before the rebuild):
 
 Trees (after the rebuild): a subtree whose every node (leaves, and internal nodes where a
 missing or unseen value stops) predicts the same class is collapsed into one leaf. Predicted
-classes never change; probabilities of the collapsed region become the subtree root's.
+classes never change (a kept node keeps its ``missing`` child); probabilities of the collapsed
+region become the subtree root's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..trees.tree import LEAF, Tree
 from .merge import deduplicate
-from .rules import RuleSet
+from .rules import MISSING_ONLY, RuleSet
 
 __all__ = ["onehot_groups_from_names", "simplify_rules", "collapse_same_class", "onehot_true_column"]
 
@@ -59,6 +60,7 @@ def _onehot_satisfiable(rules: RuleSet, groups) -> np.ndarray:
         allow0 = _allows(lower[:, cols], upper[:, cols], 0.0)
         allow1 = _allows(lower[:, cols], upper[:, cols], 1.0)
         possible &= (allow0 | allow1).all(axis=1)
+        possible &= ~(rules.missing[:, cols] == MISSING_ONLY).any(axis=1)  # one-hot columns hold no NaN
         only1 = allow1 & ~allow0
         n_true = only1.sum(axis=1)
         possible &= n_true <= 1
@@ -98,12 +100,14 @@ def collapse_same_class(tree: Tree) -> Tree:
         else:
             kept[tree.children[node]] = True
     new_index = np.cumsum(kept) - 1
-    kind, feature, points, children = [], [], [], []
+    kind, feature, points, children, missing = [], [], [], [], []
     for node in np.flatnonzero(kept):
         if make_leaf[node] or tree.kind[node] == LEAF:
             kind.append(LEAF), feature.append(-1), points.append(None), children.append(None)
+            missing.append(-1)
         else:
             kind.append(tree.kind[node]), feature.append(tree.feature[node])
             points.append(tree.split_points[node]), children.append(new_index[tree.children[node]])
+            missing.append(tree.missing[node])
     return Tree(tree.feature_kinds, tree.n_classes, kind, feature, points, children,
-                tree.counts[kept], tree.n_categories)
+                tree.counts[kept], tree.n_categories, missing=missing)

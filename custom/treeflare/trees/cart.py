@@ -6,8 +6,14 @@ wrote ``max(1.0, int(0.02 * n))``, which is the float 1.0 for sites under 100 ro
 scikit-learn reads as a fraction (100% of the node), so only the root could split.
 
 Class counts are mapped from the fitted ``classes_`` (a site may lack classes) onto the global
-class list and are sample-weighted (``weighted_n_node_samples``). Inputs with NaN stop at the
-node whose feature is missing and are predicted from that node's counts.
+class list and are sample-weighted (``weighted_n_node_samples``).
+
+Missing values are routed as scikit-learn routes them (``tree_.missing_go_to_left``, set at every
+split: learned where the node's training rows had NaN, else towards the child with more rows). Its
+"missing vs not missing" split (threshold +inf, NaN to the right) becomes a numeric node with no
+threshold and a missing-only child, so every threshold stays finite. One difference remains:
+scikit-learn compares inputs cast to float32 with its float64 thresholds, the shared tree compares
+float64 inputs, so a value within float32 rounding of a threshold may take the other side.
 """
 
 from __future__ import annotations
@@ -60,7 +66,22 @@ def tree_from_sklearn(clf: DecisionTreeClassifier, *, n_classes, feature_kinds=N
     is_leaf = t.children_left < 0
     kind = np.where(is_leaf, LEAF, NUMERIC)
     feature = np.where(is_leaf, -1, t.feature)
-    points = [None if is_leaf[i] else np.array([float(t.threshold[i])]) for i in range(t.node_count)]
-    children = [None if is_leaf[i] else np.array([t.children_left[i], t.children_right[i]])
-                for i in range(t.node_count)]
-    return Tree(kinds, n_classes, kind, feature, points, children, counts)
+    # scikit-learn < 1.3 had no missing-value routing (and refused NaN): stop at the node there
+    go_left = getattr(t, "missing_go_to_left", None)
+    missing = np.full(t.node_count, -1, dtype=np.int64)
+    points: list = [None] * t.node_count
+    children: list = [None] * t.node_count
+    for i in np.flatnonzero(~is_leaf):
+        children[i] = np.array([t.children_left[i], t.children_right[i]])
+        threshold = float(t.threshold[i])
+        if go_left is not None:
+            missing[i] = 0 if go_left[i] else 1
+        if np.isposinf(threshold):  # every number left, NaN right: no threshold, a missing-only child
+            if go_left is None or go_left[i]:
+                raise ValueError(f"node {i}: a threshold of +inf that does not send NaN right")
+            points[i] = np.empty(0)
+        elif not np.isfinite(threshold):
+            raise ValueError(f"node {i}: threshold {threshold} is not finite")
+        else:
+            points[i] = np.array([threshold])
+    return Tree(kinds, n_classes, kind, feature, points, children, counts, missing=missing)

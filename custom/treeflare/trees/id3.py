@@ -1,8 +1,15 @@
 """ID3: information-gain decision trees with multiway splits.
 
 Categorical columns (integer codes, NaN = missing) get one child per code present at the node.
-A code that has no child at a node (unseen there, or missing) stops at that node and is predicted
-from the node's own class counts (its majority class).
+A code that has no child at a node (unseen there) stops at that node and is predicted from the
+node's own class counts (its majority class).
+
+Missing values (NaN, in any column). At fit, the rows missing the chosen feature stay at the node:
+they are in its counts, no child receives them, and the gain scores them as a group of their own.
+At predict, a NaN stops at the same node (the tree names no ``missing`` child) and is predicted
+from the node's counts, which are the rows training left there with the rows sent on: prediction
+does what fit did. (A missing-only child per split was not taken: with a few missing cells it
+would be a leaf of one or two rows.)
 
 Numeric columns are discretised before learning into at most ``n_bins`` quantile bins, with
 edges learned **per site from its own training data** (``np.nanquantile``). A split on a binned

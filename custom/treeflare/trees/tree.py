@@ -10,9 +10,16 @@ describe a cycle. Three node kinds:
   (x <= t left, x > t right); ID3 on a binned numeric feature gives k intervals;
 - ``categorical``: sorted integer category codes ``values`` and one child per code.
 
-Every node keeps ``counts``: its sample-weighted class counts over the global class list. An
-input whose value is missing (NaN) or is a category the node has no child for stops at that
-node and is predicted from the node's own counts, never from anything else.
+Every node keeps ``counts``: its sample-weighted class counts over the global class list.
+
+Missing values (NaN). An internal node may name the child position ``missing`` that a NaN in its
+feature follows (a CART split learns it: scikit-learn's ``missing_go_to_left``; a refined split
+chooses it from the summed counts). The node may also have one extra, last child that only NaN
+reaches (``missing`` = its position): scikit-learn's "missing vs not missing" split, which it
+writes as a threshold of +inf, is a numeric node with no threshold (child 0 takes every number)
+and that missing-only child. A node without ``missing`` (ID3, version-1 files) stops a NaN at the
+node, which predicts it from its own counts. A category the node has no child for always stops there.
+Schema version 2 added ``missing``; version-1 payloads (no ``missing``) still load.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ import numpy as np
 
 from .validate import TreePayloadError, validate_tree_dict
 
-__all__ = ["Tree", "LEAF", "NUMERIC", "CATEGORICAL", "TREE_SCHEMA", "TREE_SCHEMA_VERSION"]
+__all__ = ["Tree", "LEAF", "NUMERIC", "CATEGORICAL", "TREE_SCHEMA", "TREE_SCHEMA_VERSION", "SUPPORTED_TREE_VERSIONS"]
 
 TREE_SCHEMA = "treeflare.tree"
-TREE_SCHEMA_VERSION = 1
+TREE_SCHEMA_VERSION = 2
+SUPPORTED_TREE_VERSIONS = (1, 2)  # 1: no missing-value routing (every NaN stops at its node)
 
 LEAF, NUMERIC, CATEGORICAL = 0, 1, 2
 _KIND_NAMES = ("leaf", "numeric", "categorical")
@@ -48,10 +56,12 @@ class Tree:
     counts : array of float, shape (n_nodes, n_classes)
     n_categories : list of (int or None), optional
         Number of codes of each categorical column (None for numeric columns or unknown).
+    missing : array of int, shape (n_nodes,), optional
+        Child position a NaN follows at each internal node; -1 (the default) stops it at the node.
     """
 
     def __init__(self, feature_kinds, n_classes, kind, feature, split_points, children, counts,
-                 n_categories=None):
+                 n_categories=None, missing=None):
         self.feature_kinds = [str(k) for k in feature_kinds]
         self.n_features = len(self.feature_kinds)
         self.n_classes = int(n_classes)
@@ -63,6 +73,8 @@ class Tree:
         if n_categories is None:
             n_categories = [None] * self.n_features
         self.n_categories = [None if k is None else int(k) for k in n_categories]
+        self.missing = (np.full(len(self.kind), -1, dtype=np.int64) if missing is None
+                        else np.asarray(missing, dtype=np.int64).reshape(len(self.kind)))
 
     # ------------------------------------------------------------------ structure
     @property
@@ -91,6 +103,14 @@ class Tree:
                 parent[self.children[node]] = node
         return parent
 
+    def n_branches(self, node: int) -> int:
+        """Children an internal node's thresholds or values define (a missing-only child comes after them)."""
+        return len(self.split_points[node]) + (1 if self.kind[node] == NUMERIC else 0)
+
+    def missing_only(self, node: int) -> bool:
+        """Whether the node's last child is reached by NaN only."""
+        return self.children[node] is not None and len(self.children[node]) > self.n_branches(node)
+
     # ------------------------------------------------------------------ prediction
     def _route(self, node: int, x: np.ndarray) -> np.ndarray:
         """Child position for each value of x at an internal node; -1 stops at the node."""
@@ -104,10 +124,11 @@ class Tree:
             matched = np.zeros(len(x), dtype=bool)
             matched[inside] = points[pos[inside]] == x[inside]
             pos = np.where(matched, pos, -1)
-        return np.where(missing, -1, pos)
+        return np.where(missing, self.missing[node], pos)
 
     def apply(self, X) -> np.ndarray:
-        """Index of the node each row stops at: a leaf, or the node whose split it cannot follow."""
+        """Index of the node each row stops at: a leaf, or the node whose split it cannot follow (a NaN
+        where the node names no ``missing`` child, a category it has no child for)."""
         X = self._check_X(X)
         out = np.zeros(len(X), dtype=np.int64)
         stack = [(0, np.arange(len(X)))]
@@ -170,6 +191,8 @@ class Tree:
                 entry["feature"] = int(self.feature[node])
                 entry["values"] = [int(v) for v in self.split_points[node]]
                 entry["children"] = [int(c) for c in self.children[node]]
+            if self.kind[node] != LEAF and self.missing[node] >= 0:
+                entry["missing"] = int(self.missing[node])
             nodes.append(entry)
         return {
             "schema": TREE_SCHEMA,
@@ -190,6 +213,7 @@ class Tree:
         validate_tree_dict(payload, **limits)
         nodes = payload["nodes"]
         kind, feature, points, children = [], [], [], []
+        missing = [-1 if entry.get("missing") is None else entry["missing"] for entry in nodes]
         for entry in nodes:
             code = _KIND_CODES[entry["kind"]]
             kind.append(code)
@@ -205,7 +229,7 @@ class Tree:
                 children.append(np.asarray(entry["children"], dtype=np.int64))
         counts = np.asarray([entry["counts"] for entry in nodes], dtype=np.float64)
         return cls(payload["feature_kinds"], payload["n_classes"], kind, feature, points, children,
-                   counts, n_categories=limits.get("n_categories", payload.get("n_categories")))
+                   counts, n_categories=limits.get("n_categories", payload.get("n_categories")), missing=missing)
 
     def __repr__(self) -> str:
         return (f"Tree(n_nodes={self.n_nodes}, n_leaves={self.n_leaves}, depth={self.depth}, "

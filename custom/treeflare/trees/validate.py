@@ -74,14 +74,16 @@ def check_header(payload: dict, schema: str, version: int, *, n_features=None, n
                  error=PayloadError) -> tuple[int, int, list]:
     """The envelope every model payload shares: schema name and version, sizes, feature kinds.
 
-    Returns (n_features, n_classes, feature_kinds); ``n_features``/``n_classes``, when given, must match.
+    ``version`` is the supported version or a tuple of them. Returns (n_features, n_classes,
+    feature_kinds); ``n_features``/``n_classes``, when given, must match.
     """
     err = error
     if payload.get("schema") != schema:
         raise err("schema", f"expected {schema!r}, got {payload.get('schema')!r}")
     got = check_int(payload.get("version"), "version", error=err)
-    if got != version:
-        raise err("version", f"unsupported version {got} (supported: {version})")
+    supported = tuple(version) if isinstance(version, (tuple, list)) else (version,)
+    if got not in supported:
+        raise err("version", f"unsupported version {got} (supported: {', '.join(map(str, supported))})")
     d = check_int(payload.get("n_features"), "n_features", lo=1, hi=DEFAULT_MAX_FEATURES, error=err)
     C = check_int(payload.get("n_classes"), "n_classes", lo=1, hi=DEFAULT_MAX_CLASSES, error=err)
     if n_features is not None and d != n_features:
@@ -106,13 +108,14 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
     declares; ``threshold_bounds`` gives per feature ``(lo, hi)`` (or None) that every numeric
     threshold must lie in.
     """
-    from .tree import TREE_SCHEMA, TREE_SCHEMA_VERSION  # local: tree.py imports this module
+    from .tree import SUPPORTED_TREE_VERSIONS, TREE_SCHEMA  # local: tree.py imports this module
 
     err = TreePayloadError
     if not isinstance(payload, dict):
         raise err("tree", f"expected a dict, got {type(payload).__name__}")
-    d, C, kinds = check_header(payload, TREE_SCHEMA, TREE_SCHEMA_VERSION, n_features=n_features,
+    d, C, kinds = check_header(payload, TREE_SCHEMA, SUPPORTED_TREE_VERSIONS, n_features=n_features,
                                n_classes=n_classes, error=err)
+    routes_missing = payload["version"] >= 2  # version 1 has no missing-value routing
     if feature_kinds is not None and list(kinds) != list(feature_kinds):
         raise err("feature_kinds", "do not match the shared schema")
     n_cats = payload.get("n_categories")
@@ -141,7 +144,7 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
             check_number(value, f"{where}.counts[{c}]", nonnegative=True, error=err)
         kind = node.get("kind")
         if kind == "leaf":
-            extra = {"feature", "thresholds", "values", "children"} & set(node)
+            extra = {"feature", "thresholds", "values", "children", "missing"} & set(node)
             if extra:
                 raise err(where, f"a leaf has no {sorted(extra)}")
             continue
@@ -155,14 +158,14 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
         if kind == "numeric":
             points = check_list(node.get("thresholds"), f"{where}.thresholds",
                                 max_len=DEFAULT_MAX_SPLIT_ARITY, error=err)
-            if not points:
-                raise err(f"{where}.thresholds", "a numeric split needs at least one threshold")
+            if not points and not (routes_missing and len(children) == 2):
+                raise err(f"{where}.thresholds", "a numeric split needs at least one threshold "
+                          "(or none, with a missing-only child)")
             values = [check_number(t, f"{where}.thresholds[{k}]", error=err) for k, t in enumerate(points)]
             bounds = None if threshold_bounds is None else threshold_bounds[f]
             if bounds is not None and not all(bounds[0] <= v <= bounds[1] for v in values):
                 raise err(f"{where}.thresholds", f"outside the range [{bounds[0]}, {bounds[1]}] of feature {f}")
-            if len(children) != len(values) + 1:
-                raise err(f"{where}.children", f"expected {len(values) + 1} children, got {len(children)}")
+            branches = len(values) + 1
         else:
             points = check_list(node.get("values"), f"{where}.values",
                                 max_len=DEFAULT_MAX_SPLIT_ARITY, error=err)
@@ -170,8 +173,8 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
                 raise err(f"{where}.values", "a categorical split needs at least one value")
             hi = None if n_cats[f] is None else n_cats[f] - 1
             values = [check_int(v, f"{where}.values[{k}]", lo=0, hi=hi, error=err) for k, v in enumerate(points)]
-            if len(children) != len(values):
-                raise err(f"{where}.children", f"expected {len(values)} children, got {len(children)}")
+            branches = len(values)
+        _check_missing(node, where, branches, len(children), routes_missing)
         if any(b <= a for a, b in zip(values, values[1:])):
             raise err(f"{where}.{'thresholds' if kind == 'numeric' else 'values'}",
                       "must be strictly increasing")
@@ -186,3 +189,25 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
     orphans = [i for i in range(1, n) if not has_parent[i]]
     if orphans:
         raise err(f"nodes[{orphans[0]}]", "unreachable from the root")
+
+
+def _check_missing(node: dict, where: str, branches: int, n_children: int, routes_missing: bool) -> None:
+    """``missing`` (version 2): a child position; a child beyond the branches is reached by NaN only."""
+    err = TreePayloadError
+    if not routes_missing:
+        if "missing" in node:
+            raise err(f"{where}.missing", "version 1 has no missing-value routing")
+        if n_children != branches:
+            raise err(f"{where}.children", f"expected {branches} children, got {n_children}")
+        return
+    missing = node.get("missing")
+    if n_children not in (branches, branches + 1):
+        raise err(f"{where}.children", f"expected {branches} children (or {branches + 1} with a missing-only "
+                  f"child), got {n_children}")
+    if missing is None:
+        if n_children != branches:
+            raise err(f"{where}.missing", "a missing-only child needs missing to name it")
+        return
+    missing = check_int(missing, f"{where}.missing", lo=0, hi=n_children - 1, error=err)
+    if n_children == branches + 1 and missing != branches:
+        raise err(f"{where}.missing", f"must be {branches}, the missing-only child")
