@@ -25,19 +25,28 @@ def wire(shareable: Shareable) -> Shareable:
 class InProcessRun:
     """Run ``controller`` against one ``ICDTA4FLExecutor`` per site reading ``data_root/<site>/``."""
 
-    def __init__(self, data_root: Path, sites: list[str], executors: dict | None = None):
+    def __init__(self, data_root: Path, sites: list[str], executors: dict | None = None, kits: dict | None = None):
+        """``kits``: site -> its startup kit folder (client.key, client.crt, rootCA.pem); without one a site runs as
+        in the simulator."""
         self.sites = list(sites)
-        # no background randomness: all sites share this one process
-        self.executors = {s: (executors or {}).get(s) or ICDTA4FLExecutor(data_root=str(data_root), precompute_rn=0)
-                          for s in sites}
+        self.executors = {s: (executors or {}).get(s) or ICDTA4FLExecutor(data_root=str(data_root)) for s in sites}
+        self.kits = dict(kits or {})
         self.messages = []  # (direction, site, task name, Shareable as received)
+
+    def site_context(self, site):
+        engine = None
+        if site in self.kits:
+            workspace = SimpleNamespace(get_startup_kit_dir=lambda: str(self.kits[site]))
+            engine = SimpleNamespace(get_workspace=lambda: workspace)
+        return SimpleNamespace(get_identity_name=lambda: site, get_engine=lambda: engine, get_job_id=lambda: "job",
+                               get_prop=lambda key, default=None: default)
 
     def _broadcast(self, task, fl_ctx, targets=None, min_responses=0, abort_signal=None, **kw):
         task.client_tasks = []
         for site in targets:
             data = wire(task.data)
             self.messages.append(("to_site", site, task.name, data))
-            ctx = SimpleNamespace(get_identity_name=lambda s=site: s, get_engine=lambda: None)
+            ctx = self.site_context(site)
             reply = wire(self.executors[site].execute(task.name, data, ctx, None))
             self.messages.append(("to_server", site, task.name, reply))
             task.client_tasks.append(SimpleNamespace(client=SimpleNamespace(name=site), result=reply))

@@ -1,22 +1,25 @@
 """The refinement round: counts summed over sites equal the pooled rows' counts, growth stays within budget and
 never raises training error, candidates come only from what every site has seen, and (protocol, in process,
-through NVFlare's serializer) the server holds ciphertexts and sums, never one site's counts."""
+through NVFlare's serializer) the server holds masked vectors and their sum, never one site's counts; a deviating
+server or site cannot make the job adopt a worse tree."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from icdta4fl_inprocess import InProcessRun, wire
-from treeflare.crypto import secure_sum
-from treeflare.data import load_dataset, prepare_federation, write_federation
+from treeflare.crypto import secagg
+from treeflare.data import DataError, load_dataset, prepare_federation, write_federation
 from treeflare.flare.icdta4fl_controller import ICDTA4FLController
-from treeflare.flare.icdta4fl_executor import REFINE_COUNTS, REFINE_DECRYPT, ICDTA4FLExecutor
+from treeflare.flare.icdta4fl_executor import REFINE_COUNTS, TRAIN, ICDTA4FLExecutor, site_identity
 from treeflare.icdta4fl import aggregate, refine, score_trees, select_trees, train_local_tree
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
+from treeflare.icdta4fl.payloads import feature_totals
 from treeflare.trees.tree import LEAF, NUMERIC, Tree
 
 
@@ -103,41 +106,6 @@ def test_noise_is_centred_clipped_and_refuses_bad_epsilon():
             refine.add_noise(counts, epsilon=bad, sensitivity=2)
 
 
-def test_secure_sum_round_trip_and_refusals():
-    holder = secure_sum.SumKeyHolder(2048)
-    pk = secure_sum.public_key_from_array(holder.public_array())
-    rng = np.random.default_rng(0)
-    vectors = [rng.integers(0, 500, 700) for _ in range(3)]
-    bits = secure_sum.slot_bits_for(1500)
-    arrays = [secure_sum.encrypt_counts(pk, v, bits) for v in vectors]
-    count = secure_sum.n_ciphertexts(700, pk.bits, bits)
-    assert all(a.nbytes == count * pk.ct_bytes for a in arrays)
-    assert not np.array_equal(arrays[0], secure_sum.encrypt_counts(pk, vectors[0], bits))  # fresh randomness
-    total = secure_sum.add_encrypted(pk, arrays, count)
-    assert np.array_equal(holder.decrypt_round(1, total, 700, bits), np.sum(vectors, axis=0))
-    with pytest.raises(ValueError, match="already decrypted"):
-        holder.decrypt_round(1, arrays[0], 700, bits)  # a second decryption in a round: refused
-    with pytest.raises(ValueError, match=r"\[0, 2\^"):
-        secure_sum.encrypt_counts(pk, np.array([1 << bits]), bits)
-    with pytest.raises(ValueError, match="expected"):
-        secure_sum.add_encrypted(pk, [arrays[0][:-1]], count)
-    bad = arrays[0].copy()
-    bad[: pk.ct_bytes] = 0
-    with pytest.raises(ValueError, match="outside the Paillier range"):
-        secure_sum.add_encrypted(pk, [bad], count)
-    with pytest.raises(ValueError, match="bits"):
-        secure_sum.public_key_from_array(np.frombuffer((2 ** 1023 + 1).to_bytes(128, "big"), dtype=np.uint8))
-    with pytest.raises(ValueError):
-        secure_sum.SumKeyHolder(1024)
-    # randomness made ahead is handed out once, and encrypts as well as fresh randomness
-    pool = secure_sum.RandomnessPool(pk, target=6)
-    pool._thread.join(timeout=30)
-    first, second = pool.take(4), pool.take(4)
-    assert len(set(map(int, first + second))) == 8
-    pooled = secure_sum.encrypt_counts(pk, vectors[1], bits, pool)
-    assert np.array_equal(holder.decrypt_round(2, pooled, 700, bits), vectors[1])
-
-
 # -------------------------------------------------------------------------- protocol, in process
 @pytest.fixture(scope="module")
 def car_federation(tmp_path_factory):
@@ -152,59 +120,135 @@ def _controller(fed, root, **refine_params):
                               refine_params=refine_params)
 
 
-def test_protocol_server_sees_ciphertexts_and_sums_never_one_sites_counts(car_federation, tmp_path):
+def _ctx(site, job="job"):
+    return SimpleNamespace(get_identity_name=lambda: site, get_engine=lambda: None, get_job_id=lambda: job)
+
+
+def _site_vectors(fed, task):
+    """What each site masks for a recorded counts task: its count vector, then its rows counted nowhere."""
+    tree = Tree.from_dict(task["tree"])
+    cands = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=tree.feature_kinds)
+    plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=cands)
+    out = []
+    for s in fed.sites.values():
+        v = refine.count_vector(tree, cands, plan, encode(s.train, "cart"), s.train.y_codes())
+        out.append(np.append(v, len(s.train) - feature_totals(v, plan, cands)[0]))
+    return out
+
+
+def test_protocol_server_sees_masked_vectors_and_the_sum_never_one_sites_counts(car_federation, tmp_path):
     fed, root = car_federation
-    # site-2 makes encryption randomness ahead, as sites do by default
-    run = InProcessRun(root, fed.site_names,
-                       executors={"site-2": ICDTA4FLExecutor(data_root=str(root), precompute_rn=8)})
+    run = InProcessRun(root, fed.site_names)
     controller = _controller(fed, root, rounds=2)
     result = run.run(controller, tmp_path / "run")
     assert result["status"] == "completed", result.get("error")
     info = result["refinement"]
-    assert info["status"] == "completed" and info["rounds_done"] == 2 and info["key_holder"] == "site-1"
+    assert info["status"] == "completed" and info["rounds_done"] == 2, info
+    assert info["key_authentication"].startswith("none: keys unauthenticated")  # no kits here, as in the simulator
+    assert all(a["adopted"] for a in info["adoption"]) and len(info["adoption"]) == 2
     assert result["global"]["accuracy"] >= result["one_round"]["accuracy"]
     to_server = [(s, name, m) for d, s, name, m in run.messages if d == "to_server"]
     counts = [(s, m) for s, name, m in to_server if name == REFINE_COUNTS]
     assert len(counts) == 2 * 4
     for site, msg in counts:
         payload = {k: v for k, v in msg.items() if k != "__headers__"}
-        assert set(payload) == {"ciphertexts", "round", "encrypt_s"}
-        assert payload["ciphertexts"].dtype == np.uint8
-    # the plaintext each site encrypted, recomputed here, appears in no message to the server...
+        assert set(payload) == {"masked", "round", "mask_s", "keys_checked"}
+        assert payload["masked"].dtype == np.uint64
     tasks = [m for d, s, name, m in run.messages if d == "to_site" and name == REFINE_COUNTS and s == "site-1"]
-    sums = [m["sums"] for s, name, m in to_server if name == REFINE_DECRYPT]
-    assert len(sums) == 2  # one decryption per round, by the key holder only
-    assert {s for s, name, m in to_server if name == REFINE_DECRYPT} == {"site-1"}
-    def ctx(site):
-        return SimpleNamespace(get_identity_name=lambda: site, get_engine=lambda: None)
-
+    for r, task in enumerate(tasks, start=1):
+        vectors = _site_vectors(fed, task)
+        masked = {s: m["masked"] for s, m in counts if m["round"] == r}
+        # the masks cancel in the sum over all four sites: the server gets the pooled counts...
+        assert np.array_equal(secagg.sum_masked(masked.values()), np.sum(vectors, axis=0))
+        # ...and no site's counts: its masked vector is not them, nor are any three sites' sums theirs
+        for v, s in zip(vectors, fed.site_names):
+            assert not np.array_equal(masked[s].view(np.int64), v)
+            assert np.mean(masked[s].view(np.int64) == v) < 0.01
+        three = secagg.sum_masked([masked[s] for s in fed.site_names[:3]])
+        assert np.mean(three == np.sum(vectors[:3], axis=0)) < 0.01
+        assert [k["site"] for k in task["keys"]] == fed.site_names
     # a curious server that asks again (fresh noise to average, another look) or for a round it never
     # announced gets nothing more: each site answers a round once, and only the rounds announced at training
-    for name, who in ((REFINE_COUNTS, "site-3"), (REFINE_DECRYPT, "site-1")):
-        asked = [m for d, s, n, m in run.messages if d == "to_site" and n == name and s == who]
-        again = run.executors[who].execute(name, wire(asked[0]), ctx(who), None)
-        assert again.get_return_code() != "OK" and "already" in again["error"], again
-        beyond = wire(asked[0])
-        beyond["round"] = 3
-        refused = run.executors[who].execute(name, beyond, ctx(who), None)
-        assert refused.get_return_code() != "OK" and "round: 3 is above 2" in refused["error"], refused
-    for task, decrypted in zip(tasks, sums):
-        tree = Tree.from_dict(task["tree"])
-        cands = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=tree.feature_kinds)
-        plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=cands)
-        site_vectors = [refine.count_vector(tree, cands, plan, encode(s.train, "cart"), s.train.y_codes())
-                        for s in fed.sites.values()]
-        # ...the only plaintext counts the server receives are the sum over all sites
-        assert np.array_equal(decrypted, np.sum(site_vectors, axis=0))
-        for v in site_vectors:
-            for site, msg in counts:
-                assert not any(isinstance(x, np.ndarray) and x.shape == v.shape and np.array_equal(x, v)
-                               for x in msg.values())
-    # the key lives at the key holder only; the server never held a private key
-    assert isinstance(run.executors["site-1"]._key_holder, secure_sum.SumKeyHolder)
-    assert all(run.executors[s]._key_holder is None for s in fed.site_names[1:])
-    assert not any(isinstance(v, secure_sum.SumKeyHolder) or type(v).__name__ == "PaillierPrivateKey"
-                   for v in vars(controller).values())
+    asked = [m for d, s, n, m in run.messages if d == "to_site" and n == REFINE_COUNTS and s == "site-3"]
+    again = run.executors["site-3"].execute(REFINE_COUNTS, wire(asked[0]), _ctx("site-3"), None)
+    assert again.get_return_code() != "OK" and "already" in again["error"], again
+    beyond = wire(asked[0])
+    beyond["round"] = 3
+    refused = run.executors["site-3"].execute(REFINE_COUNTS, beyond, _ctx("site-3"), None)
+    assert refused.get_return_code() != "OK" and "round: 3 is above 2" in refused["error"], refused
+    # no key holder any more: nobody can decrypt anything, the server holds no secret
+    assert not any(isinstance(v, secagg.MaskingKeys) for v in vars(controller).values())
+
+
+def test_a_deviating_server_gets_no_answer_to_a_short_changed_or_noisier_list(car_federation):
+    """Sites check the counts task against their own plan: a list of fewer than 3 sites (2 with noise), one without
+    their own key, noise that was not announced, another participant list in a later round."""
+    fed, root = car_federation
+    run = InProcessRun(root, fed.site_names)
+    result = run.run(_controller(fed, root, rounds=2), Path(root).parent / "deviate")
+    assert result["refinement"]["status"] == "completed"
+    task = next(m for d, s, n, m in run.messages if d == "to_site" and n == REFINE_COUNTS)
+    train = next(m for d, s, n, m in run.messages if d == "to_site" and n == TRAIN)
+    execs = {s: ICDTA4FLExecutor(data_root=str(root)) for s in fed.site_names}
+    keys = {}
+    for s, ex in execs.items():
+        ex.log_info = ex.log_error = lambda *a, **k: None
+        keys[s] = ex.execute(TRAIN, wire(train), _ctx(s), None)["refine_key"]
+
+    def ask(site, **changes):
+        t = wire(task)
+        t["keys"] = [keys[s] for s in fed.site_names]
+        t.update(changes)
+        return execs[site].execute(REFINE_COUNTS, t, _ctx(site), None)
+
+    short = ask("site-1", keys=[keys["site-1"], keys["site-2"]])
+    assert short.get_return_code() != "OK" and "at least 3" in short["error"], short
+    other = dict(keys["site-1"], public_key=keys["site-2"]["public_key"])
+    changed = ask("site-1", keys=[other, *[keys[s] for s in fed.site_names[1:]]])
+    assert changed.get_return_code() != "OK" and "same public key" in changed["error"], changed
+    missing = ask("site-1", keys=[keys[s] for s in fed.site_names[1:]])
+    assert missing.get_return_code() != "OK" and "own key is missing" in missing["error"], missing
+    noisy = ask("site-1", epsilon=50.0, keys=[keys["site-1"], keys["site-2"]])  # noise buys a 2-site sum: refused
+    assert noisy.get_return_code() != "OK" and "epsilon" in noisy["error"], noisy
+    assert ask("site-1").get_return_code() == "OK"
+    later = ask("site-1", round=2, keys=[keys[s] for s in fed.site_names[:3]])  # a sum over fewer, to difference
+    assert later.get_return_code() != "OK" and "first round" in later["error"], later
+    # a job with no startup kit outside the simulator: the site refuses to announce an unsigned key
+    engine = SimpleNamespace(get_workspace=lambda: SimpleNamespace(get_startup_kit_dir=lambda: str(root)))
+    ctx = SimpleNamespace(get_identity_name=lambda: "site-1", get_engine=lambda: engine, get_job_id=lambda: "job",
+                          get_prop=lambda key, default=None: False)
+    with pytest.raises(DataError, match="startup kit has no client.key"):
+        site_identity(ctx, "site-1")
+
+
+def test_with_kits_a_substituted_key_stops_the_round_and_the_previous_tree_stays(car_federation, tmp_path):
+    """Startup kits in process: every key is signed and every site checks every certificate. A server that swaps
+    one site's key for its own gets no masked vector from anyone; the one-round result stands."""
+    from test_secagg import make_ca, write_kit
+
+    fed, root = car_federation
+    ca = make_ca()
+    kits = {s: write_kit(tmp_path / "kits" / s, s, ca) for s in fed.site_names}
+    honest = InProcessRun(root, fed.site_names, kits=kits).run(_controller(fed, root), tmp_path / "honest")
+    assert honest["refinement"]["status"] == "completed", honest["refinement"]
+    assert honest["refinement"]["key_authentication"].startswith("certificates")
+
+    class SwappingServer(ICDTA4FLController):
+        def _refine_round(self, r, tree, candidates, budget, contributors, records, *args, **kw):
+            forged = secagg.MaskingKeys("site-2", "job").record()  # the server knows this key's secret
+            records = {**records, "site-2": dict(records["site-2"], public_key=forged["public_key"])}
+            return super()._refine_round(r, tree, candidates, budget, contributors, records, *args, **kw)
+
+    c = SwappingServer(schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 4}, min_clients=2,
+                       server_test=str(root / "server" / "test.csv"))
+    run = InProcessRun(root, fed.site_names, kits=kits)
+    result = run.run(c, tmp_path / "swap")
+    assert result["status"] == "completed"
+    assert result["refinement"]["status"].startswith("stopped at round 1: ") and \
+        result["refinement"]["rounds_done"] == 0, result["refinement"]
+    for s in fed.site_names:
+        assert "signature does not cover" in result["dropped_sites"][s], result["dropped_sites"]
+    assert not [m for d, s, n, m in run.messages if d == "to_server" and n == REFINE_COUNTS and "masked" in m]
 
 
 def test_refine_rounds_0_is_the_papers_one_round_method(car_federation, tmp_path):
@@ -212,7 +256,7 @@ def test_refine_rounds_0_is_the_papers_one_round_method(car_federation, tmp_path
     run = InProcessRun(root, fed.site_names)
     result = run.run(_controller(fed, root, rounds=0), tmp_path / "run")
     assert result["status"] == "completed" and "refinement" not in result
-    assert not any(name in (REFINE_COUNTS, REFINE_DECRYPT) for _, _, name, _ in run.messages)
+    assert not any(name == REFINE_COUNTS for _, _, name, _ in run.messages)
     # the same steps in process give the same tree
     names, kinds, n_cat = feature_space(fed.schema, "cart")
     sites = [fed.sites[s] for s in fed.site_names]
@@ -234,22 +278,104 @@ def test_two_sites_without_noise_are_not_refined_and_say_why(tmp_path):
     assert result["status"] == "completed"
     assert result["refinement"]["status"].startswith("skipped: 2 sites")
     noisy = InProcessRun(root, fed.site_names).run(_controller(fed, root, epsilon=5.0), tmp_path / "run2")
-    assert noisy["refinement"]["status"] == "completed" and noisy["refinement"]["epsilon"] == 5.0
+    # with noise two sites do mask and sum (the refined tree is then adopted only if it validates no worse)
+    assert len(noisy["refinement"]["adoption"]) == 1 and noisy["refinement"]["epsilon"] == 5.0, noisy["refinement"]
+    assert noisy["refinement"]["status"] == "completed" or "not adopted" in noisy["refinement"]["status"]
 
 
-def test_a_key_holder_that_fails_leaves_the_one_round_result(car_federation, tmp_path):
+def test_a_site_that_drops_after_masking_fails_the_round_cleanly(car_federation, tmp_path):
+    """No single site's loss disables refinement before masking; a listed site lost after masking leaves the sum
+    masked: the round stops with the reason, the previous tree stays, and the job completes."""
     fed, root = car_federation
 
     class Broken(ICDTA4FLExecutor):
-        def _refine_decrypt(self, task):
+        def _refine_counts(self, task):
             raise ValueError("disk full")
 
-    run = InProcessRun(root, fed.site_names, executors={"site-1": Broken(data_root=str(root), precompute_rn=0)})
+    run = InProcessRun(root, fed.site_names, executors={"site-1": Broken(data_root=str(root))})
     result = run.run(_controller(fed, root), tmp_path / "run")
     assert result["status"] == "completed"
-    assert result["refinement"]["status"].startswith("stopped at round 1: the key holder did not decrypt")
+    status = result["refinement"]["status"]
+    assert status.startswith("stopped at round 1: site-1 sent no valid masked counts") and "no secret-sharing" in status
     reason = result["dropped_sites"]["site-1"]
     assert "ValueError" in reason and "disk full" not in reason  # the detail stays in the site's own log
+    assert result["global"]["accuracy"] == result["one_round"]["accuracy"] or \
+        result["refinement"]["start"].startswith("best selected local tree")
+
+
+class _Relabelling(ICDTA4FLExecutor):
+    """Issue 19 item 2's attack: a site relabels all its counts to class 0 and multiplies them (test only)."""
+
+    def __init__(self, factor, **kw):
+        super().__init__(**kw)
+        self.factor = factor
+
+    def _counts(self, tree, candidates, plan, X, y):
+        return super()._counts(tree, candidates, plan, X, np.zeros_like(y)) * self.factor
+
+
+@pytest.fixture(scope="module")
+def nursery_federation(tmp_path_factory):
+    fed = prepare_federation(load_dataset("nursery"), n_sites=4, kind="iid", seed=0)
+    return fed, write_federation(fed, tmp_path_factory.mktemp("nursery") / "data")
+
+
+@pytest.mark.parametrize("epsilon, factor", [(None, 43), (5.0, 43), (5.0, 4)])
+def test_one_site_cannot_wreck_the_refined_tree(nursery_federation, tmp_path, epsilon, factor):
+    """Nursery, 4 IID sites, one relabels its counts to class 0 x 43 (it used to pass, carrying ~89k rows against
+    ~2k declared, and global accuracy fell from 0.88 to 0.33). The sum's rows give it away (with noise, within the
+    noise bound); x 4 with noise stays within that looser bound, and the refined tree's validation score keeps
+    it out."""
+    fed, root = nursery_federation
+    run = InProcessRun(root, fed.site_names, executors={"site-4": _Relabelling(factor, data_root=str(root))})
+    params = {"epsilon": epsilon} if epsilon else {}
+    result = run.run(_controller(fed, root, **params), tmp_path / "run")
+    assert result["status"] == "completed", result.get("error")
+    info = result["refinement"]
+    if factor == 43:
+        assert info["status"].startswith("stopped at round 1: the summed counts are refused"), info["status"]
+        assert "declared by the sites" in info["status"]
+    else:
+        assert info["status"].startswith("stopped at round 1: the refined tree was not adopted"), info["status"]
+        assert info["adoption"][0]["adopted"] is False and "not adopted: pooled validation accuracy" in \
+            info["adoption"][0]["why"]
+    assert info["rounds_done"] == 0
+    assert result["global"]["accuracy"] > 0.85, result["global"]  # the start tree, not a wrecked one
+
+
+def test_adopt_refined_compares_the_pooled_validation_score():
+    prev = {"a": {"accuracy": 0.9, "macro_f1": 0.5}, "b": {"accuracy": 0.8, "macro_f1": 0.7}}
+    new = {"a": {"accuracy": 0.7, "macro_f1": 0.6}, "b": {"accuracy": 0.95, "macro_f1": 0.7}}
+    # weighted by validation rows: b's 300 rows outweigh a's 100
+    ok, why = refine.adopt_refined(new, prev, {"a": 100, "b": 300})
+    assert ok and why.startswith("adopted: pooled validation accuracy 0.8875 (refined) against 0.8250")
+    ok, why = refine.adopt_refined(new, prev, {"a": 300, "b": 100})
+    assert not ok and "not adopted" in why
+    assert refine.adopt_refined(new, prev, {"a": 300, "b": 100}, objective="balanced")[0]  # macro-F1 0.625 > 0.55
+    assert refine.adopt_refined(prev, prev, {"a": 1, "b": 1})[0]  # at least as good: kept
+    assert not refine.adopt_refined({}, prev, {"a": 1})[0]
+
+
+def test_in_process_refinement_applies_the_same_adopt_check(nursery):
+    """pipeline.refine_in_process (the benchmark's path) keeps the previous tree when the refined one scores lower
+    on the sites' validation rows."""
+    from treeflare.icdta4fl import pipeline
+
+    sites = [{"X_train": X, "y_train": y, "X_test": Xt, "y_test": yt} for X, y, Xt, yt in nursery["sites"]]
+    reports = [score_trees(nursery["trees"], s["X_test"], s["y_test"]) for s in sites]
+    acc, f1 = np.array([r["accuracy"] for r in reports]), np.array([r["macro_f1"] for r in reports])
+    selected, _ = select_trees(acc, f1)
+    args = dict(acc=acc, f1=f1, rounds=2)
+    honest = pipeline.refine_in_process(nursery["model"], nursery["trees"], selected, nursery["stats"], sites, **args)
+    assert [a["adopted"] for a in honest["adoption"]][0] is True
+    # a site whose counts are all class 0, many times over: the refined tree is not adopted
+    wrecked = [dict(s) for s in sites]
+    wrecked[3]["X_train"] = np.repeat(sites[3]["X_train"], 43, axis=0)
+    wrecked[3]["y_train"] = np.zeros(len(wrecked[3]["X_train"]), dtype=np.int64)
+    out = pipeline.refine_in_process(nursery["model"], nursery["trees"], selected, nursery["stats"], wrecked, **args)
+    assert out["adoption"][0]["adopted"] is False and not out["history"][0]["adopted"]
+    start = nursery["model"].tree_ if out["start"] == "one_round" else nursery["trees"][out["start"]]
+    assert out["tree"].to_dict() == start.to_dict()
 
 
 def test_credit_case_no_longer_collapses_to_two_leaves(tmp_path):

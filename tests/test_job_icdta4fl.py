@@ -45,10 +45,11 @@ def test_report_content(car_run):
     assert set(b) == {"centralized", "mean_local", "best_local"}
     assert b["best_local"]["macro_f1"] >= b["mean_local"]["macro_f1"]
     assert abs(b["centralized"]["accuracy"] - g["accuracy"]) < 0.15
-    # the default refinement round ran on the 3 sites' encrypted counts, and the paper's tree is kept beside it
+    # the default refinement round ran on the 3 sites' masked counts, and the paper's tree is kept beside it
     r = report["refinement"]
-    assert r["status"] == "completed" and r["rounds_done"] == 1 and r["key_holder"] == "site-1"
+    assert r["status"] == "completed" and r["rounds_done"] == 1 and r["adoption"][0]["adopted"]
     assert r["history"][0]["sites"] == 3 and r["history"][0]["bytes_per_site"] > 0
+    assert r["key_authentication"].startswith("none: keys unauthenticated")  # the simulator has no startup kits
     one = report["one_round"]
     assert one["n_leaves"] >= 1 and 0.7 < one["accuracy"] <= 1
     assert g["accuracy"] >= one["accuracy"] - 0.02  # more data behind every leaf; held-out noise aside
@@ -57,7 +58,7 @@ def test_report_content(car_run):
     assert str(ws / "report.json") in proc.stdout
     # progress lines, printed while FLARE ran (--progress: stdout is not a terminal here), before the table
     for line in ("local training: 3/3 sites replied", "peer scoring: 3/3 sites replied", "aggregation: ",
-                 "refinement round 1: encrypted counts: 3/3 sites replied", "refinement round 1/1: "):
+                 "refinement round 1: masked counts: 3/3 sites replied", "refinement round 1/1: "):
         assert line in proc.stdout, line
     assert proc.stdout.index("local training: 3/3") < proc.stdout.index("model (global test set)")
 

@@ -33,7 +33,6 @@ import sys
 import threading
 import warnings
 
-from .crypto.secure_sum import MAX_KEY_BITS, MIN_KEY_BITS
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
 from .data.csv_io import check_levels
 from .data.discovery import DEFAULT_MIN_CATEGORY_ROWS
@@ -238,9 +237,6 @@ ARG_RULES = {
     "precision": _integer(8, 60), "workers": _integer(0), "min_category_rows": _integer(1),
     # ICDTA4FL refinement
     "refine_rounds": _integer(0, MAX_REFINE_ROUNDS), "refine_epsilon": _number(0, above=True),
-    "refine_key_bits": ((lambda v: _integer(MIN_KEY_BITS, MAX_KEY_BITS)[0](v) and v % 2 == 0),
-                        f"an even integer in [{MIN_KEY_BITS}, {MAX_KEY_BITS}] ({MAX_KEY_BITS}-bit keys take about a "
-                        "minute to generate)"),
 }
 OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees", "refine_epsilon", "min_category_rows"}
 OPTION_NAMES = {"reg_lambda": "--lambda"}

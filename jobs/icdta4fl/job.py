@@ -1,6 +1,7 @@
 """ICDTA4FL on NVFlare: local ID3/CART trees, peer evaluation, filtering, rule aggregation into one
 interpretable global tree (the paper's single round), then refinement rounds on class counts summed over
-every site under Paillier encryption (--refine-rounds, default 1; 0 = the paper's method alone).
+every site, pairwise-masked so that the server reads only the sum (--refine-rounds, default 1; 0 = the
+paper's method alone).
 
     python jobs/icdta4fl/job.py --algorithm cart --dataset nursery --sites 5 --workspace /tmp/icdta4fl
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from treeflare.cli import (add_data_args, add_partition_args, add_schema_args, check_args, load_table, main_guard,
                            prepare_from_args, schema_source)
-from treeflare.data import DataError, Schema, read_site, read_site_csv, site_name, write_federation
+from treeflare.data import Schema, read_site, read_site_csv, site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.icdta4fl import pipeline
 from treeflare.icdta4fl.encoding import encode, feature_space
@@ -60,10 +61,6 @@ def parse_args(argv=None):
     r.add_argument("--refine-epsilon", type=float, default=None, metavar="E",
                    help="differential privacy: each site adds discrete Laplace noise to its counts, epsilon E per "
                         "round (default: no noise)")
-    r.add_argument("--refine-key-bits", type=int, default=2048, metavar="BITS",
-                   help="Paillier key size of the refinement (2048-4096, default 2048)")
-    r.add_argument("--refine-key-holder", default=None, metavar="SITE",
-                   help="the site that holds the key and decrypts only the sums (default: the first site)")
     g.add_argument("--min-clients", type=int, default=2, help="fewest valid sites the job goes on with")
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has per task")
     g.add_argument("--data-root", default=None,
@@ -97,8 +94,7 @@ def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str])
         min_clients=args.min_clients, task_timeout=args.task_timeout,
         server_test=str(server_test) if server_test and server_test.is_file() else "",
         job_info={"dataset": fed_summary["dataset"], "partition": fed_summary["partition"]},
-        refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon,
-                       "key_bits": args.refine_key_bits, "key_holder": args.refine_key_holder},
+        refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon},
     ), id="icdta4fl_controller")
     job.to_server(ProgressReporter(), id=PROGRESS_ID)  # phase lines the job script prints while FLARE runs
     job.to_clients(ICDTA4FLExecutor(data_root=str(data_root) if data_root else ""), tasks=TASKS)
@@ -145,7 +141,7 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "params": {"max_depth": args.max_depth, "criterion": args.criterion, "statistic": args.statistic,
                    "percentile": args.percentile, "max_leaves": args.max_leaves,
                    "global_max_depth": args.global_max_depth, "refine_rounds": args.refine_rounds,
-                   "refine_epsilon": args.refine_epsilon, "refine_key_bits": args.refine_key_bits, "env": args.env},
+                   "refine_epsilon": args.refine_epsilon, "env": args.env},
         "timings_s": {**server["timings_s"], **timings},
     }
     return report
@@ -197,9 +193,6 @@ def main(argv=None) -> int:
         data_dir = write_federation(fed, workspace / "data", overwrite=True)
     else:
         sites, schema, summary = [site_name(i) for i in range(args.sites)], None, None
-    if args.refine_rounds and args.refine_key_holder and args.refine_key_holder not in sites:
-        raise DataError(f"--refine-key-holder {args.refine_key_holder!r} is not one of the sites "
-                        f"({', '.join(sites)})")
     timings["prepare_data"] = time.perf_counter() - t
     data_root = Path(args.data_root) if args.data_root else data_dir
 

@@ -2,12 +2,14 @@
 
 train -> every tree to every site -> peer scores -> filter -> aggregate (the paper's one-round tree)
 -> [refinement: the one-round tree scored by the sites; the better of it and the best selected local tree
-    is grown on class counts summed over all sites, encrypted so that the server learns only the sums]
+    is grown on class counts summed over all sites, pairwise-masked so that the server learns only the sums,
+    and adopted only if it scores at least as well on the sites' validation rows]
 -> global tree to every site -> global evaluation.
 
 Each reply is validated against the server's own schema; a site whose reply is missing or invalid is dropped
 with its reason, and the job goes on while at least ``min_clients`` sites remain. A refinement round that
-cannot complete (the key holder gone, inconsistent sums) keeps the tree of the round before, with the reason.
+cannot complete (a listed site gone after masking, a sum that does not hold the declared rows, a refined tree
+that scores lower) keeps the tree of the round before, with the reason.
 
 (Over 400 lines: one workflow's phases share the reply checks and the drop-a-site bookkeeping; the
 algorithms themselves live in the pure ``icdta4fl`` modules.)
@@ -23,24 +25,24 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
-from ..crypto import secure_sum
+from ..crypto import secagg
 from ..data import DataError, Schema, read_site_csv
 from ..data.federation import natural_key
 from ..icdta4fl import pipeline, refine
 from ..icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
 from ..icdta4fl.model import GlobalTree
-from ..icdta4fl.payloads import (check_counts_reply, check_global_reply, check_scores_reply, check_sums_reply,
-                                 check_train_reply)
+from ..icdta4fl.payloads import (check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
+                                 check_summed_rows, check_train_reply, feature_totals)
 from ..reporting import write_text_atomic
 from ..trees.validate import PayloadError
-from .icdta4fl_executor import REFINE_COUNTS, REFINE_DECRYPT, SCORE_GLOBAL, SCORE_TREES, TRAIN
+from .icdta4fl_executor import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
 from .progress import PROGRESS_ID
 from .workflow import JobFailed, ResultWorkflow
 
 RESULT_FILE = "icdta4fl_result.json"
 PHASES = {TRAIN: "local training", SCORE_TREES: "peer scoring", SCORE_GLOBAL: "global evaluation",
-          REFINE_COUNTS: "encrypted counts", REFINE_DECRYPT: "decrypting the sum"}
-DEFAULT_REFINE = {"rounds": 1, "key_bits": 2048, "epsilon": None, "key_holder": None}
+          REFINE_COUNTS: "masked counts"}
+DEFAULT_REFINE = {"rounds": 1, "epsilon": None}
 
 
 class ICDTA4FLController(ResultWorkflow):
@@ -62,9 +64,8 @@ class ICDTA4FLController(ResultWorkflow):
             task_timeout: seconds each site has per task.
             server_test: the server's own global test CSV (optional), for global metrics.
             job_info: free-form facts copied into the result (dataset, partition).
-            refine_params: refinement rounds (``rounds``, 0 = the paper's one-round method), Paillier
-                ``key_bits``, optional differential-privacy ``epsilon`` per round, ``key_holder`` site
-                (default: the first site in natural order).
+            refine_params: refinement rounds (``rounds``, 0 = the paper's one-round method) and optional
+                differential-privacy ``epsilon`` per round.
         """
         super().__init__()
         # NVFlare writes the job config from attributes named like the arguments: keep those as given.
@@ -99,16 +100,15 @@ class ICDTA4FLController(ResultWorkflow):
         if len(sites) < self.min_clients:
             raise JobFailed(f"{len(sites)} sites connected, min_clients is {self.min_clients}")
         rounds = self._refine["rounds"]
-        key_holder = self._refine["key_holder"] or sites[0]
 
         t = time.perf_counter()
         task = {"schema": self._schema.to_dict(), "algorithm": self.algorithm, "params": self.local_params}
         if rounds:
-            # the rounds are announced up front: a site answers each round number once, and none beyond them
-            task["refine"] = {"key_holder": key_holder, "key_bits": self._refine["key_bits"], "rounds": rounds}
+            # the rounds and the noise are announced up front: a site answers each round number once, none beyond
+            # them, and only with this noise; each site answers with its signed masking key
+            task["refine"] = {"rounds": rounds, "epsilon": self._refine["epsilon"]}
         trained = self._ask(TRAIN, task, sites, result, abort_signal, fl_ctx,
-                            lambda r: {**check_train_reply(r, limits=self.limits),
-                                       "public_key": r.get("refine_public_key")})
+                            lambda r: {**check_train_reply(r, limits=self.limits), "refine_key": r.get("refine_key")})
         timings["local_training"] = time.perf_counter() - t
         sites = sorted(trained, key=natural_key)
         trees = [trained[s]["tree"] for s in sites]
@@ -116,13 +116,6 @@ class ICDTA4FLController(ResultWorkflow):
         t = time.perf_counter()
         tree_dicts = [tr.to_dict() for tr in trees]
         score_task = {"trees": tree_dicts, "owners": sites}
-        public_key = trained.get(key_holder, {}).get("public_key") if rounds else None
-        try:
-            if public_key is not None:  # sites start their encryption randomness while they score
-                secure_sum.public_key_from_array(public_key)
-                score_task["refine_public_key"] = public_key
-        except ValueError:
-            pass  # the refinement step reports why it is skipped
         scores = self._ask(SCORE_TREES, score_task, sites, result, abort_signal, fl_ctx,
                            lambda r: check_scores_reply(r, len(trees)))
         timings["peer_evaluation"] = time.perf_counter() - t
@@ -153,8 +146,8 @@ class ICDTA4FLController(ResultWorkflow):
         one_round = model
         result["one_round"] = self._tree_summary(one_round.tree_, server_test, n_rules=stats.get("n_rules"))
         if rounds:
-            model = self._refinement(one_round, trees, selected, sites, scorers, acc, f1, trained, key_holder,
-                                     stats, server_test, result, abort_signal, fl_ctx)
+            model = self._refinement(one_round, trees, selected, sites, scorers, acc, f1, trained, stats,
+                                     server_test, result, abort_signal, fl_ctx)
             one_round.save_json(run_dir / "global_tree_one_round.json")
         model.save_json(run_dir / "global_tree.json")
         write_text_atomic(run_dir / "rules.txt", model.export_text())
@@ -176,12 +169,16 @@ class ICDTA4FLController(ResultWorkflow):
             self._server_metrics(result, model, trees, sites, server_test)
 
     # -- refinement --------------------------------------------------------------------------
-    def _refinement(self, one_round, trees, selected, sites, scorers, acc, f1, trained, key_holder, stats,
-                    server_test, result, abort_signal, fl_ctx) -> GlobalTree:
-        """Never worse than the pieces, then grown on protected summed counts. Returns the final model."""
+    def _refinement(self, one_round, trees, selected, sites, scorers, acc, f1, trained, stats, server_test, result,
+                    abort_signal, fl_ctx) -> GlobalTree:
+        """Never worse than the pieces, then grown on masked summed counts; a refined tree is adopted only if it
+        scores at least as well on the sites' validation rows. Returns the final model."""
         timings = result["timings_s"]
-        info = {"rounds_requested": self._refine["rounds"], "key_holder": key_holder,
-                "key_bits": self._refine["key_bits"], "epsilon": self._refine["epsilon"], "history": []}
+        eps = self._refine["epsilon"]
+        objective = self._refine.get("objective", "accuracy")
+        info = {"rounds_requested": self._refine["rounds"], "epsilon": eps,
+                "aggregation": "pairwise-masked sum mod 2^64 (X25519, HKDF-SHA256, ChaCha20)",
+                "key_authentication": None, "history": [], "adoption": []}
         result["refinement"] = info
         # 1. the one-round tree against the selected local trees, on the sites' own validation data
         t = time.perf_counter()
@@ -194,95 +191,122 @@ class ICDTA4FLController(ResultWorkflow):
         info["validation"] = {"one_round": merged}
         if best is None:
             start, info["start"] = one_round.tree_, f"one-round tree ({why})"
+            previous = {s: checked[s] for s in checked}
         else:
             start, info["start"] = trees[best], f"best selected local tree, {sites[best]} ({why})"
+            previous = {s: {"accuracy": acc[i][best], "macro_f1": f1[i][best]} for i, s in enumerate(scorers)}
         timings["refine_check"] = time.perf_counter() - t
         model = GlobalTree(start, list(self._schema.classes), self.names, self.category_names,
                            data_schema=self._schema, encoding=self.algorithm)
 
-        # 2. the rounds
-        contributors = [s for s in sites if s in checked]
-        eps = self._refine["epsilon"]
-        if key_holder not in trained or trained[key_holder].get("public_key") is None:
-            info["status"] = f"skipped: key holder {key_holder} did not return a public key"
-            return model
+        # 2. who masks: the sites that scored, with a well-formed key (every site checks the signatures itself)
+        records, excluded = {}, {}
+        for s in sites:
+            if s not in checked:
+                continue
+            try:
+                record = check_key_reply(trained[s].get("refine_key"), s)
+            except PayloadError as exc:
+                excluded[s] = str(exc)
+                continue
+            if record is None:
+                excluded[s] = "sent no refinement key"
+            else:
+                records[s] = record
+        if excluded:
+            info["excluded_sites"] = excluded
+        contributors = sorted(records, key=natural_key)
         if len(contributors) < (2 if eps is not None else 3):
-            info["status"] = (f"skipped: {len(contributors)} sites; without --refine-epsilon the key holder would "
-                              f"learn the other site's counts from a sum of two")
+            info["status"] = (f"skipped: {len(contributors)} sites with a refinement key; a site masks only in a sum "
+                              f"of at least 3 (2 with --refine-epsilon): from fewer, the others' counts follow from "
+                              f"the sum and its own")
             return model
-        try:
-            pk = secure_sum.public_key_from_array(trained[key_holder]["public_key"])
-        except ValueError as exc:
-            info["status"] = f"skipped: the key holder's public key is invalid: {exc}"
-            return model
-        info["key_fingerprint"] = pk.fingerprint()
         candidates = refine.candidates_from_trees(trees, feature_kinds=self.kinds, n_categories=self.n_categories,
                                                   bounds=threshold_bounds(self._schema, self.algorithm))
         budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
+        weights = {s: trained[s]["n_test"] for s in sites}
         tree = start
         info["status"] = "completed"
         for r in range(1, self._refine["rounds"] + 1):
             t = time.perf_counter()
+            left = [s for s in contributors if s in result["dropped_sites"]]
+            if left:  # sites mask only with the first round's participants (a sum over fewer would be differenced)
+                info["status"] = f"stopped at round {r}: {', '.join(left)} left after round {r - 1}"
+                break
             try:
-                tree, entry = self._refine_round(r, tree, candidates, budget, pk, contributors, trained, key_holder,
-                                                 result, abort_signal, fl_ctx)
+                grown, entry = self._refine_round(r, tree, candidates, budget, contributors, records, trained, info,
+                                                  result, abort_signal, fl_ctx)
+                scored = self._ask(SCORE_GLOBAL, {"tree": grown.to_dict()}, sites, result, abort_signal, fl_ctx,
+                                   check_global_reply, required=1,
+                                   phase=f"refinement round {r}: refined tree on the sites' validation rows")
             except _RoundFailed as exc:
                 info["status"] = f"stopped at round {r}: {exc}"
                 break
+            except JobFailed as exc:
+                info["status"] = f"stopped at round {r}: the refined tree could not be scored ({exc})"
+                break
+            adopt, why = refine.adopt_refined(scored, previous, weights, objective)
+            info["adoption"].append({"round": r, "adopted": adopt, "why": why})
             entry["seconds"] = time.perf_counter() - t
+            if not adopt:  # a worse tree (say, from one site's relabelled counts) never replaces the previous one
+                info["status"] = f"stopped at round {r}: the refined tree was not adopted ({why})"
+                info["not_adopted"] = entry
+                break
+            tree, previous = grown, scored
             if server_test is not None:
                 entry["accuracy"] = float(np.mean(tree.predict(server_test[0]) == server_test[1]))
             info["history"].append(entry)
-            acc = f", test accuracy {entry['accuracy']:.4f}" if "accuracy" in entry else ""
+            acc_text = f", test accuracy {entry['accuracy']:.4f}" if "accuracy" in entry else ""
             self._progress(fl_ctx, f"refinement round {r}/{self._refine['rounds']}: {entry['n_leaves']} leaves, "
-                                   f"depth {entry['depth']}{acc} ({entry['seconds']:.1f} s)")
-            contributors = [s for s in contributors if s not in result["dropped_sites"]]
+                                   f"depth {entry['depth']}{acc_text} ({entry['seconds']:.1f} s)")
         info["rounds_done"] = len(info["history"])
         timings["refinement"] = sum(h["seconds"] for h in info["history"])
         return GlobalTree(tree, list(self._schema.classes), self.names, self.category_names,
                           info={"refinement_rounds": info["rounds_done"], "start": info["start"]},
                           data_schema=self._schema, encoding=self.algorithm)
 
-    def _refine_round(self, r, tree, candidates, budget, pk, contributors, trained, key_holder, result,
-                      abort_signal, fl_ctx):
+    def _refine_round(self, r, tree, candidates, budget, contributors, records, trained, info, result, abort_signal,
+                      fl_ctx):
+        """One round: every listed site's masked counts, summed; the sum must hold exactly the declared rows."""
         plan = refine.plan_round(tree, candidates, budget["max_depth"])
         eps = self._refine["epsilon"]
-        sensitivity = max(candidates.n_features, 1)
-        bound = refine.noise_bound(eps, sensitivity) if eps is not None else 0
-        max_sum = sum(trained[s]["n_train"] + 2 * bound for s in contributors)
-        slot_bits = secure_sum.slot_bits_for(max_sum)
-        n_ct = secure_sum.n_ciphertexts(plan.n_values, pk.bits, slot_bits)
-        task = {"tree": tree.to_dict(), "candidates": candidates.to_dict(), "plan": plan.to_dict(),
-                "public_key": secure_sum.public_key_to_array(pk), "slot_bits": slot_bits, "round": r,
-                "epsilon": eps}
+        n_values = plan.n_values + 1  # and the rows that stop at an internal node
+        task = {"tree": tree.to_dict(), "candidates": candidates.to_dict(), "plan": plan.to_dict(), "round": r,
+                "epsilon": eps, "keys": [records[s] for s in contributors]}
         t = time.perf_counter()
         try:
             replies = self._ask(REFINE_COUNTS, task, contributors, result, abort_signal, fl_ctx,
-                                lambda rep: check_counts_reply(rep, pk=pk, n_ciphertexts=n_ct, round_no=r))
-        except JobFailed as exc:
-            raise _RoundFailed(str(exc)) from None
-        counted = sorted(replies, key=natural_key)
-        if key_holder not in counted:
-            raise _RoundFailed(f"the key holder {key_holder} sent no counts")
-        summed = secure_sum.sum_ciphertexts(pk, [replies[s]["ciphertexts"] for s in counted])
-        t_counts = time.perf_counter() - t
-        t = time.perf_counter()
-        decrypt = {"ciphertexts": summed, "n_values": plan.n_values, "slot_bits": slot_bits, "round": r,
-                   "n_contributors": len(counted), "epsilon": eps}
+                                lambda rep: check_counts_reply(rep, n_values=n_values, round_no=r),
+                                required=len(contributors))
+        except JobFailed:
+            missing = [s for s in contributors if s in result["dropped_sites"]]
+            raise _RoundFailed(f"{', '.join(missing)} sent no valid masked counts; the masks cancel only in the sum "
+                               f"over every listed site (no secret-sharing recovery, by design), so the sum is "
+                               f"unreadable") from None
+        checked = {replies[s]["keys_checked"] for s in contributors}
+        info["key_authentication"] = (
+            "certificates: every site checked every key's certificate against its own rootCA.pem"
+            if checked == {"certificates"} else "none: keys unauthenticated (no startup kits, as in the simulator); "
+                                                "a deviating server could substitute keys and unmask a site")
+        values = secagg.sum_masked([replies[s]["masked"] for s in contributors]).astype(np.float64)
+        declared = sum(trained[s]["n_train"] for s in contributors)
+        tolerance = 0.0
+        if eps is not None:  # every value of every site carries noise of at most `bound`
+            bound = refine.noise_bound(eps, max(candidates.n_features, 1))
+            widest = max([candidates.n_cells(j) for j in range(candidates.n_features)] or [0])
+            per_total = (len(plan.split_leaves) * widest + len(plan.count_leaves)) * plan.n_classes + 1
+            tolerance = float(len(contributors) * bound * per_total)
         try:
-            sums = self._ask(REFINE_DECRYPT, decrypt, [key_holder], result, abort_signal, fl_ctx,
-                             lambda rep: check_sums_reply(rep, n_values=plan.n_values, slot_bits=slot_bits,
-                                                          round_no=r), required=1)[key_holder]["sums"]
-        except JobFailed as exc:
-            raise _RoundFailed(f"the key holder did not decrypt the sum ({exc})") from None
-        values = sums.astype(np.float64) - len(counted) * bound
-        if eps is None and not _consistent(values, plan, candidates):
+            check_summed_rows(values, plan, candidates, declared_rows=declared, tolerance=tolerance)
+        except PayloadError as exc:
+            raise _RoundFailed(f"the summed counts are refused: {exc}") from None
+        if eps is None and not _consistent(values[:-1], plan, candidates):
             raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
-        new_tree, stats = refine.refine_tree(tree, candidates, plan, values, **budget)
-        entry = {"round": r, "sites": len(counted), "n_values": plan.n_values, "n_ciphertexts": n_ct,
-                 "slot_bits": slot_bits, "bytes_per_site": int(n_ct * pk.ct_bytes),
-                 "site_encrypt_s_max": max(replies[s]["encrypt_s"] for s in counted),
-                 "counts_s": t_counts, "decrypt_s": time.perf_counter() - t, **stats}
+        t_counts = time.perf_counter() - t
+        new_tree, stats = refine.refine_tree(tree, candidates, plan, values[:-1], **budget)
+        entry = {"round": r, "sites": len(contributors), "n_values": n_values, "bytes_per_site": 8 * n_values,
+                 "site_mask_s_max": max(replies[s]["mask_s"] for s in contributors), "counts_s": t_counts,
+                 "rows": float(feature_totals(values[:-1], plan, candidates)[0] + values[-1]), **stats}
         return new_tree, entry
 
     # -- helpers -----------------------------------------------------------------------------
@@ -394,11 +418,6 @@ def _check_refine_params(params: dict) -> dict:
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not 0 <= rounds <= refine.MAX_REFINE_ROUNDS:
         raise ValueError(f"refinement rounds must be an integer in [0, {refine.MAX_REFINE_ROUNDS}], "
                          f"got {p['rounds']!r}")
-    bits = p["key_bits"]
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits % 2 or \
-            not secure_sum.MIN_KEY_BITS <= bits <= secure_sum.MAX_KEY_BITS:
-        raise ValueError(f"refinement key_bits must be even and in [{secure_sum.MIN_KEY_BITS}, "
-                         f"{secure_sum.MAX_KEY_BITS}], got {bits!r}")
     eps = p["epsilon"]
     if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1e6):
         raise ValueError(f"refinement epsilon must be a positive number, got {eps!r}")

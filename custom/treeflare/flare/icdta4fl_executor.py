@@ -1,55 +1,76 @@
 """Site side of ICDTA4FL: train a local tree, score every peer's tree, score the global tree, and (refinement
-rounds) send encrypted class counts for the global tree's leaves.
+rounds) send masked class counts for the global tree's leaves.
 
-Only trees, scores and ciphertexts leave the site, never rows; the key holder (one site, named by the server)
-also sends the decrypted *sum* of a round's counts, and nothing else it decrypts. Data are read against the schema the server sends, from
+Only trees, scores and masked count vectors leave the site, never rows. For the refinement a site makes a fresh
+X25519 key pair per run, announces it signed with its startup kit's identity, checks the key list the server
+forwards (``crypto.secagg``: certificates against its own ``rootCA.pem``, the minimum number of sites, its own key
+unchanged, the same list in every round) and masks its counts so that only the sum over every listed site is
+readable. Data are read against the schema the server sends, from
 the site's own binding (``<site kit>/local/treeflare_site.json``, see ``site_config``), else from
 ``<data_root>/<site>/`` (train.csv, test.csv as written by ``scripts/prepare_data.py``).
 """
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import numpy as np
 from nvflare.apis.executor import Executor
-from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-import time
-
-from ..crypto import secure_sum
-from ..crypto.paillier import CiphertextError
+from ..crypto import secagg
 from ..data import DataError, Schema
 from ..data.errors import public_error
 from ..icdta4fl import pipeline, refine
 from ..icdta4fl.encoding import encode, feature_space
+from ..icdta4fl.payloads import feature_totals
 from ..trees.tree import Tree
 from ..trees.validate import PayloadError, check_int, check_number
 from .site_config import DATA_ROOT_ENV, load_binding
 
 TRAIN, SCORE_TREES, SCORE_GLOBAL = "icdta4fl_train", "icdta4fl_score_trees", "icdta4fl_score_global"
-REFINE_COUNTS, REFINE_DECRYPT = "icdta4fl_refine_counts", "icdta4fl_refine_decrypt"
-TASKS = [TRAIN, SCORE_TREES, SCORE_GLOBAL, REFINE_COUNTS, REFINE_DECRYPT]
-# r^n values a site computes ahead once it knows the refinement key (about 2 s of one core at 2048 bits):
-# enough for a first round of ~25k counts
-PRECOMPUTED_RN = 256
-__all__ = ["ICDTA4FLExecutor", "TRAIN", "SCORE_TREES", "SCORE_GLOBAL", "REFINE_COUNTS", "REFINE_DECRYPT", "TASKS",
-           "DATA_ROOT_ENV"]
+REFINE_COUNTS = "icdta4fl_refine_counts"
+TASKS = [TRAIN, SCORE_TREES, SCORE_GLOBAL, REFINE_COUNTS]
+__all__ = ["ICDTA4FLExecutor", "TRAIN", "SCORE_TREES", "SCORE_GLOBAL", "REFINE_COUNTS", "TASKS", "DATA_ROOT_ENV",
+           "site_identity"]
+
+
+def site_identity(fl_ctx, site: str):
+    """This site's provisioned identity from its startup kit (``client.key``, ``client.crt``, ``rootCA.pem``), or
+    None in the simulator, which has no kits (keys are then unauthenticated). Outside the simulator a kit without
+    them is an error: a site never announces an unsigned key there."""
+    engine = fl_ctx.get_engine() if fl_ctx is not None else None
+    startup = None
+    if engine is not None:
+        try:
+            startup = Path(engine.get_workspace().get_startup_kit_dir())
+        except Exception:  # noqa: BLE001 - no workspace: no kit
+            startup = None
+    if startup is not None and all((startup / n).is_file() for n in secagg.KIT_FILES.values()):
+        return secagg.SiteIdentity.from_kit(startup, site)
+    if engine is not None and not fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False):
+        raise DataError(f"{site}: the startup kit has no {', '.join(secagg.KIT_FILES.values())}: the refinement's "
+                        "keys cannot be signed", site=site, problem="startup kit certificates missing")
+    return None
 
 
 class ICDTA4FLExecutor(Executor):
-    def __init__(self, data_root: str = "", precompute_rn: int = PRECOMPUTED_RN):
+    def __init__(self, data_root: str = ""):
         """``data_root``: folder holding ``<site>/train.csv``; a site's own binding (its
-        ``local/treeflare_site.json`` or ``$TREEFLARE_DATA_ROOT``) overrides it. ``precompute_rn``: encryption
-        randomness made ahead in the background once the refinement key is known (0: none)."""
+        ``local/treeflare_site.json`` or ``$TREEFLARE_DATA_ROOT``) overrides it."""
         super().__init__()
         self.data_root = data_root
-        self.precompute_rn = int(precompute_rn)
         self._test = None  # (X_test, y_test) kept between tasks of one run
         self._train_data = None  # (X_train, y_train, feature kinds): for refinement rounds
-        self._key_holder = None  # this site's SumKeyHolder, when the server named it key holder
-        self._refine_rounds = 0  # announced with the training task; a round is answered once, none beyond
+        # announced with the training task, the site's own plan: a round is answered once, none beyond, with
+        # the announced noise, and always with the same participant list
+        self._refine_rounds = 0
+        self._refine_epsilon = None
         self._answered_rounds: set = set()
-        self._public_key = None  # the first public key seen in this run: it may not change later
-        self._pool = None  # r^n computed ahead for the refinement's encryptions
+        self._masking = None  # this run's secagg.MaskingKeys
+        self._participants = None  # the verified key list of the first round
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
         site = fl_ctx.get_identity_name()
@@ -62,17 +83,16 @@ class ICDTA4FLExecutor(Executor):
                 return self._score_global(shareable)
             if task_name == REFINE_COUNTS:
                 reply = self._refine_counts(shareable)
-                self.log_info(fl_ctx, f"{site} sent encrypted counts for refinement round {reply['round']} under the "
-                                      f"key with fingerprint {self._public_key.fingerprint()}")
+                self.log_info(fl_ctx, f"{site} sent masked counts for refinement round {reply['round']} to be summed "
+                                      f"with {', '.join(sorted(self._participants))} (keys checked: "
+                                      f"{reply['keys_checked']})")
                 return reply
-            if task_name == REFINE_DECRYPT:
-                return self._refine_decrypt(shareable)
             return make_reply(ReturnCode.TASK_UNKNOWN)
         except Exception as exc:  # noqa: BLE001 -- any failure becomes a reply, never a crash of the site
             # The full error (cell values, local paths) stays in this site's log; the server gets the redacted form.
             self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
-            reply["error"] = public_error(exc, passthrough=(PayloadError, CiphertextError))
+            reply["error"] = public_error(exc, passthrough=(PayloadError, secagg.SecAggError))
             return reply
 
     def _train(self, site: str, task: Shareable, fl_ctx=None) -> Shareable:
@@ -98,12 +118,10 @@ class ICDTA4FLExecutor(Executor):
         setup = task.get("refine")
         if isinstance(setup, dict):
             self._refine_rounds = check_int(setup.get("rounds"), "refine.rounds", lo=1, hi=refine.MAX_REFINE_ROUNDS)
-        if isinstance(setup, dict) and setup.get("key_holder") == site:
-            self._key_holder = secure_sum.SumKeyHolder(check_int(setup.get("key_bits"), "refine.key_bits"))
-            reply["refine_public_key"] = self._key_holder.public_array()
-            if fl_ctx is not None:
-                self.log_info(fl_ctx, f"{site} holds the refinement key; public key fingerprint "
-                                      f"{self._key_holder.key.public.fingerprint()}")
+            eps = setup.get("epsilon")
+            self._refine_epsilon = None if eps is None else check_number(eps, "refine.epsilon")
+            self._masking = secagg.MaskingKeys(site, _job_id(fl_ctx), site_identity(fl_ctx, site))
+            reply["refine_key"] = self._masking.record()
         return reply
 
     def _require_test(self):
@@ -112,11 +130,6 @@ class ICDTA4FLExecutor(Executor):
         return self._test
 
     def _score_trees(self, task: Shareable) -> Shareable:
-        if task.get("refine_public_key") is not None and self.precompute_rn > 0:
-            try:
-                self._use_public_key(task["refine_public_key"], precompute=self.precompute_rn)
-            except (PayloadError, ValueError):  # the refinement round will refuse it; scoring goes on
-                pass
         trees = [Tree.from_dict(t) for t in task["trees"]]
         scores = pipeline.score_trees(trees, *self._require_test())
         reply = make_reply(ReturnCode.OK)
@@ -133,36 +146,49 @@ class ICDTA4FLExecutor(Executor):
 
     # -- refinement rounds -------------------------------------------------------------------
     def _refine_counts(self, task: Shareable) -> Shareable:
-        """This site's class counts for the server's tree, encrypted under the key holder's public key."""
-        if self._train_data is None:
+        """This site's class counts for the server's tree, masked so that only the sum over the listed sites is
+        readable. The vector ends with one more value: this site's rows that stop at an internal node (counted
+        nowhere), so that the server can check that the sum holds exactly the declared rows."""
+        if self._train_data is None or self._masking is None:
             raise DataError("refinement asked before training in this run")
         round_no = self._check_round(task)
         if round_no in self._answered_rounds:
             # fresh noise or a second look at the same tree would let a curious server average or difference
             raise PayloadError("round", f"round {round_no} was already answered; a site sends its counts once")
+        epsilon = task.get("epsilon")
+        if (epsilon is None) != (self._refine_epsilon is None) or \
+                (epsilon is not None and check_number(epsilon, "epsilon") != self._refine_epsilon):
+            raise PayloadError("epsilon", "differs from the noise announced with the training task")
+        keys = self._masking
+        identity = keys.identity
+        peers = secagg.verify_key_list(task["keys"], site=keys.site, own_public=keys.public, job_id=keys.job_id,
+                                       root_ca=identity.root_ca if identity is not None else None,
+                                       min_sites=2 if epsilon is not None else 3)
+        if self._participants is not None and peers != self._participants:
+            # a sum over another set of sites, differenced with the first, would give one site's counts
+            raise PayloadError("keys", "differ from the participants of this run's first round")
         X, y, kinds = self._train_data
         tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds)
         candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds)
         plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=candidates)
-        pk = self._use_public_key(task["public_key"])
-        slot_bits = check_int(task["slot_bits"], "slot_bits", lo=2, hi=64)
-        counts = refine.count_vector(tree, candidates, plan, X, y)
-        epsilon = task.get("epsilon")
+        counts = self._counts(tree, candidates, plan, X, y)
         if epsilon is not None:
-            epsilon = check_number(epsilon, "epsilon")
-            sensitivity = max(candidates.n_features, 1)
-            counts = refine.add_noise(counts, epsilon=epsilon, sensitivity=sensitivity) + \
-                refine.noise_bound(epsilon, sensitivity)
-        if counts.size and int(counts.max()) >= (1 << slot_bits):
-            raise PayloadError("slot_bits", f"{slot_bits}-bit slots cannot hold this site's counts")
+            counts = refine.add_noise(counts, epsilon=epsilon, sensitivity=max(candidates.n_features, 1))
         t = time.perf_counter()
-        cts = secure_sum.encrypt_counts(pk, counts, slot_bits, self._pool)
+        masked = keys.mask(counts, peers, round_no)
         reply = make_reply(ReturnCode.OK)
-        reply["ciphertexts"] = cts
+        reply["masked"] = masked
         reply["round"] = round_no
-        reply["encrypt_s"] = time.perf_counter() - t
+        reply["mask_s"] = time.perf_counter() - t
+        reply["keys_checked"] = "certificates" if identity is not None else "none"
         self._answered_rounds.add(round_no)
+        self._participants = peers
         return reply
+
+    def _counts(self, tree, candidates, plan, X, y) -> np.ndarray:
+        """This site's count vector, then the rows counted nowhere (they stop at an internal node)."""
+        counts = refine.count_vector(tree, candidates, plan, X, y)
+        return np.append(counts, len(y) - int(feature_totals(counts, plan, candidates)[0]))
 
     def _check_round(self, task) -> int:
         """The task's round number, within the rounds announced with the training task."""
@@ -170,33 +196,10 @@ class ICDTA4FLExecutor(Executor):
             raise PayloadError("round", "no refinement rounds were announced in this run")
         return check_int(task["round"], "round", lo=1, hi=self._refine_rounds)
 
-    def _use_public_key(self, arr, precompute: int = 0):
-        """The key holder's public key, the same in every task of this run; ``precompute`` r^n values are
-        made in the background while the server works (aggregation, other sites)."""
-        pk = secure_sum.public_key_from_array(arr)
-        if self._public_key is None:
-            self._public_key = pk
-            self._pool = secure_sum.RandomnessPool(pk, target=precompute)
-        elif pk.n != self._public_key.n:
-            raise PayloadError("public_key", "differs from the key this site was sent first in this run")
-        return pk
 
-    def _refine_decrypt(self, task: Shareable) -> Shareable:
-        """The key holder decrypts the round's summed counts, once per round and only from enough sites."""
-        if self._key_holder is None:
-            raise PayloadError("task", "this site holds no refinement key")
-        contributors = check_int(task["n_contributors"], "n_contributors", lo=0)
-        noisy = task.get("epsilon") is not None
-        if contributors < (2 if noisy else 3):
-            # the key holder knows its own counts: from a sum of two it would learn the other site's
-            raise PayloadError("n_contributors", f"will not decrypt a sum of {contributors} sites' counts "
-                                                 f"(needs 3, or 2 with --refine-epsilon noise)")
-        round_no = self._check_round(task)
-        sums = self._key_holder.decrypt_round(round_no, task["ciphertexts"],
-                                              check_int(task["n_values"], "n_values", lo=0,
-                                                        hi=refine.MAX_REFINE_VALUES),
-                                              check_int(task["slot_bits"], "slot_bits", lo=2, hi=64))
-        reply = make_reply(ReturnCode.OK)
-        reply["sums"] = sums
-        reply["round"] = round_no
-        return reply
+def _job_id(fl_ctx) -> str:
+    """The run's job id, from the site's own context (never from a task): it binds the keys to this run."""
+    job_id = fl_ctx.get_job_id() if fl_ctx is not None else None
+    if not job_id:
+        raise DataError("no job id in this site's context: the refinement's keys cannot be bound to the run")
+    return str(job_id)

@@ -1,14 +1,16 @@
 """Checks of what sites send the ICDTA4FL server. A payload that fails is dropped with a reason.
 
 Payloads are plain dicts (see the controller for their shapes). Trees are checked by
-``Tree.from_dict``; here we check the envelopes: sizes, finite scores in [0, 1], lengths.
+``Tree.from_dict``; here we check the envelopes: sizes, finite scores in [0, 1], lengths; and what a site may
+contribute: its declared training rows are the rows its local tree showed, and a refinement round's summed
+counts hold exactly the declared rows (``check_summed_rows``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..crypto import secure_sum
+from ..crypto import secagg
 from ..trees.tree import Tree
 from ..trees.validate import PayloadError, check_int, check_list, check_number
 from .rules import MAX_RULE_CELLS, count_rules
@@ -45,12 +47,29 @@ def check_train_reply(reply: dict, *, limits: dict) -> dict:
     local = reply.get("local")
     if not isinstance(local, dict):
         raise PayloadError("local", "expected a dict of local metrics")
+    n_train = check_int(reply.get("n_train"), "n_train", lo=1, hi=MAX_SITE_ROWS)
+    # the rows a site may later contribute to the refinement's sums: exactly those its tree was grown on
+    root_rows = float(tree.counts[0].sum())  # a float sum of the learner's counts: equal up to rounding
+    if abs(root_rows - n_train) > 1e-6 * n_train:
+        raise PayloadError("n_train", f"{n_train} declared rows, but the site's tree holds {root_rows:g} at its root")
     return {
         "tree": tree,
-        "n_train": check_int(reply.get("n_train"), "n_train", lo=1, hi=MAX_SITE_ROWS),
+        "n_train": n_train,
         "n_test": check_int(reply.get("n_test"), "n_test", lo=1, hi=MAX_SITE_ROWS),
         "local": {k: check_score(local.get(k), f"local.{k}") for k in ("accuracy", "macro_f1")},
     }
+
+
+def check_key_reply(record, site: str):
+    """The refinement key ``site`` announced with its training reply (None if it sent none): its shape only; the
+    certificate and signature are checked by every site against its own root CA (``secagg.verify_key_list``)."""
+    if record is None:
+        return None
+    try:
+        secagg.check_key_record(record, site)
+    except secagg.SecAggError as exc:
+        raise PayloadError("refine_key", str(exc)) from None
+    return record
 
 
 def check_scores_reply(reply: dict, n_trees: int) -> dict:
@@ -73,26 +92,45 @@ def check_global_reply(reply: dict) -> dict:
             "n_test": check_int(reply.get("n_test"), "n_test", lo=1)}
 
 
-def check_counts_reply(reply: dict, *, pk, n_ciphertexts: int, round_no: int) -> dict:
-    """{ciphertexts: uint8 array of exactly n_ciphertexts valid Paillier ciphertexts, round, encrypt_s}; the
-    ciphertexts come back parsed (a list), so the server reads each site's once."""
+def check_counts_reply(reply: dict, *, n_values: int, round_no: int) -> dict:
+    """{masked: uint64 array of exactly n_values, round, mask_s, keys_checked: "certificates"|"none"}."""
     if not isinstance(reply, dict):
         raise PayloadError("reply", f"expected a dict, got {type(reply).__name__}")
     if check_int(reply.get("round"), "round") != round_no:
         raise PayloadError("round", f"expected {round_no}")
-    cts = secure_sum.read_ciphertexts(pk, reply.get("ciphertexts"), n_ciphertexts)  # size, range, invertibility
-    return {"ciphertexts": cts, "encrypt_s": check_number(reply.get("encrypt_s"), "encrypt_s", nonnegative=True)}
+    masked = reply.get("masked")
+    if not isinstance(masked, np.ndarray) or masked.dtype != np.uint64 or masked.shape != (n_values,):
+        raise PayloadError("masked", f"expected a uint64 array of {n_values} values")
+    checked = reply.get("keys_checked")
+    if checked not in ("certificates", "none"):
+        raise PayloadError("keys_checked", "expected 'certificates' or 'none'")
+    return {"masked": masked, "keys_checked": checked,
+            "mask_s": check_number(reply.get("mask_s"), "mask_s", nonnegative=True)}
 
 
-def check_sums_reply(reply: dict, *, n_values: int, slot_bits: int, round_no: int) -> dict:
-    """{sums: int64 array of n_values slot values in [0, 2^slot_bits), round}."""
-    if not isinstance(reply, dict):
-        raise PayloadError("reply", f"expected a dict, got {type(reply).__name__}")
-    if check_int(reply.get("round"), "round") != round_no:
-        raise PayloadError("round", f"expected {round_no}")
-    sums = reply.get("sums")
-    if not isinstance(sums, np.ndarray) or sums.dtype.kind not in "iu" or sums.shape != (n_values,):
-        raise PayloadError("sums", f"expected an integer array of {n_values} values")
-    if sums.size and (sums.min() < 0 or int(sums.max()) >= (1 << slot_bits)):
-        raise PayloadError("sums", f"values outside [0, 2^{slot_bits})")
-    return {"sums": sums.astype(np.int64)}
+def feature_totals(values, plan, candidates) -> np.ndarray:
+    """Per feature, the rows a count vector (``refine.count_vector``) holds: each feature's cells of a split leaf
+    add up to that leaf's rows, and every count-only leaf adds its class counts once."""
+    values = np.asarray(values)
+    C, cells, k = plan.n_classes, plan.n_cells, len(plan.split_leaves)
+    per_cell = values[:k * cells * C].reshape(k, cells, C).sum(axis=(0, 2))
+    offsets = candidates.offsets
+    rest = values[k * cells * C:plan.n_values].sum()
+    if candidates.n_features == 0:
+        return np.array([rest])
+    return np.array([per_cell[offsets[j]:offsets[j + 1]].sum() for j in range(candidates.n_features)]) + rest
+
+
+def check_summed_rows(values, plan, candidates, *, declared_rows: int, tolerance: float = 0.0) -> None:
+    """A round's sum holds the declared rows, no more and no fewer: per feature, the rows in the vector plus the
+    last value (rows that stop at an internal node, counted nowhere) equal ``declared_rows``, the sum of the sites'
+    checked ``n_train`` (exactly; within ``tolerance`` with noise). Bounds what one site can add to the sum."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (plan.n_values + 1,):
+        raise PayloadError("sum", f"expected {plan.n_values + 1} values, got {values.shape}")
+    rows = feature_totals(values[:-1], plan, candidates) + values[-1]
+    worst = float(np.max(np.abs(rows - declared_rows)))
+    if worst > tolerance:
+        raise PayloadError("sum", f"holds {float(rows[int(np.argmax(np.abs(rows - declared_rows)))]):g} rows on some "
+                                  f"feature against {declared_rows} declared by the sites (allowed deviation "
+                                  f"{tolerance:g}): a site sent counts its training rows cannot give")

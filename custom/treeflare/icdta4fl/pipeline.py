@@ -248,8 +248,10 @@ def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, 
     """The refinement rounds on plaintext sums of the sites' counts (what the encrypted protocol computes).
 
     Same steps as the FLARE controller: the one-round tree scored on each site's test rows, the start
-    tree chosen by ``refine.choose_start``, candidates from all local trees, then ``rounds`` rounds.
-    Returns the final tree, the start choice and per-round history (global-test accuracy when given).
+    tree chosen by ``refine.choose_start``, candidates from all local trees, then ``rounds`` rounds, each
+    adopted only if ``refine.adopt_refined`` says so on the sites' validation rows (as the job does). Returns the
+    final tree, the start choice, per-round history (global-test accuracy when given; a round not adopted keeps
+    the previous tree) and the adoption decisions.
     """
     from . import refine
 
@@ -261,19 +263,38 @@ def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, 
     candidates = refine.candidates_from_trees([_as_tree(t) for t in trees], feature_kinds=first.feature_kinds,
                                               n_categories=first.n_categories, bounds=bounds)
     budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
-    history = []
+    history, adoption = [], []
+    weights = {i: len(s["y_test"]) for i, s in enumerate(sites)}
+    previous = _validation_scores(tree, sites)
     for r in range(1, rounds + 1):
         t = time.perf_counter()
         plan = refine.plan_round(tree, candidates, budget["max_depth"])
         summed = np.sum([refine.count_vector(tree, candidates, plan, s["X_train"], s["y_train"]) for s in sites], axis=0)
-        tree, st = refine.refine_tree(tree, candidates, plan, summed, **budget)
-        entry = {"round": r, "n_values": plan.n_values, "seconds": time.perf_counter() - t, **st}
+        grown, st = refine.refine_tree(tree, candidates, plan, summed, **budget)
+        scores = _validation_scores(grown, sites)  # the job's adopt check, on the same validation rows
+        adopted, verdict = refine.adopt_refined(scores, previous, weights)
+        adoption.append({"round": r, "adopted": adopted, "why": verdict})
+        if adopted:
+            tree, previous = grown, scores
+        else:  # the round keeps the previous tree (a later round would grow the same tree again)
+            st = {**st, "n_leaves": int(tree.n_leaves), "depth": int(tree.depth)}
+        entry = {"round": r, "n_values": plan.n_values, "seconds": time.perf_counter() - t, **st, "adopted": adopted}
         if X_global_test is not None:
             pred = tree.predict(X_global_test)
             entry["accuracy"] = float(np.mean(pred == y_global_test))
             entry["macro_f1"] = macro_f1(y_global_test, pred)
         history.append(entry)
-    return {"tree": tree, "start": "one_round" if best is None else int(best), "why": why, "history": history}
+    return {"tree": tree, "start": "one_round" if best is None else int(best), "why": why, "history": history,
+            "adoption": adoption}
+
+
+def _validation_scores(tree, sites) -> dict:
+    """Site index -> the tree's accuracy and macro-F1 on that site's validation rows."""
+    out = {}
+    for i, s in enumerate(sites):
+        pred = tree.predict(s["X_test"])
+        out[i] = {"accuracy": float(np.mean(pred == s["y_test"])), "macro_f1": macro_f1(s["y_test"], pred)}
+    return out
 
 
 def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None,

@@ -23,7 +23,8 @@ from .refine_counts import (DEFAULT_ROUND_VALUES, MAX_REFINE_ROUNDS, MAX_REFINE_
 from .simplify import collapse_same_class
 
 # the wire-side names are re-exported so callers use one module for the round
-__all__ = ["choose_start", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round",
+__all__ = ["choose_start", "adopt_refined", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan",
+           "plan_round",
            "count_vector", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES",
            "DEFAULT_ROUND_VALUES", "MAX_REFINE_ROUNDS"]
 
@@ -52,6 +53,24 @@ def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bo
     if worse:
         return best, f"the one-round tree had lower validation {' and '.join(worse)}"
     return None, "the one-round tree is at least as good as every selected local tree"
+
+
+def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str = "accuracy") -> tuple[bool, str]:
+    """Whether a refined tree replaces the tree it was grown from: only if its pooled validation score is at least
+    the previous tree's. ``refined``/``previous``: site -> {"accuracy", "macro_f1"} on that site's validation rows;
+    ``weights``: site -> its validation rows. Pooled over the sites in all three, weighted by rows; the score is
+    macro-F1 for the "balanced" objective, accuracy otherwise. A sum that one site inflated or relabelled grows a
+    tree the other sites' rows score lower, and it is not adopted. Returns (adopt, why).
+    """
+    metric = "macro_f1" if objective == "balanced" else "accuracy"
+    sites = sorted(set(refined) & set(previous) & set(weights))
+    total = float(sum(weights[s] for s in sites))
+    if not sites or total <= 0:
+        return False, "no site scored both trees on its validation rows"
+    new, old = (sum(weights[s] * float(scores[s][metric]) for s in sites) / total for scores in (refined, previous))
+    verdict = "adopted" if new >= old else "not adopted"
+    return new >= old, (f"{verdict}: pooled validation {metric} {new:.4f} (refined) against {old:.4f} (previous) "
+                        f"over {len(sites)} sites")
 
 
 def _weighted_impurity(groups: np.ndarray) -> float:
