@@ -2,8 +2,8 @@
 
     python tests/hostile_job.py [--hostile-mode MODE[@SITE] ...] <job.py arguments>
 
-MODE is one of HostileExecutor's modes (nan_threshold, wrong_type, huge_code, many_categories, sleep); SITE defaults to
-site-3; the option may be given once per hostile site.
+MODE is one of HostileExecutor's modes (nan_threshold, wrong_type, huge_code, many_categories, forged_counts,
+sleep); SITE defaults to site-3; the option may be given once per hostile site.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Real simulator runs with misbehaving sites, sharing one ID3 run (six sites, in a workspace whose path holds a
+"""Real simulator runs with misbehaving sites, sharing one ID3 run (seven sites, in a workspace whose path holds a
 space, issue 14 item 14):
 
 * site-3 is hostile: it trains, then sends the server a tree with a NaN threshold;
@@ -8,7 +8,11 @@ space, issue 14 item 14):
 * site-5 sends a categorical code of 2**63 with no declared category counts (issue 14 item 1, which used to end
   the job): dropped at training by the server's own schema;
 * site-6 declares 10,000 categories per column (issue 14 item 2, which used to turn ~60 rules into ~230,000):
-  the server ignores the declaration, its tree costs what an honest one does, and it stays.
+  the server ignores the declaration, its tree costs what an honest one does, and it stays;
+* site-7 forges its refinement counts (issue 19 item 2: every row relabelled to class 0, x 43). The four remaining
+  sites mask and sum their counts through FLARE's messaging (unauthenticated keys: the simulator has no startup
+  kits, and report.json says so); the sum holds far more rows than the sites declared, the round is refused, and
+  the previous tree stays.
 
 The job completes on the other sites, the report names the dropped sites and why, and the server did not crash."""
 
@@ -47,15 +51,15 @@ def hostile_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     csv = synthetic_csv(tmp / "people.csv")
     # The sites' data, as the job would write it, with site-4's file then corrupted at the site.
-    site_data = write_federation(prepare_federation(load_csv(csv, label="y"), 6, "iid", None, seed=1),
+    site_data = write_federation(prepare_federation(load_csv(csv, label="y"), 7, "iid", None, seed=1),
                                  tmp / "site data" / "fed")
     set_cell(site_data / "site-4" / "train.csv", BAD_LINE, 0, SECRET)
     ws = tmp / "work space"
     with flare_lock():
         proc = run_script("tests/hostile_job.py",
                           ["--hostile-mode", "nan_threshold@site-3", "--hostile-mode", "huge_code@site-5",
-                           "--hostile-mode", "many_categories@site-6",
-                           "--algorithm", "id3", "--csv", str(csv), "--label", "y", "--sites", "6",
+                           "--hostile-mode", "many_categories@site-6", "--hostile-mode", "forged_counts@site-7",
+                           "--algorithm", "id3", "--csv", str(csv), "--label", "y", "--sites", "7",
                            "--partition", "iid", "--seed", "1", "--max-depth", "4", "--min-clients", "2",
                            "--data-root", str(site_data), "--workspace", str(ws)],
                           tmp, timeout=300)
@@ -72,7 +76,7 @@ def test_hostile_site_is_dropped_and_named(hostile_run):
     proc, ws, _ = hostile_run
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     report = json.loads((ws / "report.json").read_text())
-    assert report["n_sites"] == 3 and set(report["sites"]) == {"site-1", "site-2", "site-6"}
+    assert report["n_sites"] == 4 and set(report["sites"]) == {"site-1", "site-2", "site-6", "site-7"}
     reason = report["dropped_sites"]["site-3"]
     assert reason.startswith("icdta4fl_train: invalid payload") and "not finite" in reason, reason
     assert "site-3" not in report["selected_sites"]
@@ -119,5 +123,18 @@ def test_hostile_category_codes_cannot_end_the_job(hostile_run):
     assert "site-6" not in report["dropped_sites"] and "site-6" in report["sites"]
     # site-6's declared 10,000 categories bought it no extra rules: as few as the honest trees'
     assert max(report["aggregation"]["n_rules_local"]) < 200, report["aggregation"]
-    # and the refinement round ran over the three remaining sites
-    assert report["refinement"]["status"] == "completed" and report["refinement"]["history"][0]["sites"] == 3
+    assert "site-7" not in report["dropped_sites"]
+
+
+def test_forged_refinement_counts_are_refused_and_the_previous_tree_stays(hostile_run):
+    proc, ws, _ = hostile_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((ws / "report.json").read_text())
+    r = report["refinement"]
+    # the four remaining sites masked and summed their counts through FLARE; the sum gave site-7 away
+    assert r["status"].startswith("stopped at round 1: the summed counts are refused"), r["status"]
+    assert "declared by the sites" in r["status"] and r["rounds_done"] == 0 and r["history"] == []
+    assert r["key_authentication"].startswith("none: keys unauthenticated")  # no startup kits in the simulator
+    assert r["aggregation"].startswith("pairwise-masked")
+    # the job kept the start tree: it still predicts well
+    assert report["global"]["n_leaves"] >= 2 and 0.8 < report["global"]["accuracy"] <= 1

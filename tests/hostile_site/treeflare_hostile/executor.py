@@ -1,8 +1,11 @@
-"""A site that trains normally, then sends the server a corrupted tree, or never answers (test only)."""
+"""A site that trains normally, then sends the server a corrupted tree, forged refinement counts, or never answers
+(test only)."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from treeflare.flare.icdta4fl_executor import ICDTA4FLExecutor
 
@@ -35,3 +38,9 @@ class HostileExecutor(ICDTA4FLExecutor):
 
             time.sleep(3600)
         return reply
+
+    def _counts(self, tree, candidates, plan, X, y):
+        counts = super()._counts(tree, candidates, plan, X, y)
+        if self.mode == "forged_counts":  # issue 19 item 2: every row relabelled to class 0, then x 43
+            counts = super()._counts(tree, candidates, plan, X, np.zeros_like(y)) * 43
+        return counts
