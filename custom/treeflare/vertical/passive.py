@@ -214,15 +214,16 @@ class PassiveParty:
             raise ProtocolError(f"{len(open_)} open nodes at depth {d}: more than 2^{d}")
         if any(not lo_id <= v <= hi_id for v in open_):
             raise ProtocolError(f"open node ids inconsistent with depth {d}")
-        if d == 0:
-            if not np.all(assign == 0):
-                raise ProtocolError("at depth 0 every row must be in the root")
-        else:
+        if d == 0 and not np.all(assign == 0):
+            raise ProtocolError("at depth 0 every row must be in the root")
+        ids, counts = np.unique(present, return_counts=True)
+        rows_in = dict(zip(ids.tolist(), counts.tolist()))
+        if d > 0:
             self._check_children(assign)
-            self._check_small_children(assign, open_)
+            self._check_small_children(rows_in, open_)
         sizes = {}
         for nid in open_:
-            sizes[nid] = int(np.count_nonzero(assign == nid))
+            sizes[nid] = rows_in.get(nid, 0)
             if sizes[nid] < max(2, self.min_rows):
                 raise ProtocolError(f"node {nid} has {sizes[nid]} rows, fewer than the {self.min_rows} agreed "
                                     "at setup: no answer")
@@ -250,7 +251,7 @@ class PassiveParty:
             if pid in self._own and not np.array_equal(left, self._own[pid]):
                 raise ProtocolError(f"node {pid}: its children differ from the partition this party returned")
 
-    def _check_small_children(self, assign, open_):
+    def _check_small_children(self, rows_in: dict, open_):
         """A child below the minimum whose sibling is open: refused.  The active party holds the parent's sums over
         the parent's candidates, so the sibling's sums would give this child's by subtraction, at every threshold."""
         m = max(2, self.min_rows)
@@ -258,7 +259,7 @@ class PassiveParty:
         for pid in self._prev_open:
             kids = (2 * pid + 1, 2 * pid + 2)
             for child, sibling in (kids, kids[::-1]):
-                if sibling in open_set and child not in open_set and 0 < np.count_nonzero(assign == child) < m:
+                if sibling in open_set and child not in open_set and 0 < rows_in.get(child, 0) < m:
                     raise ProtocolError(f"node {child} is below the {self.min_rows} rows agreed at setup and its "
                                         f"sibling {sibling} is open: its sums would follow from the parent's; "
                                         "no answer")
