@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..prediction import ClassCodesClassifier
+from ..data.schema import split_onehot_name
 from ..reporting import json_safe
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_list
@@ -210,17 +211,29 @@ def _fmt(value, decimals):
 
 
 def _condition(tree, node, pos, names, category_names, decimals) -> str:
-    """Words for 'child ``pos`` of ``node``'."""
+    """Words for 'child ``pos`` of ``node``', with "or missing" on the child a NaN follows."""
     j = int(tree.feature[node])
     name = str(names[j])
+    if pos >= tree.n_branches(node):
+        return f"{name} is missing"
+    if tree.kind[node] == NUMERIC and len(tree.split_points[node]) == 0:
+        return f"{name} is not missing"
+    text = _value_condition(tree, node, pos, name, j, category_names, decimals)
+    points = tree.split_points[node]
+    onehot = tree.kind[node] == NUMERIC and "=" in name and len(points) == 1 and 0.0 <= points[0] < 1.0
+    # a one-hot column holds no NaN (a missing category is all zeros): its default side would only clutter
+    return f"{text} or missing" if pos == tree.missing[node] and not onehot else text
+
+
+def _value_condition(tree, node, pos, name, j, category_names, decimals) -> str:
     points = tree.split_points[node]
     if tree.kind[node] == CATEGORICAL:
         code = int(points[pos])
         cats = category_names[j] if category_names and category_names[j] else None
         label = cats[code] if cats and code < len(cats) else str(code)
         return f"{name} = {label}"
-    if "=" in name and len(points) == 1 and 0.0 <= points[0] < 1.0:
-        attr, value = name.split("=", 1)  # one-hot column
+    attr, value = split_onehot_name(name)  # a one-hot column "attribute=value" (an "=" in attribute is escaped)
+    if value is not None and len(points) == 1 and 0.0 <= points[0] < 1.0:
         return f"{attr} {'!=' if pos == 0 else '='} {value}"
     cats = category_names[j] if category_names and category_names[j] else None
     if cats is not None:  # an ordinal column: thresholds fall between the codes of ordered categories
@@ -270,8 +283,10 @@ def format_tree_text(tree: Tree, classes, feature_names, category_names=None, ma
             continue
         if tree.kind[node] in (NUMERIC, CATEGORICAL):
             c = int(np.argmax(proba[node]))
-            if tree.kind[node] == CATEGORICAL:
-                lines.append(f"{pad}otherwise (other or missing value): class: {classes[c]} "
+            stops = ("other or missing value" if tree.missing[node] < 0 else "other value") \
+                if tree.kind[node] == CATEGORICAL else ("missing value" if tree.missing[node] < 0 else None)
+            if stops:
+                lines.append(f"{pad}otherwise ({stops}): class: {classes[c]} "
                              f"(p={proba[node, c]:.2f}, support={support[node]:.1f})")
             for pos in range(len(tree.children[node]) - 1, -1, -1):
                 child = int(tree.children[node][pos])

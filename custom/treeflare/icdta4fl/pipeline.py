@@ -187,7 +187,7 @@ def aggregate(trees, selected, *, classes, feature_names=None, category_names=No
         totals = [max(float(r.mass.sum()), 1e-12) for r in rule_sets]
         mean_total = float(np.mean(totals))
         rule_sets = [RuleSet(r.lower, r.upper, r.equals, r.mass * (mean_total / t), r.support,
-                             r.n_sources, r.feature_kinds) for r, t in zip(rule_sets, totals)]
+                             r.n_sources, r.feature_kinds, r.missing) for r, t in zip(rule_sets, totals)]
     elif p["tree_weighting"] != "samples":
         raise ValueError(f"tree_weighting must be 'samples' or 'equal', got {p['tree_weighting']!r}")
     t_extract = time.perf_counter()

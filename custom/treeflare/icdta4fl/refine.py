@@ -78,8 +78,19 @@ def _weighted_impurity(groups: np.ndarray) -> float:
     return float(np.sum(groups.sum(axis=1) * gini(groups)))
 
 
+def _impurity_sum(*groups) -> np.ndarray:
+    """Sum over the groups of weight x Gini; each group (..., C), leading axes are candidates."""
+    return sum(g.sum(axis=-1) * gini(g) for g in groups)
+
+
 def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: float):
-    """Best split of one leaf from its histogram (n_cells, C): (gain, feature, kind, point, child counts)."""
+    """Best split of one leaf from its histogram (n_cells, C): (gain, feature, kind, point, child counts,
+    counts that stop at the node, the child a NaN follows or -1).
+
+    A numeric split sends the feature's missing rows (its histogram's last cell) to the side that scores
+    better (XGBoost's default direction), or where no row here is missing, to the side with more rows (as
+    scikit-learn); point -1 is scikit-learn's "missing vs not missing" split (no threshold, a missing-only
+    child). A categorical split (ID3's kind) stops NaN and codes without a child at the node."""
     offsets = candidates.offsets
     total = hist[offsets[0]:offsets[1]].sum(axis=0)
     W = float(total.sum())
@@ -91,19 +102,27 @@ def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: 
         h = hist[offsets[j]:offsets[j + 1]]
         known, missing = h[:-1], h[-1]
         if candidates.thresholds[j] is not None:
+            none = np.zeros_like(missing)
+            if missing.sum() >= min_child and known.sum() >= min_child:
+                gain = (parent - float(_impurity_sum(known.sum(axis=0), missing))) / W
+                if best is None or gain > best[0] + 1e-12:
+                    best = (gain, j, NUMERIC, -1, [known.sum(axis=0), missing], none, 1)
             if len(candidates.thresholds[j]) == 0:
                 continue
             left = np.cumsum(known, axis=0)[:-1]            # after threshold k: cells 0..k
             right = known.sum(axis=0)[None, :] - left
             wl, wr = left.sum(axis=1), right.sum(axis=1)
-            score = wl * gini(left) + wr * gini(right) + missing.sum() * gini(missing)
+            score_left, score_right = _impurity_sum(left + missing, right), _impurity_sum(left, right + missing)
+            nan_left = score_left <= score_right if missing.sum() > 0 else wl > wr
+            score = np.where(nan_left, score_left, score_right)
             score = np.where((wl >= min_child) & (wr >= min_child), score, np.inf)
             k = int(np.argmin(score))
             if not np.isfinite(score[k]):
                 continue
             gain = (parent - float(score[k])) / W
             if best is None or gain > best[0] + 1e-12:
-                best = (gain, j, NUMERIC, k, [left[k], right[k]], missing)
+                groups = [left[k] + missing, right[k]] if nan_left[k] else [left[k], right[k] + missing]
+                best = (gain, j, NUMERIC, k, groups, none, 0 if nan_left[k] else 1)
         else:
             if used[j]:
                 continue
@@ -114,7 +133,7 @@ def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: 
             rest = known.sum(axis=0) - groups.sum(axis=0) + missing  # codes without a child stop here
             gain = (parent - _weighted_impurity(np.vstack([groups, rest]))) / W
             if best is None or gain > best[0] + 1e-12:
-                best = (gain, j, CATEGORICAL, present, list(groups), rest)
+                best = (gain, j, CATEGORICAL, present, list(groups), rest, -1)
     return best
 
 
@@ -128,16 +147,17 @@ class _Nodes:
         self.points = list(tree.split_points)
         self.children = list(tree.children)
         self.counts = [np.array(c, dtype=np.float64) for c in tree.counts]
+        self.missing = list(tree.missing)
 
     def add(self, counts) -> int:
         self.kind.append(LEAF), self.feature.append(-1), self.points.append(None), self.children.append(None)
-        self.counts.append(np.asarray(counts, dtype=np.float64))
+        self.counts.append(np.asarray(counts, dtype=np.float64)), self.missing.append(-1)
         return len(self.kind) - 1
 
     def build(self) -> Tree:
         t = self.tree
         return Tree(t.feature_kinds, t.n_classes, self.kind, self.feature, self.points, self.children,
-                    np.vstack(self.counts), t.n_categories)
+                    np.vstack(self.counts), t.n_categories, missing=self.missing)
 
 
 def _fill_counts(nodes: _Nodes, keep_total: set) -> None:
@@ -293,13 +313,16 @@ def _apply_choices(tree: Tree, candidates: SplitCandidates, options: dict, plan_
         choice = how[b - 1]
         if choice == 0:
             nodes.kind[v], nodes.feature[v], nodes.points[v], nodes.children[v] = LEAF, -1, None, None
+            nodes.missing[v] = -1
         elif choice == 1:
-            gain, j, kind, point, groups, rest = options[v][1]
+            gain, j, kind, point, groups, rest, nodes.missing[v] = options[v][1]
             nodes.kind[v], nodes.feature[v] = kind, j
-            nodes.points[v] = (np.array([candidates.thresholds[j][point]]) if kind == NUMERIC
-                               else np.asarray(point, dtype=np.float64))
+            if kind == NUMERIC:  # point -1: no threshold, the missing-only child
+                nodes.points[v] = np.empty(0) if point < 0 else np.array([candidates.thresholds[j][point]])
+            else:
+                nodes.points[v] = np.asarray(point, dtype=np.float64)
             nodes.children[v] = np.array([nodes.add(g) for g in groups], dtype=np.int64)
-            nodes.counts[v] = np.sum(groups, axis=0) + rest  # rows missing here stop here
+            nodes.counts[v] = np.sum(groups, axis=0) + rest  # rows stopping here (categorical) count here
             known_total.add(v)
             n_split += 1
         else:  # keep the split: unwind the children's budget split
@@ -332,6 +355,7 @@ def _prune(nodes: _Nodes, keep: np.ndarray, n_old: int) -> _Nodes:
     out.points = [nodes.points[v] for v in np.flatnonzero(reach)]
     out.children = [None if nodes.children[v] is None else index[nodes.children[v]] for v in np.flatnonzero(reach)]
     out.counts = [nodes.counts[v] for v in np.flatnonzero(reach)]
+    out.missing = [nodes.missing[v] for v in np.flatnonzero(reach)]
     return out
 
 
