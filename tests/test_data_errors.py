@@ -266,7 +266,7 @@ def test_site_unknown_or_partition_missing(fed_dir, tmp_path):
 def test_schema_from_bad_json():
     with pytest.raises(DataError, match="unsupported version"):
         Schema.from_dict({"version": 99})
-    with pytest.raises(DataError, match="malformed field"):
+    with pytest.raises(DataError, match=r"features\[0\]\.name must be a string, got NoneType"):
         Schema.from_dict({"version": 1, "features": [{"kind": "numeric"}], "label": "y", "classes": []})
 
 

@@ -260,6 +260,10 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
             continue
         if not ok(value):
             raise DataError(f"{option_name(dest)} must be {requirement}, got {value!r}")
+    label, id_column = getattr(args, "label", None), getattr(args, "id", None)
+    if label and id_column and label.strip() == id_column.strip():
+        raise DataError(f"--label and --id both name column {label.strip()!r}; an id names a row and is never a "
+                        "class: give the label column and the id column each its own")
     sites, min_clients = getattr(args, "sites", None), getattr(args, "min_clients", None)
     if sites is not None and min_clients is not None and min_clients > sites:
         raise DataError(f"--min-clients {min_clients} is more than --sites {sites}: the job could never go on")

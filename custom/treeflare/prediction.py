@@ -83,14 +83,24 @@ def find_model(path) -> tuple[str, Path]:
 
 
 def _sniff(path: Path) -> str:
-    """A model file's kind from its content: ICDTA4FL's versioned JSON, or anything else XGBoost may load."""
+    """A model file's kind from its content: ICDTA4FL's versioned JSON, or anything else XGBoost may load (its
+    JSON names a "learner" first; UBJSON is binary). A BOM before the JSON is allowed (editors write one); JSON
+    that names neither in its first 4 KiB goes by the file's name."""
     from .icdta4fl.model import MODEL_SCHEMA
 
     with path.open("rb") as fh:
         head = fh.read(4096)
-    if head.lstrip()[:1] == b"{" and MODEL_SCHEMA.encode() in head:
+    head = head[3:] if head.startswith(_BOM) else head
+    if head.lstrip()[:1] != b"{":
+        return "xgboost"
+    if f'"{MODEL_SCHEMA}"'.encode() in head:
         return "icdta4fl"
-    return "xgboost"  # JSON or UBJSON; XGBoost itself says whether it is a model
+    if b'"learner"' in head:
+        return "xgboost"
+    return KINDS.get(path.name, "xgboost")
+
+
+_BOM = b"\xef\xbb\xbf"
 
 
 def load_model(path, schema=None) -> LoadedModel:
@@ -113,12 +123,30 @@ def load_model(path, schema=None) -> LoadedModel:
 
 
 def _load_tree(file: Path, schema: Schema | None):
+    """The global tree in ``file``, every field checked (``GlobalTree.from_dict``); any fault of the file is a
+    DataError naming it and the field."""
+    import json
+
     from .icdta4fl.model import GlobalTree, ModelPayloadError
+    from .trees.validate import PayloadError
+
+    def unusable(why):
+        return DataError(f"{file}: not a usable ICDTA4FL model ({why})")
 
     try:
-        model = GlobalTree.load_json(file)
-    except (ModelPayloadError, OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{file}: not a usable ICDTA4FL model ({exc})") from None
+        payload = json.loads(file.read_bytes().decode("utf-8-sig"))
+    except OSError as exc:
+        raise unusable(exc.strerror or exc) from None
+    except UnicodeDecodeError as exc:
+        raise unusable(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except RecursionError:
+        raise unusable("JSON nested too deeply") from None
+    except ValueError as exc:  # not JSON, or an integer of thousands of digits (Python's int-string limit)
+        raise unusable(f"not valid JSON: {exc}") from None
+    try:
+        model = GlobalTree.from_dict(payload)
+    except PayloadError as exc:  # the tree's or the document's: names the field that is wrong
+        raise unusable(exc) from None
     if model.data_schema is None:
         if schema is None:
             raise DataError(f"{file}: this model carries no data schema (written before models carried one): "

@@ -40,8 +40,12 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
     except pd.errors.ParserError as exc:
         raise DataError(f"{path}: cannot parse as CSV ({exc})", problem="cannot parse as CSV", file=path) from None
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", problem="not UTF-8 text",
-                        file=path) from None
+        # pandas decodes in chunks and reports the offset inside its chunk: find the bad byte in the file itself
+        found = _first_bad_utf8(opener() if opener else path.open("rb"))
+        offset, line, reason = found if found else (None, None, exc.reason)
+        at = f" at byte {offset}" if offset is not None else ""
+        raise DataError(f"{where(path, line=line)}: not UTF-8 text ({reason}{at}); save the file as UTF-8",
+                        problem="not UTF-8 text", file=path, line=line) from None
     if header and names is None and len(frame):
         frame.columns = [c if isinstance(c, str) else "" for c in frame.iloc[0]]
         frame = frame.iloc[1:].reset_index(drop=True)
@@ -49,6 +53,34 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
         raise DataError(f"{path}: no data rows", problem="no data rows", file=path)
     frame.columns = check_column_names([str(c).strip() for c in frame.columns], path)
     return frame
+
+
+_SCAN_CHUNK = 1 << 20
+
+
+def _first_bad_utf8(fh) -> tuple[int, int, str] | None:
+    """(byte offset in the file, 1-based line, reason) of the first byte that is not UTF-8, reading ``fh`` (a
+    binary file, closed here) in chunks; a character split across two chunks is joined first. None if none."""
+    with fh:
+        base, lines, carry = 0, 1, b""
+        while True:
+            chunk = fh.read(_SCAN_CHUNK)
+            if isinstance(chunk, str):  # a text stream was decoded already
+                return None
+            data, last = carry + chunk, not chunk
+            try:
+                data.decode("utf-8")
+                carry = b""
+            except UnicodeDecodeError as exc:
+                if exc.reason == "unexpected end of data" and not last and len(data) - exc.start < 4:
+                    carry = data[exc.start:]  # a character the next chunk completes
+                    data = data[:exc.start]
+                else:
+                    return base + exc.start, lines + data.count(b"\n", 0, exc.start), exc.reason
+            if last:
+                return None
+            base += len(data)
+            lines += data.count(b"\n")
 
 
 def check_column_names(names: list[str], file) -> list[str]:
@@ -150,6 +182,9 @@ def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column
         raise DataError(f"{file}: label column {label!r} not found; columns are {columns}")
     if id_column is not None and id_column not in columns:
         raise DataError(f"{file}: id column {id_column!r} not found; columns are {columns}")
+    if id_column is not None and id_column == label:
+        raise DataError(f"{file}: --label and --id both name column {label!r}; an id names a row and is never a "
+                        "class: give the label column and the id column each its own")
     feature_columns = [x for x in columns if x not in (label, id_column)]
     forced = list(categorical or [])
     for c in forced:

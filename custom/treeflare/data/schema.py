@@ -13,6 +13,11 @@ Feature kinds:
   its codes, so numeric learners split it by threshold on the order.
 
 JSON: ``{"name": "safety", "kind": "ordinal", "categories": ["low", "med", "high"]}``.
+
+One-hot column names (CART's encoding, :meth:`Schema.onehot_names`) are ``column=value``; in the column part a
+``=`` is written ``\\=`` and a backslash ``\\\\``, so every name splits back (:func:`split_onehot_name`) into
+exactly one column and value: categorical ``a`` with value ``b=c`` is ``a=b=c``, categorical ``a=b`` with value
+``c`` is ``a\\=b=c``. Names without ``=`` or a backslash are unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +36,31 @@ LEVELED = ("categorical", "ordinal")  # kinds whose values are a list of categor
 def _schema_error(message: str) -> DataError:
     # About the schema itself (names and kinds everyone shares), so the whole message may leave a site.
     return DataError(message, problem=message)
+
+
+def onehot_name(column: str, value: str | None = None) -> str:
+    """The encoded name of a column of its own (``value`` None: a numeric or ordinal column) or of one category's
+    0/1 column; see the module doc."""
+    escaped = column.replace("\\", "\\\\").replace("=", "\\=")
+    return escaped if value is None else f"{escaped}={value}"
+
+
+def split_onehot_name(name: str) -> tuple[str, str | None]:
+    """(column, value) of a name :func:`onehot_name` made; value None for a column of its own."""
+    if "\\" not in name:
+        column, eq, value = name.partition("=")
+        return (column, value) if eq else (name, None)
+    out, i = [], 0
+    while i < len(name):
+        if name[i] == "\\" and i + 1 < len(name):
+            out.append(name[i + 1])
+            i += 2
+            continue
+        if name[i] == "=":
+            return "".join(out), name[i + 1:]
+        out.append(name[i])
+        i += 1
+    return "".join(out), None
 
 
 @dataclass(frozen=True)
@@ -65,6 +95,11 @@ class Schema:
             raise _schema_error(f"duplicate feature columns: {dup}")
         if self.label in names:
             raise _schema_error(f"label column {self.label!r} is also listed as a feature")
+        if self.id_column is not None and self.id_column == self.label:
+            raise _schema_error(f"column {self.label!r} is given as both the label and the id column: an id names a "
+                                "row, it is not a class (give the label column and the id column each its own)")
+        if self.id_column is not None and self.id_column in names:
+            raise _schema_error(f"id column {self.id_column!r} is also listed as a feature")
         if len(self.classes) != len(set(self.classes)):
             raise _schema_error("duplicate class names in schema")
         self._index.update({n: i for i, n in enumerate(names)})
@@ -97,14 +132,15 @@ class Schema:
             raise DataError(f"unknown feature column {name!r}") from None
 
     def onehot_names(self) -> list[str]:
-        """Column names of :meth:`Table.onehot`: numeric and ordinal columns as they are (an ordinal one holds
-        its codes), ``name=value`` per category of a categorical column."""
+        """Column names of :meth:`Table.onehot`: a numeric or ordinal column (an ordinal one holds its codes) by
+        its name, ``name=value`` per category of a categorical column (:func:`onehot_name`: a ``=`` in the name
+        part is escaped, so no two columns can share a name and each splits back to its own column)."""
         out = []
         for f in self.features:
             if f.kind in ("numeric", "ordinal"):
-                out.append(f.name)
+                out.append(onehot_name(f.name))
             else:
-                out.extend(f"{f.name}={c}" for c in f.categories)
+                out.extend(onehot_name(f.name, c) for c in f.categories)
         return out
 
     def select(self, columns: list[str], keep_label: bool) -> "Schema":
@@ -127,21 +163,47 @@ class Schema:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schema":
+        """The schema of :meth:`to_dict`, every field checked (a schema file or a job's configuration is input)."""
         if not isinstance(d, dict):
             raise _schema_error("schema: expected a JSON object")
-        if d.get("version") != SCHEMA_VERSION:
-            raise _schema_error(f"schema: unsupported version {d.get('version')!r} (expected {SCHEMA_VERSION})")
-        try:
-            for f in d["features"]:
-                if not isinstance(f.get("categories", []), list):
-                    raise _schema_error(f"schema: feature {f.get('name')!r}: categories must be a list")
-            feats = tuple(
-                Feature(str(f["name"]), str(f["kind"]), tuple(str(c) for c in f.get("categories", ())))
-                for f in d["features"]
-            )
-            return cls(feats, str(d["label"]), tuple(str(c) for c in d["classes"]), d.get("id_column"))
-        except (KeyError, TypeError) as exc:
-            raise _schema_error(f"schema: malformed field ({exc})") from None
+        version = d.get("version")
+        if version != SCHEMA_VERSION or isinstance(version, bool):
+            raise _schema_error(f"schema: unsupported version {_short(version)} (expected {SCHEMA_VERSION})")
+        features = d.get("features")
+        if not isinstance(features, list):
+            raise _schema_error(f"schema: 'features' must be a list, got {type(features).__name__}")
+        feats = []
+        for i, f in enumerate(features):
+            if not isinstance(f, dict):
+                raise _schema_error(f"schema: features[{i}] must be an object, got {type(f).__name__}")
+            name = _text(f.get("name"), f"features[{i}].name")
+            categories = f.get("categories", [])
+            if not isinstance(categories, list):
+                raise _schema_error(f"schema: feature {name!r}: categories must be a list")
+            feats.append(Feature(name, _text(f.get("kind"), f"features[{i}].kind"),
+                                 tuple(_text(c, f"feature {name!r}: categories[{k}]") for k, c in enumerate(categories))))
+        classes = d.get("classes")
+        if not isinstance(classes, list):
+            raise _schema_error(f"schema: 'classes' must be a list, got {type(classes).__name__}")
+        id_column = d.get("id_column")
+        return cls(tuple(feats), _text(d.get("label"), "label"),
+                   tuple(_text(c, f"classes[{k}]") for k, c in enumerate(classes)),
+                   None if id_column is None else _text(id_column, "id_column"))
+
+
+def _text(value, field: str) -> str:
+    if not isinstance(value, str):
+        raise _schema_error(f"schema: {field} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _short(value) -> str:
+    """A received value for a message: a short repr, or its type (a huge integer has no affordable repr)."""
+    if isinstance(value, str) or value is None:
+        return repr(value)[:60]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10 ** 12:
+        return str(value)
+    return type(value).__name__
 
 
 def read_schema_file(path) -> Schema:
@@ -149,10 +211,12 @@ def read_schema_file(path) -> Schema:
     holds one); errors name the file."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise DataError(f"{path}: schema file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except RecursionError:
+        raise DataError(f"{path}: not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of thousands of digits
         raise DataError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
         doc = doc["schema"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.schema import split_onehot_name
 from ..trees.tree import LEAF, Tree
 from .merge import deduplicate
 from .rules import MISSING_ONLY, RuleSet
@@ -28,11 +29,13 @@ from .rules import MISSING_ONLY, RuleSet
 __all__ = ["onehot_groups_from_names", "simplify_rules", "collapse_same_class", "onehot_true_column"]
 
 def onehot_groups_from_names(feature_names, feature_kinds) -> list[list[int]]:
-    """Groups of numeric columns named ``attribute=value`` sharing the attribute."""
+    """Groups of numeric columns named ``attribute=value`` sharing the attribute (``Schema.onehot_names``: an
+    "=" in the attribute is escaped, so a column named ``a=b`` is not taken for one of ``a``'s)."""
     groups: dict[str, list[int]] = {}
     for j, (name, kind) in enumerate(zip(feature_names, feature_kinds)):
-        if kind == "numeric" and "=" in str(name):
-            groups.setdefault(str(name).split("=", 1)[0], []).append(j)
+        attribute, value = split_onehot_name(str(name))
+        if kind == "numeric" and value is not None:
+            groups.setdefault(attribute, []).append(j)
     return [cols for cols in groups.values()]
 
 

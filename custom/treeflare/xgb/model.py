@@ -21,7 +21,6 @@ tree job's (``jobs/vertical_tree``), not this one's.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -29,17 +28,13 @@ import numpy as np
 from ..data import DataError, Schema
 from ..prediction import ClassCodesClassifier
 from .encoding import Arrays, feature_types, table_arrays
+from .model_file import OBJECTIVES, ModelError, load_checked_booster  # noqa: F401 (ModelError: importers)
 
 MODEL_ATTR = "treeflare"
 MODEL_FORMAT = "treeflare.xgb.model"
 MODEL_VERSION = 1
 MODES = ("horizontal", "vertical")
 _MAX_ATTR_CHARS = 50_000_000  # a schema with very many categories still fits; a runaway attribute does not
-OBJECTIVES = ("binary:logistic", "multi:softprob")
-
-
-class ModelError(ValueError):
-    """A model file that cannot be used for predictions; the message says which file and why."""
 
 
 def model_info(schema: Schema, mode: str = "horizontal", ranks: dict | None = None) -> dict:
@@ -127,6 +122,10 @@ class XGBModel(ClassCodesClassifier):
             raise ModelError(f"{self.where}: objective {objective!r}; predictions are made for the job's "
                              f"classifiers ({', '.join(OBJECTIVES)})")
         n_class = int(config["learner_model_param"].get("num_class", "0") or 0)
+        n_features = int(config["learner_model_param"].get("num_feature", "0") or 0)
+        if n_features != len(self.feature_names_in_):  # split indices were checked against this count
+            raise ModelError(f"{self.where}: the model reads {n_features} features, its schema lists "
+                             f"{len(self.feature_names_in_)} {list(self.feature_names_in_)}")
         expect = len(self.classes_)
         if (objective == "binary:logistic" and expect != 2) or (objective == "multi:softprob" and n_class != expect):
             raise ModelError(f"{self.where}: the model predicts {2 if objective.startswith('binary') else n_class} "
@@ -150,18 +149,13 @@ class XGBModel(ClassCodesClassifier):
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, path, schema: Schema | dict | None = None) -> "XGBModel":
-        """A native XGBoost model file (JSON or UBJSON). ``schema`` is used when the file carries none."""
-        import xgboost as xgb
-
+        """A native XGBoost model file (JSON or UBJSON), checked field by field before XGBoost reads it
+        (``model_file.py``: a malformed tree array would crash XGBoost). ``schema`` is used when the file carries
+        none."""
         path = Path(path)
         if not path.is_file():
             raise ModelError(f"{path}: file not found")
-        try:
-            booster = xgb.Booster(model_file=str(path))
-        except xgb.core.XGBoostError as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            first = re.sub(r"\[\d\d:\d\d:\d\d\]\s*\S+:\d+:\s*", "", first)  # XGBoost's time and source file
-            raise ModelError(f"{path}: not an XGBoost model XGBoost can load ({first[:300]})") from None
+        booster = load_checked_booster(path)
         info = read_info(booster, str(path))
         if info is None:
             if schema is None:
