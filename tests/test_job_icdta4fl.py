@@ -9,18 +9,38 @@ import sysconfig
 
 import pytest
 
+from data_helpers import set_cell
 from flare_helpers import run_script
 
 pytestmark = pytest.mark.flare
+
+
+CAR = ["--dataset", "car", "--sites", "3", "--partition", "iid", "--seed", "1"]
+# site-2 has 8 rows of class vgood whose safety is blank: scikit-learn splits these off with a threshold of +inf
+MISSING_SITE, MISSING_ROWS = "site-2", 8
+
+
+def _blank_safety(train_csv):
+    lines = train_csv.read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [i for i, line in enumerate(lines) if i and line.split(",")[-1] == "vgood"][:MISSING_ROWS]
+    for i in rows:
+        set_cell(train_csv, i + 1, header.index("safety"), "")
+    return len(rows)
 
 
 @pytest.fixture(scope="module")
 def car_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("icdta4fl")
     ws = tmp / "ws"
+    # the sites read their own copy of the federation (--data-root), in which one site has missing cells
+    sites = tmp / "sites"
+    prep = run_script("scripts/prepare_data.py", [*CAR, "--out", str(sites)], tmp, timeout=60)
+    assert prep.returncode == 0, prep.stderr
+    assert _blank_safety(sites / MISSING_SITE / "train.csv") == MISSING_ROWS
     proc = run_script("jobs/icdta4fl/job.py",
-                      ["--algorithm", "cart", "--dataset", "car", "--sites", "3", "--partition", "iid",
-                       "--seed", "1", "--max-depth", "4", "--workspace", str(ws), "--progress"], tmp, timeout=240)
+                      ["--algorithm", "cart", *CAR, "--max-depth", "4", "--workspace", str(ws), "--progress",
+                       "--data-root", str(sites)], tmp, timeout=240)
     return proc, ws
 
 
@@ -30,7 +50,9 @@ def test_report_content(car_run):
     report = json.loads((ws / "report.json").read_text())
     assert report["job"] == "icdta4fl" and report["algorithm"] == "cart" and report["dataset"] == "car"
     assert report["partition"] == {"kind": "iid", "alpha": None, "seed": 1}
+    # site-2's missing cells are routed as its tree learned them: its tree is valid and the site is kept
     assert report["n_sites"] == 3 and not report["dropped_sites"]
+    assert MISSING_SITE in report["sites"] and report["sites"][MISSING_SITE]["n_train"] > 0
     assert 1 <= len(report["selected_sites"]) <= 3
     assert set(report["selected_sites"]) <= set(report["sites"])
     assert set(report["thresholds"]) >= {"accuracy", "macro_f1"}
