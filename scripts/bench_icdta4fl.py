@@ -5,8 +5,9 @@ Grid: the four embedded datasets x partitions {iid, quantity a=0.5, label a=0.5}
 {cart, id3} x seeds. Per run, on the server's global test set: the one-round tree (the paper's method),
 the tree after 1, 2 and 3 refinement rounds, the best and mean local trees, and a centralized tree (same
 learner and depth on the union of the sites' training rows). The refinement here sums the sites' count
-vectors in plaintext: the job sums the same vectors under Paillier, which the tests show gives the same
-sums; the encrypted protocol's time and bytes are measured separately (adult, up to 100 sites).
+vectors in plaintext, with the job's adopt check on the sites' validation rows: the job sums the same vectors
+pairwise-masked, which the tests show gives the same sums; the masked round's time and bytes are measured
+separately (adult, up to 100 sites).
 
 Targets (issue 10), checked and printed:
   BEST:  refined accuracy >= the best local tree's in >= 80% of runs, and its mean over seeds >= the best
@@ -16,10 +17,11 @@ Targets (issue 10), checked and printed:
   F1:    mean refined macro-F1 >= mean local macro-F1 in every cell;
   TIME:  aggregation + refinement for 100 sites on adult <= 10 s of server time; each reply < 1 MB.
 
-    nice -n 10 python scripts/bench_icdta4fl.py [--quick] [--seeds 0 1 2 3 4]
+    nice -n 10 python scripts/bench_icdta4fl.py [--quick] [--seeds 0 1 2 3 4] [--timing-only]
 
 Writes scripts/results/icdta4fl_bench.{md,csv}, icdta4fl_bench_runs.csv, icdta4fl_rounds.png and the README
-block ``icdta4fl``.
+block ``icdta4fl``; the masked round's timing goes to icdta4fl_secagg.md and the README block ``icdta4fl_secagg``
+(``--timing-only``: that part alone).
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ def targets(summary, rows) -> dict:
 
 
 def protocol_timing(sites_list, seed=0) -> list[dict]:
-    """The encrypted refinement round on adult (CART, IID): site encryption, server sum and growth, reply size."""
-    from treeflare.crypto import secure_sum
+    """The masked refinement round on adult (CART, IID): a site's masking, the server's sum and growth, reply size."""
+    from treeflare.crypto import secagg
+    from treeflare.icdta4fl.payloads import feature_totals
 
     table = load_dataset("adult")
     out = []
@@ -150,36 +153,49 @@ def protocol_timing(sites_list, seed=0) -> list[dict]:
                                              bounds=threshold_bounds(fed.schema, "cart"))
         plan = refine.plan_round(model.tree_, cands, stats["max_depth"])
         t_plan = time.perf_counter() - t0
-        holder = secure_sum.SumKeyHolder(2048)
-        pk = secure_sum.public_key_from_array(holder.public_array())
-        bits = secure_sum.slot_bits_for(sum(len(s["y_train"]) for s in sites))
-        n_ct = secure_sum.n_ciphertexts(plan.n_values, pk.bits, bits)
-        # every site's work is the same size: encrypt three sites' vectors, time each, reuse for the others
-        enc_s, arrays = [], []
+        keys = [secagg.MaskingKeys(f"site-{i + 1}", "bench") for i in range(n_sites)]
+        peers = {k.site: k.public for k in keys}
+        # what each site masks: its counts, then its rows counted nowhere (as the job's sites send)
+        vectors = []
         for s in sites:
-            vec = refine.count_vector(model.tree_, cands, plan, s["X_train"], s["y_train"])
-            if len(arrays) < 3:
-                t = time.perf_counter()
-                arrays.append(secure_sum.encrypt_counts(pk, vec, bits))
-                enc_s.append(time.perf_counter() - t)
-        wire = [arrays[i % len(arrays)] for i in range(n_sites)]
+            v = refine.count_vector(model.tree_, cands, plan, s["X_train"], s["y_train"])
+            vectors.append(np.append(v, len(s["y_train"]) - int(feature_totals(v, plan, cands)[0])))
+        # every site's work is the same size (one X25519 exchange and one keystream per peer): time three sites'
+        # masking and reuse their vectors for the others in the server's sum
+        mask_s, masked = [], []
+        for k, v in zip(keys[:3], vectors[:3]):
+            t = time.perf_counter()
+            masked.append(k.mask(v, peers, 1))
+            mask_s.append(time.perf_counter() - t)
+        wire = [masked[i % len(masked)] for i in range(n_sites)]
         t0 = time.perf_counter()
-        summed = secure_sum.add_encrypted(pk, wire, n_ct)
+        secagg.sum_masked(wire)
         t_sum = time.perf_counter() - t0
+        summed = np.sum(vectors, axis=0)  # what the masked sum is when every site sends its own vector (tested)
         t0 = time.perf_counter()
-        sums = holder.decrypt_round(1, summed, plan.n_values, bits)
-        t_dec = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        refine.refine_tree(model.tree_, cands, plan, sums.astype(float), max_leaves=stats["max_leaves"],
+        refine.refine_tree(model.tree_, cands, plan, summed[:-1].astype(float), max_leaves=stats["max_leaves"],
                            max_depth=stats["max_depth"])
         t_grow = time.perf_counter() - t0
         row = {"n_sites": n_sites, "aggregate_s": t_agg, "plan_s": t_plan, "sum_s": t_sum, "grow_s": t_grow,
-               "server_s": t_agg + t_plan + t_sum + t_grow, "key_holder_decrypt_s": t_dec,
-               "site_encrypt_s": float(np.median(enc_s)), "n_values": plan.n_values, "n_ciphertexts": n_ct,
-               "reply_bytes": int(wire[0].nbytes)}
+               "server_s": t_agg + t_plan + t_sum + t_grow, "site_mask_s": float(np.median(mask_s)),
+               "n_values": int(summed.size), "reply_bytes": int(wire[0].nbytes)}
         print("timing", json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         out.append(row)
     return out
+
+
+def timing_markdown(timing, settings) -> str:
+    lines = [f"Settings: {json.dumps(settings)}.", "",
+             "Masked refinement round, adult, CART, IID (pairwise-masked sums: X25519, HKDF-SHA256, ChaCha20 mod 2^64; "
+             "one process; server time = aggregation + candidate plan + summing the masked vectors + growth; a "
+             "site's masking, one key agreement and one keystream per peer, is listed apart; sites work in "
+             "parallel):", "",
+             "| sites | server s | of which aggregation s | sum s | growth s | site masking s | counts | reply bytes |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in timing:
+        lines.append(f"| {t['n_sites']} | {t['server_s']:.2f} | {t['aggregate_s']:.2f} | {t['sum_s']:.3f} | "
+                     f"{t['grow_s']:.2f} | {t['site_mask_s']:.3f} | {t['n_values']} | {t['reply_bytes']:,} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot_rounds(rows, path):
@@ -212,7 +228,7 @@ def plot_rounds(rows, path):
     plt.close(fig)
 
 
-def markdown(summary, rows, timing, settings) -> str:
+def markdown(summary, rows, settings) -> str:
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     lines = [f"Settings: {json.dumps(settings)}. {len(rows)} runs; scores in % on the server's global test set, "
              "mean over seeds. Local trees depth 5, filter percentile 75, budget: leaves <= 2 x largest selected "
@@ -243,17 +259,6 @@ def markdown(summary, rows, timing, settings) -> str:
                      f"({c['max_leaves']:.0f}) | {c['refined1_depth']:.1f} ({c['max_depth']:.0f}) | "
                      f"{' '.join(marks) or 'ok'} |")
     lines += ["", "Targets: " + "; ".join(f"{k} {a}/{b}" for k, (a, b, _) in targets(summary, rows).items()) + "."]
-    if timing:
-        lines += ["", "Encrypted refinement round, adult, CART, IID (2048-bit Paillier, one process; server time = "
-                  "aggregation + candidate plan + summing ciphertexts + growth; the key holder's decryption and a "
-                  "site's encryption are listed apart; sites work in parallel):", "",
-                  "| sites | server s | of which aggregation s | sum s | growth s | key holder decrypt s | "
-                  "site encrypt s | counts | ciphertexts | reply bytes |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for t in timing:
-            lines.append(f"| {t['n_sites']} | {t['server_s']:.2f} | {t['aggregate_s']:.2f} | {t['sum_s']:.2f} | "
-                         f"{t['grow_s']:.2f} | {t['key_holder_decrypt_s']:.2f} | {t['site_encrypt_s']:.2f} | "
-                         f"{t['n_values']} | {t['n_ciphertexts']} | {t['reply_bytes']:,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -264,6 +269,7 @@ def main(argv=None):
     ap.add_argument("--datasets", nargs="*", default=None)
     ap.add_argument("--timing-sites", type=int, nargs="*", default=[5, 10, 20, 50, 100])
     ap.add_argument("--out", default=str(ROOT / "scripts" / "results"))
+    ap.add_argument("--timing-only", action="store_true", help="only the masked round's timing table")
     args = ap.parse_args(argv)
     datasets = args.datasets or (["car", "nursery"] if args.quick else DATASETS)
     partitions = [("iid", None)] if args.quick else PARTITIONS
@@ -274,6 +280,10 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     stem = "icdta4fl_bench_quick" if args.quick else "icdta4fl_bench"
     t0 = time.perf_counter()
+    if args.timing_only:
+        write_timing(out, timing_sites, args.quick, "python scripts/bench_icdta4fl.py --timing-only"
+                     + (" --quick" if args.quick else ""))
+        return
     rows = []
     for dataset in datasets:
         table = load_dataset(dataset)
@@ -290,11 +300,10 @@ def main(argv=None):
                         print(f"{dataset} {kind} {algorithm} {n_sites} s{seed}: one {row['one_round_acc']:.4f} "
                               f"r1 {row['refined1_acc']:.4f} r3 {row['refined3_acc']:.4f} best {row['best_local_acc']:.4f} "
                               f"central {row['central_acc']:.4f} start {row['start']}", flush=True)
-    timing = protocol_timing(timing_sites)
     settings = bench_settings(seeds=seeds, elapsed_s=round(time.perf_counter() - t0),
                               command="python scripts/bench_icdta4fl.py" + (" --quick" if args.quick else ""))
     summary = summarise(rows)
-    text = markdown(summary, rows, timing, settings)
+    text = markdown(summary, rows, settings)
     (out / f"{stem}.md").write_text("# ICDTA4FL benchmark (in process)\n\n" + text)
     for name, data in ((f"{stem}.csv", summary), (f"{stem}_runs.csv", rows)):
         with open(out / name, "w", newline="") as fh:
@@ -304,6 +313,19 @@ def main(argv=None):
     plot_rounds(rows, out / ("icdta4fl_rounds_quick.png" if args.quick else "icdta4fl_rounds.png"))
     if not args.quick:
         write_readme_block(ROOT / "README.md", "icdta4fl", text)
+    print(text)
+    write_timing(out, timing_sites, args.quick, settings["command"])
+
+
+def write_timing(out: Path, timing_sites, quick: bool, command: str) -> None:
+    t0 = time.perf_counter()
+    timing = protocol_timing(timing_sites)
+    settings = bench_settings(elapsed_s=round(time.perf_counter() - t0), command=command)
+    text = timing_markdown(timing, settings)
+    (out / ("icdta4fl_secagg_quick.md" if quick else "icdta4fl_secagg.md")).write_text(
+        "# ICDTA4FL masked refinement round (in process)\n\n" + text)
+    if not quick:
+        write_readme_block(ROOT / "README.md", "icdta4fl_secagg", text)
     print(text)
 
 

@@ -6,7 +6,8 @@
   results per returned ciphertext, with overflow detection;
 * :mod:`.backend` -- the key-holder / public-context interface the vertical job uses (batches,
   worker processes, wire format);
-* :mod:`.workers` -- persistent worker processes (no fork, no pickle).
+* :mod:`.workers` -- persistent worker processes (no fork, no pickle);
+* :mod:`.secagg` -- pairwise-masked secure aggregation with signed X25519 keys (ICDTA4FL refinement; not Paillier).
 """
 from .backend import (CiphertextError, KeyHolder, MockKeyHolder, MockPublicKey, PaillierKeyHolder,
                       PaillierPublic, PublicContext, make_key_holder,

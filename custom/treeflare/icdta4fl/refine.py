@@ -3,7 +3,7 @@
 The one-round method (merge the selected trees' rules, rebuild one tree) can only recombine what the local
 trees already say, so the global tree is about as good as the best local tree. One more federated round fixes
 that: the server sends the current tree; every site returns, for each leaf, class counts per cell of every
-candidate split (``refine_counts``); the server sums them (encrypted: ``crypto.secure_sum``), relabels the
+candidate split (``refine_counts``); the server sums them (pairwise-masked: ``crypto.secagg``), relabels the
 leaves with the true counts and re-splits where the sums say it pays, within the leaf and depth budget.
 
 * ``choose_start``: never worse than the pieces; a capped merge, or a one-round tree that scores lower on
