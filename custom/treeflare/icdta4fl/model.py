@@ -220,7 +220,8 @@ def _condition(tree, node, pos, names, category_names, decimals) -> str:
         return f"{name} is not missing"
     text = _value_condition(tree, node, pos, name, j, category_names, decimals)
     points = tree.split_points[node]
-    onehot = tree.kind[node] == NUMERIC and "=" in name and len(points) == 1 and 0.0 <= points[0] < 1.0
+    onehot = (tree.kind[node] == NUMERIC and split_onehot_name(name)[1] is not None and len(points) == 1
+              and 0.0 <= points[0] < 1.0)
     # a one-hot column holds no NaN (a missing category is all zeros): its default side would only clutter
     return f"{text} or missing" if pos == tree.missing[node] and not onehot else text
 
