@@ -51,7 +51,8 @@ def parse_args(argv=None):
                    help="how the peer-score thresholds are set (default percentile)")
     g.add_argument("--percentile", type=float, default=75.0, help="q for --statistic percentile (default 75)")
     g.add_argument("--max-leaves", type=int, default=None,
-                   help="global tree leaf budget (default: 2 x the largest selected local tree)")
+                   help="global tree leaf budget (default: 2 x the largest selected local tree, at least 2 x the "
+                        "median local tree)")
     g.add_argument("--global-max-depth", type=int, default=None,
                    help="global tree depth budget (default: --max-depth + 2)")
     r = p.add_argument_group("refinement (protected counts)")
@@ -61,6 +62,10 @@ def parse_args(argv=None):
     r.add_argument("--refine-epsilon", type=float, default=None, metavar="E",
                    help="differential privacy: each site adds discrete Laplace noise to its counts, epsilon E per "
                         "round (default: no noise)")
+    r.add_argument("--refine-objective", choices=["accuracy", "balanced"], default="accuracy",
+                   help="what the rounds minimise: misclassified training rows (accuracy, default: the better "
+                        "macro-F1 on most imbalanced data measured, scripts/bench_icdta4fl.py) or the same with classes "
+                        "weighted inversely to their pooled totals (balanced: the minority class is predicted more often)")
     g.add_argument("--min-clients", type=int, default=2, help="fewest valid sites the job goes on with")
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has per task")
     g.add_argument("--data-root", default=None,
@@ -94,7 +99,8 @@ def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str])
         min_clients=args.min_clients, task_timeout=args.task_timeout,
         server_test=str(server_test) if server_test and server_test.is_file() else "",
         job_info={"dataset": fed_summary["dataset"], "partition": fed_summary["partition"]},
-        refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon},
+        refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon,
+                       "objective": args.refine_objective},
     ), id="icdta4fl_controller")
     job.to_server(ProgressReporter(), id=PROGRESS_ID)  # phase lines the job script prints while FLARE runs
     job.to_clients(ICDTA4FLExecutor(data_root=str(data_root) if data_root else ""), tasks=TASKS)
@@ -141,7 +147,7 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "params": {"max_depth": args.max_depth, "criterion": args.criterion, "statistic": args.statistic,
                    "percentile": args.percentile, "max_leaves": args.max_leaves,
                    "global_max_depth": args.global_max_depth, "refine_rounds": args.refine_rounds,
-                   "refine_epsilon": args.refine_epsilon, "env": args.env},
+                   "refine_epsilon": args.refine_epsilon, "refine_objective": args.refine_objective, "env": args.env},
         "timings_s": {**server["timings_s"], **timings},
     }
     return report

@@ -42,7 +42,7 @@ from .workflow import JobFailed, ResultWorkflow
 RESULT_FILE = "icdta4fl_result.json"
 PHASES = {TRAIN: "local training", SCORE_TREES: "peer scoring", SCORE_GLOBAL: "global evaluation",
           REFINE_COUNTS: "masked counts"}
-DEFAULT_REFINE = {"rounds": 1, "epsilon": None}
+DEFAULT_REFINE = {"rounds": 1, "epsilon": None, "objective": "accuracy"}
 
 
 class ICDTA4FLController(ResultWorkflow):
@@ -65,7 +65,8 @@ class ICDTA4FLController(ResultWorkflow):
             server_test: the server's own global test CSV (optional), for global metrics.
             job_info: free-form facts copied into the result (dataset, partition).
             refine_params: refinement rounds (``rounds``, 0 = the paper's one-round method) and optional
-                differential-privacy ``epsilon`` per round.
+                differential-privacy ``epsilon`` per round; ``objective`` "accuracy" (default) or "balanced"
+                (classes weighted inversely to their pooled totals; see ``refine.refine_tree``).
         """
         super().__init__()
         # NVFlare writes the job config from attributes named like the arguments: keep those as given.
@@ -176,7 +177,7 @@ class ICDTA4FLController(ResultWorkflow):
         timings = result["timings_s"]
         eps = self._refine["epsilon"]
         objective = self._refine.get("objective", "accuracy")
-        info = {"rounds_requested": self._refine["rounds"], "epsilon": eps,
+        info = {"rounds_requested": self._refine["rounds"], "epsilon": eps, "objective": objective,
                 "aggregation": "pairwise-masked sum mod 2^64 (X25519, HKDF-SHA256, ChaCha20)",
                 "key_authentication": None, "history": [], "adoption": []}
         result["refinement"] = info
@@ -303,7 +304,8 @@ class ICDTA4FLController(ResultWorkflow):
         if eps is None and not _consistent(values[:-1], plan, candidates):
             raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
         t_counts = time.perf_counter() - t
-        new_tree, stats = refine.refine_tree(tree, candidates, plan, values[:-1], **budget)
+        new_tree, stats = refine.refine_tree(tree, candidates, plan, values[:-1], **budget,
+                                             objective=self._refine["objective"])
         entry = {"round": r, "sites": len(contributors), "n_values": n_values, "bytes_per_site": 8 * n_values,
                  "site_mask_s_max": max(replies[s]["mask_s"] for s in contributors), "counts_s": t_counts,
                  "rows": float(feature_totals(values[:-1], plan, candidates)[0] + values[-1]), **stats}
@@ -421,6 +423,8 @@ def _check_refine_params(params: dict) -> dict:
     eps = p["epsilon"]
     if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1e6):
         raise ValueError(f"refinement epsilon must be a positive number, got {eps!r}")
+    if p["objective"] not in refine.OBJECTIVES:
+        raise ValueError(f"refinement objective must be one of {list(refine.OBJECTIVES)}, got {p['objective']!r}")
     return p
 
 

@@ -1,0 +1,107 @@
+"""Issue 19 item 4: the global tree's size budget comes from every valid local tree, not only the selected ones
+(one weak selected tree no longer caps the global tree at a handful of leaves), and the refinement's objective
+can weigh classes (``balanced``), so an imbalanced set does not collapse to the majority class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.utils.class_weight import compute_class_weight
+
+from treeflare.flare.icdta4fl_controller import DEFAULT_REFINE, _check_refine_params
+from treeflare.icdta4fl import aggregate, pipeline, refine
+from treeflare.trees.cart import fit_cart
+from treeflare.trees.tree import leaf_tree
+
+
+def _imbalanced(n, seed):
+    """One feature; the minority class (1) is 10% of rows below 0.5 and 40% above: 25% overall, never a leaf's
+    majority, so a tree that counts misclassified rows predicts class 0 everywhere."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 1, size=(n, 2))
+    y = (rng.uniform(size=n) < np.where(X[:, 0] < 0.5, 0.10, 0.40)).astype(np.int64)
+    return X, y
+
+
+def test_one_weak_selected_tree_gets_a_budget_from_all_local_trees():
+    X, y = _imbalanced(2000, 0)
+    rng = np.random.default_rng(1)
+    X = np.column_stack([X, rng.normal(size=(len(y), 3))])
+    y = np.where(rng.uniform(size=len(y)) < 0.3, 1 - y, y)  # noise, so that deep trees have many leaves
+    weak = fit_cart(X[:200], y[:200], n_classes=2, max_depth=1)
+    strong = [fit_cart(X[i:i + 600], y[i:i + 600], n_classes=2, max_depth=5) for i in (200, 800, 1400)]
+    trees = [weak, *strong]
+    leaves = sorted(t.n_leaves for t in trees)
+    assert weak.n_leaves == 2 and leaves[1] >= 8
+    _, stats = aggregate(trees, [0], classes=["0", "1"])
+    # the old budget was 2 x the selected tree's 2 leaves and its depth 1 + 2
+    assert stats["max_leaves"] >= 2 * int(np.median(leaves)) > 4
+    assert stats["max_depth"] >= int(np.median([t.depth for t in trees])) + 2 > 3
+    # a malformed tree that is not selected is no site's evidence: skipped, not a crash
+    bad = {**strong[0].to_dict(), "counts": [[float("nan"), 1.0]] * strong[0].n_nodes}
+    _, stats_bad = aggregate([weak, bad, *strong[1:]], [0], classes=["0", "1"])
+    assert stats_bad["max_leaves"] >= 4
+    # an explicit budget still wins
+    _, fixed = aggregate(trees, [0], classes=["0", "1"], params={"max_leaves": 3, "max_depth": 2})
+    assert (fixed["max_leaves"], fixed["max_depth"]) == (3, 2)
+
+
+def _round(objective, n_sites=3):
+    """One refinement round from a single leaf, on three sites' imbalanced rows."""
+    parts = [_imbalanced(1500, seed) for seed in range(n_sites)]
+    local = fit_cart(*parts[0], n_classes=2, max_depth=3)
+    start = leaf_tree(["numeric", "numeric"], np.bincount(parts[0][1], minlength=2).astype(float))
+    cands = refine.candidates_from_trees([local], feature_kinds=["numeric", "numeric"], n_categories=[0, 0],
+                                         bounds=None)
+    plan = refine.plan_round(start, cands, 4)
+    summed = np.sum([refine.count_vector(start, cands, plan, X, y) for X, y in parts], axis=0)
+    tree, stats = refine.refine_tree(start, cands, plan, summed, max_leaves=8, max_depth=4, objective=objective)
+    return tree, stats, np.vstack([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def test_balanced_objective_predicts_the_minority_where_accuracy_collapses():
+    flat, acc_stats, X, y = _round("accuracy")
+    assert np.all(flat.predict(X) == 0)  # every leaf's majority is class 0: the tree says "majority" everywhere
+    assert acc_stats["objective"] == "accuracy"
+    tree, stats, X, y = _round("balanced")
+    pred = tree.predict(X)
+    upper = X[:, 0] >= 0.5
+    assert stats["objective"] == "balanced" and tree.n_leaves >= 2
+    assert np.mean(pred[upper] == 1) > 0.8 and np.mean(pred[~upper] == 0) > 0.8
+    recall = np.mean(pred[y == 1] == 1)
+    assert recall > 0.6
+    # counts are class-weighted rows: the pooled classes weigh the same and the pooled rows keep their number
+    root = tree.counts[0]
+    assert root.sum() == pytest.approx(len(y)) and root[0] == pytest.approx(root[1])
+
+
+def test_balanced_class_weights_are_scikit_learns():
+    y = np.array([0] * 70 + [1] * 25 + [2] * 5)
+    totals = np.bincount(y, minlength=4).astype(float)
+    w = refine.balanced_class_weights(totals)
+    assert np.allclose(w[:3], compute_class_weight("balanced", classes=np.arange(3), y=y))
+    assert w[3] == 1.0  # an absent class: no rows to weigh
+    assert np.allclose(refine.balanced_class_weights(np.zeros(2)), 1.0)
+
+
+def test_objective_is_checked_and_reaches_every_round():
+    with pytest.raises(ValueError, match="objective"):
+        _round("macro_f1")
+    assert DEFAULT_REFINE["objective"] == "accuracy" and _check_refine_params({})["objective"] == "accuracy"
+    assert _check_refine_params({"objective": "balanced"})["objective"] == "balanced"
+    with pytest.raises(ValueError, match="refinement objective must be one of"):
+        _check_refine_params({"objective": "f1"})
+    sites = []
+    for seed in range(4):
+        X, y = _imbalanced(800, seed)
+        sites.append({"X_train": X[:600], "y_train": y[:600], "X_test": X[600:], "y_test": y[600:]})
+    Xg, yg = _imbalanced(1000, 9)
+    minority = {}
+    for objective in refine.OBJECTIVES:
+        out = pipeline.run_in_process(sites, algorithm="cart", classes=["0", "1"], local_params={"max_depth": 3},
+                                      X_global_test=Xg, y_global_test=yg, refine_rounds=2,
+                                      refine_objective=objective)
+        history = out["refined"]["history"]
+        assert [h["objective"] for h in history] == [objective] * len(history)
+        minority[objective] = np.mean(out["refined"]["tree"].predict(Xg) == 1)
+    assert minority["balanced"] > minority["accuracy"] + 0.2
