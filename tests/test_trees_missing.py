@@ -226,3 +226,26 @@ def test_global_tree_text_and_explanation_name_the_missing_branch():
     assert steps[-1] == "v is missing" or any("or missing" in s for s in steps)
     id3 = GlobalTree(fit_id3(X, y, n_classes=3, feature_kinds=["numeric"] * 4), ["a", "b", "c"], ["u", "v", "w", "z"])
     assert "otherwise (missing value)" in id3.export_text()
+
+
+def test_saved_model_predicts_a_csv_with_blank_cells_as_the_tree_does(tmp_path):
+    import pandas as pd
+
+    from treeflare.prediction import predict_csv
+
+    X, y = _data_with_missing(4)
+    clf = DecisionTreeClassifier(max_depth=4, random_state=0).fit(X, y)
+    names = ["u", "v", "w", "z"]
+    schema = {"version": 1, "features": [{"name": n, "kind": "numeric"} for n in names], "label": "y",
+              "classes": ["a", "b", "c"], "id_column": None}
+    model = GlobalTree(tree_from_sklearn(clf, n_classes=3), ["a", "b", "c"], names, data_schema=schema,
+                       encoding="cart")
+    model.save_json(tmp_path / "global_tree.json")
+    model.plot(tmp_path / "tree.png")  # the missing-only child is drawn like any other
+    assert (tmp_path / "tree.png").read_bytes()[:4] == b"\x89PNG"
+    frame = pd.DataFrame(X[:60], columns=names).astype(object).where(~np.isnan(X[:60]), "")
+    frame.to_csv(tmp_path / "new.csv", index=False)
+    predict_csv(tmp_path / "global_tree.json", tmp_path / "new.csv", tmp_path / "out.csv", explain=True)
+    out = pd.read_csv(tmp_path / "out.csv", dtype=str, keep_default_na=False)
+    assert list(out["predicted"]) == [["a", "b", "c"][k] for k in clf.predict(X[:60])]
+    assert out["explanation"].str.contains("v is missing").any()

@@ -212,7 +212,9 @@ def plan_round(tree: Tree, candidates: SplitCandidates, max_depth=None,
 def count_vector(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, X, y) -> np.ndarray:
     """A site's counts for one round (int64, length ``plan.n_values``): what it encrypts and sends.
 
-    Rows that stop at an internal node (a missing value or unseen category on the path) count nowhere.
+    A row follows the tree as prediction does (a NaN takes a node's ``missing`` child); rows that stop at an
+    internal node (a NaN where the node has no ``missing`` child, as ID3's, or an unseen category) count nowhere.
+    Within a leaf's histogram a NaN falls in its feature's last cell, which the split search sends to one side.
     """
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.int64)
