@@ -21,6 +21,7 @@ from treeflare.icdta4fl import aggregate, refine, score_trees, select_trees, tra
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
 from treeflare.icdta4fl.payloads import feature_totals
 from treeflare.trees.tree import LEAF, NUMERIC, Tree
+from treeflare.trees.validate import PayloadError
 
 
 def _federation(dataset, algorithm, n_sites=4, seed=0, kind="iid"):
@@ -341,6 +342,21 @@ def test_one_site_cannot_wreck_the_refined_tree(nursery_federation, tmp_path, ep
             info["adoption"][0]["why"]
     assert info["rounds_done"] == 0
     assert result["global"]["accuracy"] > 0.85, result["global"]  # the start tree, not a wrecked one
+
+
+def test_a_site_declares_exactly_the_rows_its_tree_holds(nursery):
+    """A site's declared training rows bound what it may add to the sums: they must be its tree's root count."""
+    from treeflare.icdta4fl.encoding import tree_limits
+    from treeflare.icdta4fl.payloads import check_train_reply
+
+    tree = nursery["trees"][0]
+    limits = tree_limits(nursery["fed"].schema, "cart" if all(k == "numeric" for k in nursery["kinds"]) else "id3",
+                         max_depth=4, n_bins=4)
+    rows = int(round(tree.counts[0].sum()))
+    reply = {"tree": tree.to_dict(), "n_train": rows, "n_test": 10, "local": {"accuracy": 0.9, "macro_f1": 0.8}}
+    assert check_train_reply(reply, limits=limits)["n_train"] == rows
+    with pytest.raises(PayloadError, match=f"n_train: {43 * rows} declared rows, but the site's tree holds {rows}"):
+        check_train_reply({**reply, "n_train": 43 * rows}, limits=limits)
 
 
 def test_adopt_refined_compares_the_pooled_validation_score():
