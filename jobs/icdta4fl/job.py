@@ -64,8 +64,8 @@ def parse_args(argv=None):
                         "round (default: no noise)")
     r.add_argument("--refine-objective", choices=["accuracy", "balanced"], default="accuracy",
                    help="what the rounds minimise: misclassified training rows (accuracy, default: the better "
-                        "macro-F1 on most imbalanced data measured, scripts/bench_icdta4fl.py) or the same with classes "
-                        "weighted inversely to their pooled totals (balanced: the minority class is predicted more often)")
+                        "macro-F1 on most imbalanced data measured, scripts/bench_icdta4fl.py) or the same with "
+                        "classes weighted inversely to their pooled totals (balanced: the minority is predicted more)")
     g.add_argument("--min-clients", type=int, default=2, help="fewest valid sites the job goes on with")
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has per task")
     g.add_argument("--data-root", default=None,

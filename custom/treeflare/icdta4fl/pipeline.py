@@ -51,7 +51,7 @@ DEFAULT_AGGREGATE_PARAMS = {
     "cap_by": "refine",              # cap by refining the most impure rules only ("entropy": the reference)
     "fallback_support": 1.0,         # pseudo-support of rules for categories unseen at a node
     "tree_weighting": "samples",     # "equal": every selected tree's class mass rescaled to one total
-    "max_leaves": "auto",            # 2 x the largest selected tree's leaves, at least the local median's; None = unlimited
+    "max_leaves": "auto",            # 2 x the largest selected tree's leaves (or the local median's); None = no cap
     "max_depth": "auto",             # the selected trees' max depth (at least the local median's) + 2; None = unlimited
     "criterion": "entropy",
     "weighting": "support",          # "uniform" = the reference's unweighted means

