@@ -36,11 +36,11 @@ def make_ca(project="project"):
     return key, cert
 
 
-def write_kit(folder, site, ca, cn=None):
+def write_kit(folder, site, ca, cn=None, expired=False):
     """A startup kit's three files for ``site`` as NVFlare's provisioning writes them (RSA 2048, O=org, CN=site)."""
     ca_key, ca_cert = ca
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=30 if expired else 0)
     cert = (x509.CertificateBuilder().subject_name(_name(cn or site, "org")).issuer_name(ca_cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
@@ -129,6 +129,14 @@ def test_a_certificate_from_another_ca_or_naming_another_site_is_refused(kits):
         kits["ids"]["site-4"].root_ca)).record()
     with pytest.raises(secagg.SecAggError, match="names 'site-4'"):
         _verify(keys, [*records[:2], as_site3, records[3]], kits=kits)
+    # an expired certificate from the right CA, naming the right site: refused where it is loaded, and by peers
+    old = write_kit(tmp / "old3", "site-3", kits["ca"], expired=True)
+    with pytest.raises(secagg.SecAggError, match="not valid now"):
+        secagg.SiteIdentity.from_kit(old, "site-3")
+    stale = secagg.SiteIdentity("site-3", serialization.load_pem_private_key((old / "client.key").read_bytes(), None),
+                                x509.load_pem_x509_certificate((old / "client.crt").read_bytes()), kits["ca"][1])
+    with pytest.raises(secagg.SecAggError, match="not valid now"):
+        _verify(keys, [*records[:2], secagg.MaskingKeys("site-3", JOB, stale).record(), records[3]], kits=kits)
     # a kit whose certificate names another site is refused where it is loaded
     with pytest.raises(secagg.SecAggError, match="names 'site-9'"):
         secagg.SiteIdentity.from_kit(write_kit(tmp / "wrong", "site-1", kits["ca"], cn="site-9"), "site-1")
