@@ -32,9 +32,9 @@ __all__ = ["SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round
 
 MAX_THRESHOLDS_PER_FEATURE = 32
 MAX_REFINE_ROUNDS = 10  # per job (--refine-rounds); each round spends the sites' privacy budget again
-# values in one site's reply: at 20-bit slots and 2048-bit keys, 1M values are ~10k ciphertexts (5 MB)
+# values in one site's reply: 1M masked uint64 values are 8 MB
 MAX_REFINE_VALUES = 1_000_000
-DEFAULT_ROUND_VALUES = 100_000  # what the server asks per round: ~0.5 MB of ciphertexts per site at 2048 bits
+DEFAULT_ROUND_VALUES = 100_000  # what the server asks per round: ~0.8 MB of masked values per site
 
 
 def gini(mass: np.ndarray) -> np.ndarray:
@@ -190,8 +190,8 @@ def plan_round(tree: Tree, candidates: SplitCandidates, max_depth=None,
 
     A leaf's histogram serves the leaf itself (if it is above the depth budget) and every ancestor (an
     internal node's histogram is the sum of its leaves'), which the server may cut and re-split. So every
-    leaf sends one, as long as a reply stays within ``max_values`` counts (about 0.5 MB of ciphertexts at
-    2048 bits); beyond that the leaves with the most estimated impurity (count x Gini of the tree's own
+    leaf sends one, as long as a reply stays within ``max_values`` counts (about 0.8 MB of masked
+    values); beyond that the leaves with the most estimated impurity (count x Gini of the tree's own
     counts), those above the depth budget first, get histograms and the rest send class counts only.
     """
     depth = tree.node_depths()
