@@ -170,7 +170,7 @@ class Schema:
         if version != SCHEMA_VERSION or isinstance(version, bool):
             raise _schema_error(f"schema: unsupported version {_short(version)} (expected {SCHEMA_VERSION})")
         features = d.get("features")
-        if not isinstance(features, list):
+        if not isinstance(features, (list, tuple)):
             raise _schema_error(f"schema: 'features' must be a list, got {type(features).__name__}")
         feats = []
         for i, f in enumerate(features):
@@ -178,12 +178,12 @@ class Schema:
                 raise _schema_error(f"schema: features[{i}] must be an object, got {type(f).__name__}")
             name = _text(f.get("name"), f"features[{i}].name")
             categories = f.get("categories", [])
-            if not isinstance(categories, list):
+            if not isinstance(categories, (list, tuple)):
                 raise _schema_error(f"schema: feature {name!r}: categories must be a list")
             feats.append(Feature(name, _text(f.get("kind"), f"features[{i}].kind"),
                                  tuple(_text(c, f"feature {name!r}: categories[{k}]") for k, c in enumerate(categories))))
         classes = d.get("classes")
-        if not isinstance(classes, list):
+        if not isinstance(classes, (list, tuple)):
             raise _schema_error(f"schema: 'classes' must be a list, got {type(classes).__name__}")
         id_column = d.get("id_column")
         return cls(tuple(feats), _text(d.get("label"), "label"),
