@@ -105,3 +105,15 @@ def test_objective_is_checked_and_reaches_every_round():
         assert [h["objective"] for h in history] == [objective] * len(history)
         minority[objective] = np.mean(out["refined"]["tree"].predict(Xg) == 1)
     assert minority["balanced"] > minority["accuracy"] + 0.2
+
+
+def test_job_script_takes_the_objective(tmp_path, capsys):
+    from flare_helpers import load_script
+
+    job = load_script("jobs/icdta4fl/job.py", "icdta4fl_job_objective")
+    base = ["--dataset", "car", "--workspace", str(tmp_path)]
+    assert job.parse_args(base).refine_objective == "accuracy"
+    assert job.parse_args([*base, "--refine-objective", "balanced"]).refine_objective == "balanced"
+    with pytest.raises(SystemExit) as e:
+        job.parse_args([*base, "--refine-objective", "f1"])
+    assert e.value.code == 2 and "--refine-objective" in capsys.readouterr().err
