@@ -304,6 +304,27 @@ def test_a_site_that_drops_after_masking_fails_the_round_cleanly(car_federation,
         result["refinement"]["start"].startswith("best selected local tree")
 
 
+def test_a_site_without_a_valid_key_is_left_out_before_masking(car_federation, tmp_path):
+    """No single site's loss before masking disables refinement: a site whose key is missing or malformed is left
+    out of the list (with the reason) and the other three mask and sum."""
+    fed, root = car_federation
+
+    class NoKey(ICDTA4FLExecutor):
+        def _train(self, site, task, fl_ctx=None):
+            reply = super()._train(site, task, fl_ctx)
+            reply["refine_key"] = dict(reply["refine_key"], public_key=reply["refine_key"]["public_key"][:8])
+            return reply
+
+    run = InProcessRun(root, fed.site_names, executors={"site-1": NoKey(data_root=str(root))})
+    result = run.run(_controller(fed, root), tmp_path / "run")
+    info = result["refinement"]
+    assert "public_key must be 32 bytes" in info["excluded_sites"]["site-1"], info
+    assert len(info["adoption"]) == 1 and info["rounds_requested"] == 1
+    task = next(m for d, s, n, m in run.messages if d == "to_site" and n == REFINE_COUNTS)
+    assert [k["site"] for k in task["keys"]] == ["site-2", "site-3", "site-4"]
+    assert "site-1" not in result["dropped_sites"]
+
+
 class _Relabelling(ICDTA4FLExecutor):
     """Issue 19 item 2's attack: a site relabels all its counts to class 0 and multiplies them (test only)."""
 
