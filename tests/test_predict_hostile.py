@@ -240,6 +240,13 @@ def test_hostile_xgboost_models_are_refused_without_a_crash(models, tmp_path):
                 ("learner", "learner_model_param", "boost_from_average"), ("learner", "attributes"),
                 ("learner", "attributes", "treeflare")}
     generic = generic_cases(doc, optional=optional, skip={("learner", "attributes")})
+    # the schema the job stores in the model (a JSON string in attribute 'treeflare'), swept the same way
+    info = json.loads(doc["learner"]["attributes"]["treeflare"])
+    for label, case in generic_cases(info, optional={("schema", "id_column")}).items():
+        generic[f"attribute treeflare: {label}"] = set_in(doc, ("learner", "attributes", "treeflare"), json.dumps(case))
+    generic["attribute treeflare: a 5000-digit integer"] = set_in(
+        doc, ("learner", "attributes", "treeflare"), doc["learner"]["attributes"]["treeflare"].replace(
+            '"version": 1', f'"version": {HUGE}', 1))
     refused = write_cases(tmp_path / "curated", xgb_curated(doc), "model.json")
     refused |= write_cases(tmp_path / "generic", generic, "model.json")
     refused |= write_cases(tmp_path / "ubj", {

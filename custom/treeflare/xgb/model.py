@@ -72,7 +72,7 @@ def read_info(booster, where: str = "model") -> dict | None:
         raise ModelError(f"{where}: attribute {MODEL_ATTR!r} is larger than {_MAX_ATTR_CHARS} characters")
     try:
         info = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer of thousands of digits
         raise ModelError(f"{where}: attribute {MODEL_ATTR!r} is not JSON") from None
     if not isinstance(info, dict) or info.get("format") != MODEL_FORMAT:
         raise ModelError(f"{where}: attribute {MODEL_ATTR!r} is not a {MODEL_FORMAT} document")
@@ -95,7 +95,7 @@ def read_info(booster, where: str = "model") -> dict | None:
 def _bare(name: str) -> tuple[int | None, str]:
     """(rank, column) of a column-split model's ``"<rank>.<name>"`` feature name; (None, name) otherwise."""
     head, dot, rest = name.partition(".")
-    return (int(head), rest) if dot and head.isdigit() else (None, name)
+    return (int(head), rest) if dot and head.isdigit() and len(head) < 10 else (None, name)
 
 
 class XGBModel(ClassCodesClassifier):
