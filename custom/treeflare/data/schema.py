@@ -180,8 +180,8 @@ class Schema:
             categories = f.get("categories", [])
             if not isinstance(categories, (list, tuple)):
                 raise _schema_error(f"schema: feature {name!r}: categories must be a list")
-            feats.append(Feature(name, _text(f.get("kind"), f"features[{i}].kind"),
-                                 tuple(_text(c, f"feature {name!r}: categories[{k}]") for k, c in enumerate(categories))))
+            levels = tuple(_text(c, f"feature {name!r}: categories[{k}]") for k, c in enumerate(categories))
+            feats.append(Feature(name, _text(f.get("kind"), f"features[{i}].kind"), levels))
         classes = d.get("classes")
         if not isinstance(classes, (list, tuple)):
             raise _schema_error(f"schema: 'classes' must be a list, got {type(classes).__name__}")
