@@ -27,6 +27,7 @@ xgb = pytest.importorskip("xgboost")
 TESTS = Path(__file__).resolve().parent
 predict_script = load_script("scripts/predict.py", "predict_script_hostile")
 HUGE = "9" * 5000  # beyond Python's int-string limit (4300 digits)
+LONG = "9" * 400  # an integer, but beyond any float
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
@@ -110,6 +111,12 @@ def generic_cases(doc, *, skip=(), optional=()):
     return cases
 
 
+def with_long(doc, path) -> str:
+    """The document as JSON text with a 400-digit integer at ``path`` (valid JSON; no float holds it)."""
+    marker = 0.1234567891234
+    return json.dumps(set_in(doc, path, marker)).replace(repr(marker), LONG, 1)
+
+
 def write_cases(folder: Path, cases: dict, name: str) -> dict[str, Path]:
     """Each case in its own folder as ``name`` (a text case is written as it is, a document as JSON)."""
     out = {}
@@ -191,6 +198,8 @@ def xgb_curated(doc) -> dict:
     text = json.dumps(doc)
     cases["NaN in a split condition"] = text.replace('"split_conditions": [', '"split_conditions": [NaN, ', 1)
     cases["a 5000-digit integer"] = text.replace('"id": 0', f'"id": {HUGE}', 1)
+    cases["a 400-digit split condition"] = with_long(doc, ("learner", "gradient_booster", "model", "trees", 0,
+                                                          "split_conditions", 0))
     cases["nested 100000 deep"] = text.replace('"attributes": {', f'"deep": {DEEP}, "attributes": {{', 1)
     cases["not UTF-8"] = text.encode().replace(b'"x0"', b'"\xff0"', 1)
     cases["truncated"] = text[: len(text) // 2]
@@ -316,6 +325,9 @@ def tree_curated(doc) -> dict:
     text = json.dumps(doc, indent=1)
     out["a 5000-digit integer"] = text.replace('"version": 1', f'"version": {HUGE}', 1)
     out["a 5000-digit count"] = text.replace('"counts": [\n', f'"counts": [\n{HUGE}, ', 1)
+    out["a 400-digit count"] = with_long(doc, ("tree", "nodes", 0, "counts", 0))
+    if numeric:
+        out["a 400-digit threshold"] = with_long(doc, ("tree", "nodes", numeric[0], "thresholds", 0))
     out["nested 100000 deep"] = text.replace('"info": {', f'"deep": {DEEP}, "info": {{', 1)
     out["not UTF-8"] = text.encode().replace(b'"x0"', b'"\xff0"', 1)
     out["a BOM before broken JSON"] = "\ufeff" + text[:200]

@@ -147,6 +147,8 @@ def _load_tree(file: Path, schema: Schema | None):
         model = GlobalTree.from_dict(payload)
     except PayloadError as exc:  # the tree's or the document's: names the field that is wrong
         raise unusable(exc) from None
+    except OverflowError:  # an integer of hundreds of digits where a number is read as a float
+        raise unusable("a number is too large to be a float") from None
     if model.data_schema is None:
         if schema is None:
             raise DataError(f"{file}: this model carries no data schema (written before models carried one): "

@@ -177,7 +177,7 @@ def _floats(tree: dict, key: str, n: int, field: str, *, nonnegative=False) -> l
     for k, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _Bad(f"{field}[{k}]", f"expected a number, got {type(v).__name__}")
-        v = float(v)
+        v = float(v) if isinstance(v, float) or abs(v) <= FLOAT32_MAX else math.inf  # float(10**400) overflows
         if not math.isfinite(v) or abs(v) > FLOAT32_MAX or (nonnegative and v < 0):
             raise _Bad(f"{field}[{k}]", f"{v} is not a finite{' non-negative' if nonnegative else ''} float32")
         out.append(v)
