@@ -269,7 +269,7 @@ def test_hostile_xgboost_models_are_refused_without_a_crash(models, tmp_path):
                                                                                         len(real) - 1)}, "model.ubj")
     rng = random.Random(0)  # flipped bytes may leave a valid model: no crash is asked, not a refusal
     flipped = {}
-    for k in range(16):
+    for k in range(6):  # most leave a valid model (a float's byte), which is slow to predict with: a few
         data = bytearray(real)
         data[rng.randrange(len(data))] = rng.randrange(256)
         flipped[f"UBJSON byte flip {k}"] = bytes(data)
