@@ -150,3 +150,27 @@ def test_schema_file_with_a_huge_integer_or_a_bom(tmp_path):
     schema = Schema((Feature("x", "numeric"),), "y", ("a", "b"))
     (tmp_path / "bom.json").write_text("\ufeff" + json.dumps(schema.to_dict()), encoding="utf-8")
     assert read_schema_file(tmp_path / "bom.json") == schema
+
+
+def test_site_binding_refuses_one_column_as_label_and_id():
+    from treeflare.flare.site_config import parse_binding
+    with pytest.raises(DataError, match="'label_column' and 'id_column' name the same column"):
+        parse_binding({"data_dir": ".", "label_column": "pid", "id_column": "pid"}, "treeflare_site.json")
+    assert parse_binding({"data_dir": ".", "label_column": "y", "id_column": "pid"}, "b.json").label_column == "y"
+
+
+def test_id3_column_named_like_a_onehot_column_is_not_grouped():
+    from treeflare.icdta4fl.encoding import feature_space
+    schema = Schema((Feature("a", "numeric"), Feature("a=b", "numeric"), Feature("a=c", "numeric")), "y", ("n", "y"))
+    names, kinds, _ = feature_space(schema, "id3")
+    assert onehot_groups_from_names(names, kinds) == []
+
+
+def test_huge_integers_in_a_tree_or_a_vertical_model_part_are_errors(tmp_path):
+    from treeflare.trees.validate import PayloadError, check_number
+    from treeflare.vertical.model_parts import find_model_parts
+    with pytest.raises(PayloadError, match="thresholds: is too large for a float"):
+        check_number(10 ** 400, "thresholds")
+    (tmp_path / "site-1_active_model.json").write_text('{"party": "site-1", "n": ' + "9" * 5000 + "}")
+    with pytest.raises(DataError, match="cannot read this model part"):
+        find_model_parts(tmp_path)

@@ -146,6 +146,8 @@ def parse_binding(data: object, source: str) -> SiteBinding:
             raise DataError(f"{source}: {key!r} must be a non-empty string")
     if not data.get("data_dir"):
         raise DataError(f"{source}: 'data_dir' is required")
+    if data.get("label_column") and data.get("label_column") == data.get("id_column"):
+        raise DataError(f"{source}: 'label_column' and 'id_column' name the same column (ids would become classes)")
     for key in _FILE_KEYS:
         name = data.get(key)
         if name and (Path(name).name != name):

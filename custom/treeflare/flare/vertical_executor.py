@@ -256,7 +256,7 @@ class VerticalExecutor(Executor):
                             problem="this site's model part is too large")
         try:
             model = check(json.loads(path.read_text()), site)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, a 5,000-digit integer, deep nesting
             raise DataError(f"{site}: {path}: not valid JSON ({exc})", site=site, file=path,
                             problem="this site's model part is not valid JSON") from None
         if not isinstance(model.get("schema"), dict):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data import Schema, Table
+from ..data.schema import onehot_name
 
 ALGORITHMS = ("id3", "cart")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -28,7 +29,8 @@ def feature_space(schema: Schema, algorithm: str) -> tuple[list[str], list[str],
         return names, ["numeric"] * len(names), [None] * len(names)
     if algorithm == "id3":
         kinds = ["categorical" if f.kind == "categorical" else "numeric" for f in schema.features]
-        return (schema.feature_names, kinds,
+        # escaped like CART's names, so a column named "a=b" is never taken for one-hot column b of a
+        return ([onehot_name(n) for n in schema.feature_names], kinds,
                 [len(f.categories) if k == "categorical" else None for f, k in zip(schema.features, kinds)])
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 

@@ -52,7 +52,10 @@ def check_int(value, field, *, lo=None, hi=None, error=PayloadError) -> int:
 def check_number(value, field, *, finite=True, nonnegative=False, error=PayloadError) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(field, f"expected a number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise error(field, "is too large for a float") from None
     if finite and not math.isfinite(value):
         raise error(field, f"{value} is not finite")
     if nonnegative and value < 0:

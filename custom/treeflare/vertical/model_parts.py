@@ -32,7 +32,7 @@ def find_model_parts(model_dir) -> tuple[Path, dict]:
             if path.name.endswith(suffix):
                 try:
                     part = json.loads(path.read_text())
-                except (OSError, json.JSONDecodeError) as exc:
+                except (OSError, ValueError, RecursionError) as exc:  # bad JSON or UTF-8, a 5,000-digit integer
                     raise DataError(f"{path}: cannot read this model part ({exc})") from None
                 site = path.name[:-len(suffix)]
                 if not isinstance(part, dict) or part.get("party") != site:
