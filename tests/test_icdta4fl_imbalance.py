@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 from sklearn.utils.class_weight import compute_class_weight
 
-from treeflare.flare.icdta4fl_controller import DEFAULT_REFINE, _check_refine_params
+from icdta4fl_inprocess import InProcessRun
+from treeflare.data import load_dataset, prepare_federation, write_federation
+from treeflare.flare.icdta4fl_controller import DEFAULT_REFINE, ICDTA4FLController, _check_refine_params
+from treeflare.flare.icdta4fl_executor import SCORE_TREES
 from treeflare.icdta4fl import aggregate, pipeline, refine
 from treeflare.trees.cart import fit_cart
 from treeflare.trees.tree import leaf_tree
@@ -101,10 +104,46 @@ def test_objective_is_checked_and_reaches_every_round():
         out = pipeline.run_in_process(sites, algorithm="cart", classes=["0", "1"], local_params={"max_depth": 3},
                                       X_global_test=Xg, y_global_test=yg, refine_rounds=2,
                                       refine_objective=objective)
-        history = out["refined"]["history"]
-        assert [h["objective"] for h in history] == [objective] * len(history)
+        history, adoption = out["refined"]["history"], out["refined"]["adoption"]
+        assert len(adoption) == len(history) == 2
+        if objective == "auto":  # both trees grown each round; the record says which one was adopted
+            assert adoption[0]["objective"] == "balanced" and adoption[0]["why"].startswith("macro-F1 balanced ")
+            assert [h["objective"] for h in history] == [a["objective"] or "accuracy" for a in adoption]
+        else:
+            assert [h["objective"] for h in history] == [objective] * len(history)
         minority[objective] = np.mean(out["refined"]["tree"].predict(Xg) == 1)
     assert minority["balanced"] > minority["accuracy"] + 0.2
+    assert minority["auto"] == minority["balanced"]
+
+
+def _scores(a, b):
+    """Two sites' validation scores: (accuracy, macro-F1) each."""
+    return {"a": {"accuracy": a[0], "macro_f1": a[1]}, "b": {"accuracy": b[0], "macro_f1": b[1]}}
+
+
+def test_auto_adopts_the_tree_that_validates_best():
+    prev, weights = _scores((0.80, 0.50), (0.80, 0.50)), {"a": 100, "b": 300}
+    acc_tree, bal_tree = _scores((0.82, 0.52), (0.82, 0.52)), _scores((0.78, 0.70), (0.78, 0.60))
+    won, why = refine.adopt_refined({"accuracy": acc_tree, "balanced": bal_tree}, prev, weights, "auto")
+    assert won == "balanced" and why.startswith("macro-F1 balanced 0.6250, accuracy 0.5200; balanced tree adopted")
+    # the accuracy tree validates better in macro-F1, or ties: accuracy
+    won, why = refine.adopt_refined({"accuracy": _scores((0.82, 0.70), (0.82, 0.61)), "balanced": bal_tree}, prev,
+                                    weights, "auto")
+    assert won == "accuracy" and "accuracy tree adopted: pooled validation accuracy 0.8200" in why
+    tie = {"accuracy": acc_tree, "balanced": acc_tree}
+    assert refine.adopt_refined(tie, prev, weights, "auto")[0] == "accuracy"
+    # the balanced tree leads in macro-F1 but is below the previous tree's: the accuracy tree, no worse in accuracy
+    prev_f1 = _scores((0.80, 0.65), (0.80, 0.65))
+    won, why = refine.adopt_refined({"accuracy": acc_tree, "balanced": bal_tree}, prev_f1, weights, "auto")
+    assert won == "accuracy" and "balanced tree not adopted: pooled validation macro_f1 0.6250" in why
+    # both worse than the tree they replace: neither (as after one site's relabelled counts)
+    won, why = refine.adopt_refined({"accuracy": _scores((0.7, 0.5), (0.7, 0.5)), "balanced": _scores((0.7, 0.4),
+                                                                                                     (0.7, 0.4))},
+                                    prev_f1, weights, "auto")
+    assert won is None and why.count("not adopted") == 2
+    # only the sites that scored every tree count
+    won, why = refine.adopt_refined({"accuracy": acc_tree, "balanced": {"a": bal_tree["a"]}}, prev, weights, "auto")
+    assert won == "balanced" and why.endswith("over 1 sites")
 
 
 def test_job_script_takes_the_objective(tmp_path, capsys):
@@ -117,3 +156,22 @@ def test_job_script_takes_the_objective(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         job.parse_args([*base, "--refine-objective", "f1"])
     assert e.value.code == 2 and "--refine-objective" in capsys.readouterr().err
+
+
+def test_the_controller_grows_both_trees_and_scores_them_in_one_task(tmp_path):
+    """``auto`` through the controller (in process): each round's two trees, grown from the one masked sum, go to
+    every site in one scoring task; report.json's adoption names the objective adopted and the history its tree."""
+    fed = prepare_federation(load_dataset("car"), n_sites=4, kind="label", alpha=0.5, seed=3)
+    root = write_federation(fed, tmp_path / "data")
+    run = InProcessRun(root, fed.site_names)
+    controller = ICDTA4FLController(schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 4},
+                                    min_clients=2, server_test=str(root / "server" / "test.csv"),
+                                    refine_params={"rounds": 2, "objective": "auto"})
+    result = run.run(controller, tmp_path / "run")
+    assert result["status"] == "completed", result.get("error")
+    info = result["refinement"]
+    assert info["objective"] == "auto" and info["adoption"], info
+    scoring = [m for d, s, n, m in run.messages if d == "to_site" and n == SCORE_TREES and s == "site-1"]
+    assert [len(m["trees"]) for m in scoring[1:]] == [2] * len(info["adoption"])  # after the peer scoring
+    for a, h in zip(info["adoption"], info["history"]):
+        assert a["objective"] in refine.GROWN and a["why"].startswith("macro-F1 ") and h["objective"] == a["objective"]

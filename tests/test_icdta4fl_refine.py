@@ -384,13 +384,14 @@ def test_adopt_refined_compares_the_pooled_validation_score():
     prev = {"a": {"accuracy": 0.9, "macro_f1": 0.5}, "b": {"accuracy": 0.8, "macro_f1": 0.7}}
     new = {"a": {"accuracy": 0.7, "macro_f1": 0.6}, "b": {"accuracy": 0.95, "macro_f1": 0.7}}
     # weighted by validation rows: b's 300 rows outweigh a's 100
-    ok, why = refine.adopt_refined(new, prev, {"a": 100, "b": 300})
-    assert ok and why.startswith("adopted: pooled validation accuracy 0.8875 (refined) against 0.8250")
-    ok, why = refine.adopt_refined(new, prev, {"a": 300, "b": 100})
-    assert not ok and "not adopted" in why
-    assert refine.adopt_refined(new, prev, {"a": 300, "b": 100}, objective="balanced")[0]  # macro-F1 0.625 > 0.55
-    assert refine.adopt_refined(prev, prev, {"a": 1, "b": 1})[0]  # at least as good: kept
-    assert not refine.adopt_refined({}, prev, {"a": 1})[0]
+    ok, why = refine.adopt_refined({"accuracy": new}, prev, {"a": 100, "b": 300})
+    assert ok == "accuracy" and why.startswith("accuracy tree adopted: pooled validation accuracy 0.8875 (refined) "
+                                               "against 0.8250")
+    ok, why = refine.adopt_refined({"accuracy": new}, prev, {"a": 300, "b": 100})
+    assert ok is None and "not adopted" in why
+    assert refine.adopt_refined({"balanced": new}, prev, {"a": 300, "b": 100}, objective="balanced")[0]  # 0.625 > 0.55
+    assert refine.adopt_refined({"accuracy": prev}, prev, {"a": 1, "b": 1})[0]  # at least as good: kept
+    assert not refine.adopt_refined({"accuracy": {}}, prev, {"a": 1})[0]
 
 
 def test_in_process_refinement_applies_the_same_adopt_check(nursery):

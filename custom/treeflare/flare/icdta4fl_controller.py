@@ -237,23 +237,26 @@ class ICDTA4FLController(ResultWorkflow):
             try:
                 grown, entry = self._refine_round(r, tree, candidates, budget, contributors, records, trained, info,
                                                   result, abort_signal, fl_ctx)
-                scored = self._ask(SCORE_GLOBAL, {"tree": grown.to_dict()}, sites, result, abort_signal, fl_ctx,
-                                   check_global_reply, required=1,
-                                   phase=f"refinement round {r}: refined tree on the sites' validation rows")
+                # every candidate tree ("auto": both objectives') scored in one task on the sites' validation rows
+                replies = self._ask(SCORE_TREES, {"trees": [g.to_dict() for g, _ in grown.values()]}, sites, result,
+                                    abort_signal, fl_ctx, lambda rep: check_scores_reply(rep, len(grown)), required=1,
+                                    phase=f"refinement round {r}: refined trees on the sites' validation rows")
             except _RoundFailed as exc:
                 info["status"] = f"stopped at round {r}: {exc}"
                 break
             except JobFailed as exc:
                 info["status"] = f"stopped at round {r}: the refined tree could not be scored ({exc})"
                 break
-            adopt, why = refine.adopt_refined(scored, previous, weights, objective)
-            info["adoption"].append({"round": r, "adopted": adopt, "why": why})
-            entry["seconds"] = time.perf_counter() - t
-            if not adopt:  # a worse tree (say, from one site's relabelled counts) never replaces the previous one
+            scored = {o: {s: {m: rep[m][k] for m in ("accuracy", "macro_f1")} for s, rep in replies.items()}
+                      for k, o in enumerate(grown)}
+            won, why = refine.adopt_refined(scored, previous, weights, objective)
+            info["adoption"].append({"round": r, "adopted": won is not None, "objective": won, "why": why})
+            entry = {**entry, **grown[won or next(iter(grown))][1], "seconds": time.perf_counter() - t}
+            if won is None:  # a worse tree (say, from one site's relabelled counts) never replaces the previous one
                 info["status"] = f"stopped at round {r}: the refined tree was not adopted ({why})"
                 info["not_adopted"] = entry
                 break
-            tree, previous = grown, scored
+            tree, previous = grown[won][0], scored[won]
             if server_test is not None:
                 entry["accuracy"] = float(np.mean(tree.predict(server_test[0]) == server_test[1]))
             info["history"].append(entry)
@@ -268,7 +271,8 @@ class ICDTA4FLController(ResultWorkflow):
 
     def _refine_round(self, r, tree, candidates, budget, contributors, records, trained, info, result, abort_signal,
                       fl_ctx):
-        """One round: every listed site's masked counts, summed; the sum must hold exactly the declared rows."""
+        """One round: every listed site's masked counts, summed; the sum must hold exactly the declared rows.
+        Returns objective -> (grown tree, its stats) and the round's entry."""
         plan = refine.plan_round(tree, candidates, budget["max_depth"])
         eps = self._refine["epsilon"]
         n_values = plan.n_values + 1  # and the rows that stop at an internal node
@@ -304,12 +308,13 @@ class ICDTA4FLController(ResultWorkflow):
         if eps is None and not _consistent(values[:-1], plan, candidates):
             raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
         t_counts = time.perf_counter() - t
-        new_tree, stats = refine.refine_tree(tree, candidates, plan, values[:-1], **budget,
-                                             objective=self._refine["objective"])
+        objective = self._refine["objective"]  # "auto": both trees from the one sum (no further release)
+        grown = {o: refine.refine_tree(tree, candidates, plan, values[:-1], **budget, objective=o)
+                 for o in (refine.GROWN if objective == "auto" else (objective,))}
         entry = {"round": r, "sites": len(contributors), "n_values": n_values, "bytes_per_site": 8 * n_values,
                  "site_mask_s_max": max(replies[s]["mask_s"] for s in contributors), "counts_s": t_counts,
-                 "rows": float(feature_totals(values[:-1], plan, candidates)[0] + values[-1]), **stats}
-        return new_tree, entry
+                 "rows": float(feature_totals(values[:-1], plan, candidates)[0] + values[-1])}
+        return grown, entry
 
     # -- helpers -----------------------------------------------------------------------------
     def _aggregate(self, trees, selected, sites, result, fl_ctx):

@@ -268,9 +268,10 @@ def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, 
 
     Same steps as the FLARE controller: the one-round tree scored on each site's test rows, the start
     tree chosen by ``refine.choose_start``, candidates from all local trees, then ``rounds`` rounds grown
-    for ``objective`` (``refine.OBJECTIVES``), each adopted only if ``refine.adopt_refined`` says so on the sites'
-    validation rows (as the job does). Returns the final tree, the start choice, per-round history (global-test
-    accuracy when given; a round not adopted keeps the previous tree) and the adoption decisions.
+    for ``objective`` (``refine.OBJECTIVES``; "auto" grows both objectives' trees from the one sum), each adopted
+    only if ``refine.adopt_refined`` says so on the sites' validation rows (as the job does). Returns the final
+    tree, the start choice, per-round history (global-test accuracy when given; a round not adopted keeps the
+    previous tree) and the adoption decisions (with the objective adopted).
     """
     from . import refine
 
@@ -288,13 +289,17 @@ def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, 
     for r in range(1, rounds + 1):
         t = time.perf_counter()
         plan = refine.plan_round(tree, candidates, budget["max_depth"])
-        summed = np.sum([refine.count_vector(tree, candidates, plan, s["X_train"], s["y_train"]) for s in sites], axis=0)
-        grown, st = refine.refine_tree(tree, candidates, plan, summed, **budget, objective=objective)
-        scores = _validation_scores(grown, sites)  # the job's adopt check, on the same validation rows
-        adopted, verdict = refine.adopt_refined(scores, previous, weights, objective)
-        adoption.append({"round": r, "adopted": adopted, "why": verdict})
+        summed = np.sum([refine.count_vector(tree, candidates, plan, s["X_train"], s["y_train"]) for s in sites],
+                        axis=0)
+        grown = {o: refine.refine_tree(tree, candidates, plan, summed, **budget, objective=o)
+                 for o in (refine.GROWN if objective == "auto" else (objective,))}  # "auto": both, from one sum
+        scores = {o: _validation_scores(g, sites) for o, (g, _) in grown.items()}  # the job's adopt check
+        won, verdict = refine.adopt_refined(scores, previous, weights, objective)
+        adopted = won is not None
+        adoption.append({"round": r, "adopted": adopted, "objective": won, "why": verdict})
+        st = grown[won or next(iter(grown))][1]
         if adopted:
-            tree, previous = grown, scores
+            tree, previous = grown[won][0], scores[won]
         else:  # the round keeps the previous tree (a later round would grow the same tree again)
             st = {**st, "n_leaves": int(tree.n_leaves), "depth": int(tree.depth)}
         entry = {"round": r, "n_values": plan.n_values, "seconds": time.perf_counter() - t, **st, "adopted": adopted}

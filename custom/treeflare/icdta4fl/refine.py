@@ -26,7 +26,7 @@ from .simplify import collapse_same_class
 __all__ = ["choose_start", "adopt_refined", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan",
            "plan_round",
            "count_vector", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES",
-           "DEFAULT_ROUND_VALUES", "MAX_REFINE_ROUNDS", "OBJECTIVES", "balanced_class_weights"]
+           "DEFAULT_ROUND_VALUES", "MAX_REFINE_ROUNDS", "OBJECTIVES", "GROWN", "balanced_class_weights"]
 
 _PSEUDO = 1e-6  # weight of the parent's distribution given to a node no training row reaches
 # A new child needs 0.2% of the pooled training rows: on 5 IID sites (5 seeds) this lifted credit from 81.45 to
@@ -34,7 +34,9 @@ _PSEUDO = 1e-6  # weight of the parent's distribution given to a node no trainin
 MIN_CHILD_SHARE = 0.002
 # what the round minimises: "accuracy" = training rows misclassified; "balanced" = the same with every class
 # weighted inversely to its pooled total (scikit-learn's class_weight="balanced"), so a minority class counts
-OBJECTIVES = ("accuracy", "balanced")
+GROWN = ("accuracy", "balanced")
+# "auto": both trees grown from the same sum, the sites' validation rows pick one (``adopt_refined``)
+OBJECTIVES = (*GROWN, "auto")
 
 
 def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bool) -> tuple[int | None, str]:
@@ -58,22 +60,36 @@ def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bo
     return None, "the one-round tree is at least as good as every selected local tree"
 
 
-def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str = "accuracy") -> tuple[bool, str]:
-    """Whether a refined tree replaces the tree it was grown from: only if its pooled validation score is at least
-    the previous tree's. ``refined``/``previous``: site -> {"accuracy", "macro_f1"} on that site's validation rows;
-    ``weights``: site -> its validation rows. Pooled over the sites in all three, weighted by rows; the score is
-    macro-F1 for the "balanced" objective, accuracy otherwise. A sum that one site inflated or relabelled grows a
-    tree the other sites' rows score lower, and it is not adopted. Returns (adopt, why).
+def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str = "accuracy") -> tuple[str | None, str]:
+    """Which refined tree replaces the tree it was grown from, if any. ``refined``: grown objective (``GROWN``) ->
+    site -> {"accuracy", "macro_f1"} on that site's validation rows (both trees for "auto", one otherwise);
+    ``previous``: the same for the tree they were grown from; ``weights``: site -> its validation rows. Scores are
+    pooled over the sites in all of them, weighted by rows. The candidates are tried by pooled macro-F1 (ties:
+    accuracy first); the first that is no worse than the previous tree on its own objective's metric (accuracy for
+    "accuracy", macro-F1 for "balanced") is adopted, so "auto" keeps every accuracy tree "accuracy" would keep
+    unless the balanced tree validates strictly better in macro-F1. A sum that one site inflated or relabelled
+    grows trees the other sites' rows score lower, and none is adopted. Returns (the adopted objective or None, why).
     """
-    metric = "macro_f1" if objective == "balanced" else "accuracy"
-    sites = sorted(set(refined) & set(previous) & set(weights))
+    sites = set(previous) & set(weights)
+    for scores in refined.values():
+        sites &= set(scores)
+    sites = sorted(sites)
     total = float(sum(weights[s] for s in sites))
-    if not sites or total <= 0:
-        return False, "no site scored both trees on its validation rows"
-    new, old = (sum(weights[s] * float(scores[s][metric]) for s in sites) / total for scores in (refined, previous))
-    verdict = "adopted" if new >= old else "not adopted"
-    return new >= old, (f"{verdict}: pooled validation {metric} {new:.4f} (refined) against {old:.4f} (previous) "
-                        f"over {len(sites)} sites")
+    if not refined or not sites or total <= 0:
+        return None, "no site scored every tree on its validation rows"
+    pooled = lambda scores, m: sum(weights[s] * float(scores[s][m]) for s in sites) / total  # noqa: E731
+    order = sorted(refined, key=lambda o: (-pooled(refined[o], "macro_f1"), GROWN.index(o)))
+    why = []
+    for o in order:
+        metric = "macro_f1" if o == "balanced" else "accuracy"
+        new, old = pooled(refined[o], metric), pooled(previous, metric)
+        why.append(f"{o} tree {'adopted' if new >= old else 'not adopted'}: pooled validation {metric} {new:.4f} "
+                   f"(refined) against {old:.4f} (previous)")
+        if new >= old:
+            break
+    if objective == "auto":
+        why.insert(0, "macro-F1 " + ", ".join(f"{o} {pooled(refined[o], 'macro_f1'):.4f}" for o in order))
+    return (o if new >= old else None), "; ".join(why) + f" over {len(sites)} sites"
 
 
 def _weighted_impurity(groups: np.ndarray) -> float:
@@ -194,8 +210,8 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
     so the split search, the knapsack's errors and the leaves' votes are class-weighted and the tree's counts
     are weighted rows (as in a scikit-learn tree fitted with class_weight="balanced"). Returns the tree and stats.
     """
-    if objective not in OBJECTIVES:
-        raise ValueError(f"refinement objective must be one of {OBJECTIVES}, got {objective!r}")
+    if objective not in GROWN:
+        raise ValueError(f"refinement objective must be one of {GROWN}, got {objective!r}")
     summed = np.clip(np.asarray(summed, dtype=np.float64), 0.0, None)
     if summed.shape != (plan.n_values,):
         raise ValueError(f"expected {plan.n_values} summed counts, got {summed.shape}")
