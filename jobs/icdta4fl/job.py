@@ -27,7 +27,7 @@ from treeflare.cli import (add_data_args, add_partition_args, add_schema_args, c
                            prepare_from_args, schema_source)
 from treeflare.data import Schema, read_site, read_site_csv, site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
-from treeflare.icdta4fl import pipeline
+from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space
 from treeflare.reporting import format_table, write_json_atomic
 from treeflare.trees.tree import Tree
@@ -62,10 +62,12 @@ def parse_args(argv=None):
     r.add_argument("--refine-epsilon", type=float, default=None, metavar="E",
                    help="differential privacy: each site adds discrete Laplace noise to its counts, epsilon E per "
                         "round (default: no noise)")
-    r.add_argument("--refine-objective", choices=["accuracy", "balanced"], default="accuracy",
-                   help="what the rounds minimise: misclassified training rows (accuracy, default: the better "
-                        "macro-F1 on most imbalanced data measured, scripts/bench_icdta4fl.py) or the same with "
-                        "classes weighted inversely to their pooled totals (balanced: the minority is predicted more)")
+    r.add_argument("--refine-objective", choices=list(refine.OBJECTIVES), default=refine.DEFAULT_OBJECTIVE,
+                   help="what the rounds minimise: misclassified training rows (accuracy, default: auto's macro-F1 "
+                        "gain on imbalanced data costs accuracy, scripts/bench_icdta4fl_imbalanced.py), the same "
+                        "with classes weighted inversely to their pooled totals (balanced: the minority is predicted "
+                        "more), or auto: both trees grown from the same sums each round, the one that validates best "
+                        "on the sites' rows (accuracy + macro-F1) is adopted")
     g.add_argument("--min-clients", type=int, default=2, help="fewest valid sites the job goes on with")
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has per task")
     g.add_argument("--data-root", default=None,

@@ -42,7 +42,7 @@ from .workflow import JobFailed, ResultWorkflow
 RESULT_FILE = "icdta4fl_result.json"
 PHASES = {TRAIN: "local training", SCORE_TREES: "peer scoring", SCORE_GLOBAL: "global evaluation",
           REFINE_COUNTS: "masked counts"}
-DEFAULT_REFINE = {"rounds": 1, "epsilon": None, "objective": "accuracy"}
+DEFAULT_REFINE = {"rounds": 1, "epsilon": None, "objective": refine.DEFAULT_OBJECTIVE}
 
 
 class ICDTA4FLController(ResultWorkflow):
@@ -65,8 +65,9 @@ class ICDTA4FLController(ResultWorkflow):
             server_test: the server's own global test CSV (optional), for global metrics.
             job_info: free-form facts copied into the result (dataset, partition).
             refine_params: refinement rounds (``rounds``, 0 = the paper's one-round method) and optional
-                differential-privacy ``epsilon`` per round; ``objective`` "accuracy" (default) or "balanced"
-                (classes weighted inversely to their pooled totals; see ``refine.refine_tree``).
+                differential-privacy ``epsilon`` per round; ``objective`` "accuracy" (default), "balanced"
+                (classes weighted inversely to their pooled totals; see ``refine.refine_tree``) or "auto" (both
+                trees grown each round, the sites' validation rows pick one: ``refine.adopt_refined``).
         """
         super().__init__()
         # NVFlare writes the job config from attributes named like the arguments: keep those as given.
@@ -176,7 +177,7 @@ class ICDTA4FLController(ResultWorkflow):
         scores at least as well on the sites' validation rows. Returns the final model."""
         timings = result["timings_s"]
         eps = self._refine["epsilon"]
-        objective = self._refine.get("objective", "accuracy")
+        objective = self._refine["objective"]
         info = {"rounds_requested": self._refine["rounds"], "epsilon": eps, "objective": objective,
                 "aggregation": "pairwise-masked sum mod 2^64 (X25519, HKDF-SHA256, ChaCha20)",
                 "key_authentication": None, "history": [], "adoption": []}

@@ -25,6 +25,7 @@ from ..trees.tree import Tree
 from . import selection
 from .merge import DEFAULT_MAX_RULES, UnusableTreeError, merge_rule_sets
 from .model import GlobalTree
+from .refine import DEFAULT_OBJECTIVE
 from .rebuild import grow_tree
 from .rules import RuleSet, extract_rules
 from .simplify import collapse_same_class, onehot_groups_from_names, simplify_rules
@@ -263,7 +264,7 @@ def _budget_base(trees, chosen) -> tuple[int, int]:
 
 
 def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, bounds=None,
-                      X_global_test=None, y_global_test=None, objective="accuracy") -> dict:
+                      X_global_test=None, y_global_test=None, objective=DEFAULT_OBJECTIVE) -> dict:
     """The refinement rounds on plaintext sums of the sites' counts (what the encrypted protocol computes).
 
     Same steps as the FLARE controller: the one-round tree scored on each site's test rows, the start
@@ -324,7 +325,7 @@ def _validation_scores(tree, sites) -> dict:
 def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None,
                    n_categories=None, category_names=None, local_params=None, statistic="percentile",
                    q=75.0, aggregate_params=None, X_global_test=None, y_global_test=None,
-                   refine_rounds=0, bounds=None, refine_objective="accuracy") -> dict:
+                   refine_rounds=0, bounds=None, refine_objective=DEFAULT_OBJECTIVE) -> dict:
     """All steps in one process.
 
     ``sites`` is a list of dicts with ``X_train, y_train, X_test, y_test`` (global codes).
