@@ -150,6 +150,8 @@ def test_auto_adopts_the_tree_that_validates_best():
     won, why = refine.adopt_refined({"accuracy": acc_tree, "balanced": {"a": _scores((0.78, 0.7), (0, 0))["a"]}}, prev,
                                     weights, "auto")
     assert won == "balanced" and why.endswith("over 1 sites")
+    with pytest.raises(ValueError, match="expects its own trees"):  # auto needs both trees' scores
+        refine.adopt_refined({"accuracy": acc_tree}, prev, weights, "auto")
 
 
 def test_job_script_takes_the_objective(tmp_path, capsys):

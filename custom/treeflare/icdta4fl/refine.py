@@ -10,6 +10,8 @@ leaves with the true counts and re-splits where the sums say it pays, within the
   the sites' validation rows than the best selected local tree, starts the refinement from that local tree.
 * ``refine_tree``: relabel, then a tree knapsack picks, within budget, which splits to keep and which nodes to
   re-split by their best candidate; every new node's counts are exact (read off the histograms).
+* ``adopt_refined``: which grown tree (one per objective, two for "auto") replaces the previous tree, if any.
+(A little over 400 lines: the round's growth and its adopt rule are one decision and stay together.)
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from .simplify import collapse_same_class
 
 # the wire-side names are re-exported so callers use one module for the round
 __all__ = ["choose_start", "adopt_refined", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan",
-           "plan_round",
-           "count_vector", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES",
+           "plan_round", "count_vector", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES",
            "DEFAULT_ROUND_VALUES", "MAX_REFINE_ROUNDS", "OBJECTIVES", "GROWN", "DEFAULT_OBJECTIVE",
            "balanced_class_weights"]
 
@@ -73,12 +74,14 @@ def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str =
     macro-F1, +0.5 accuracy); the first no worse than the previous tree on its own objective's metric (accuracy, or
     macro-F1 for "balanced") is adopted. A sum one site inflated or relabelled grows trees the others' rows score
     lower, and none is adopted. Returns (the adopted objective or None, why)."""
+    if set(refined) != set(GROWN if objective == "auto" else (objective,)):
+        raise ValueError(f"objective {objective!r} expects its own trees' scores, got {sorted(refined)}")
     sites = set(previous) & set(weights)
     for scores in refined.values():
         sites &= set(scores)
     sites = sorted(sites)
     total = float(sum(weights[s] for s in sites))
-    if not refined or not sites or total <= 0:
+    if not sites or total <= 0:
         return None, "no site scored every tree on its validation rows"
     pooled = {o: {m: sum(weights[s] * float(sc[s][m]) for s in sites) / total for m in ("accuracy", "macro_f1")}
               for o, sc in (*refined.items(), ("previous", previous))}
