@@ -161,6 +161,7 @@ def test_job_script_takes_the_objective(tmp_path, capsys):
     base = ["--dataset", "car", "--workspace", str(tmp_path)]
     assert job.parse_args(base).refine_objective == "accuracy"
     assert job.parse_args([*base, "--refine-objective", "balanced"]).refine_objective == "balanced"
+    assert job.parse_args([*base, "--refine-objective", "auto"]).refine_objective == "auto"
     with pytest.raises(SystemExit) as e:
         job.parse_args([*base, "--refine-objective", "f1"])
     assert e.value.code == 2 and "--refine-objective" in capsys.readouterr().err
