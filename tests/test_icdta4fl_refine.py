@@ -222,6 +222,35 @@ def test_a_deviating_server_gets_no_answer_to_a_short_changed_or_noisier_list(ca
         site_identity(ctx, "site-1")
 
 
+def test_a_server_asking_sites_different_questions_gets_masks_that_do_not_cancel(car_federation):
+    """Site-1 asked about the real cells, the others about shifted thresholds (same vector length): unbound masks
+    would cancel and the sum would carry site-1's counts in cells where the others' are different ones. The masks
+    are bound to a digest of the question, so the sum is noise."""
+    fed, root = car_federation
+    run = InProcessRun(root, fed.site_names)
+    assert run.run(_controller(fed, root, rounds=1), Path(root).parent / "questions")["status"] == "completed"
+    task = next(m for d, s, n, m in run.messages if d == "to_site" and n == REFINE_COUNTS)
+    train = next(m for d, s, n, m in run.messages if d == "to_site" and n == TRAIN)
+    execs = {s: ICDTA4FLExecutor(data_root=str(root)) for s in fed.site_names}
+    keys = {}
+    for s, ex in execs.items():
+        ex.log_info = ex.log_error = lambda *a, **k: None
+        keys[s] = ex.execute(TRAIN, wire(train), _ctx(s), None)["refine_key"]
+    other = wire(task)
+    other["candidates"] = {**other["candidates"], "thresholds": [
+        None if t is None else [float(v) + 0.25 for v in t] for t in other["candidates"]["thresholds"]]}
+    masked = []
+    for s in fed.site_names:
+        t = wire(task if s == "site-1" else other)
+        t["keys"] = [keys[k] for k in fed.site_names]
+        reply = execs[s].execute(REFINE_COUNTS, t, _ctx(s), None)
+        assert reply.get_return_code() == "OK", reply.get("error")
+        masked.append(reply["masked"])
+    mixed = _site_vectors(fed, task)[0] + np.sum(_site_vectors(fed, other)[1:], axis=0)
+    assert len(mixed) == len(masked[0])
+    assert np.mean(secagg.sum_masked(masked) == mixed) < 0.01
+
+
 def test_with_kits_a_substituted_key_stops_the_round_and_the_previous_tree_stays(car_federation, tmp_path):
     """Startup kits in process: every key is signed and every site checks every certificate. A server that swaps
     one site's key for its own gets no masked vector from anyone; the one-round result stands."""

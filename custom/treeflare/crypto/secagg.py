@@ -5,7 +5,8 @@ identity (the startup kit's ``client.key``; its ``client.crt`` is issued by the 
 server forwards the list of announcements; every site checks the list itself (:func:`verify_key_list`): each
 certificate chains to *its own* root CA, names the listed site, the signature covers (job id, site, key), the
 list is long enough and holds the site's own key unchanged. Each pair (i, j) then derives a mask from its
-X25519 secret: HKDF-SHA256 (info = job id | round | the sorted participant list | the pair) keys a ChaCha20
+X25519 secret: HKDF-SHA256 (info = job id | round | the sorted participant list | the pair | a digest of what the
+round asks, so that a server sending sites different questions gets no cancelling masks) keys a ChaCha20
 keystream read as uint64. Site i sends ``y_i = c_i + sum_{j>i} m_ij - sum_{j<i} m_ij  (mod 2^64)``; the masks
 cancel only in the sum over every listed site, so a proper subset of the ``y_i`` is uniformly random.
 
@@ -136,9 +137,11 @@ class MaskingKeys:
                 "signature": (np.frombuffer(self.identity.sign(key_statement(self.job_id, self.site, self.public)),
                                             dtype=np.uint8).copy() if signed else None)}
 
-    def mask(self, counts, peers: dict, round_no: int) -> np.ndarray:
+    def mask(self, counts, peers: dict, round_no: int, context: bytes = b"") -> np.ndarray:
         """``counts`` (integers, negatives allowed: noise) as uint64 mod 2^64, plus this site's pairwise masks
-        with every other site of ``peers`` (site -> 32-byte public key, this site included: the verified list)."""
+        with every other site of ``peers`` (site -> 32-byte public key, this site included: the verified list).
+        ``context``: a digest of the question the counts answer; masks cancel only between sites that were asked
+        the same one."""
         values = np.asarray(counts)
         if values.ndim != 1 or (values.size and values.dtype.kind not in "iu") or values.size > MAX_VALUES:
             raise SecAggError(f"counts must be a 1-D integer array of at most {MAX_VALUES} values")
@@ -153,7 +156,7 @@ class MaskingKeys:
                 shared = self._private.exchange(x25519.X25519PublicKey.from_public_bytes(peers[other]))
             except ValueError:
                 raise SecAggError(f"public_key of {other}: not a usable X25519 key") from None
-            m = pair_mask(shared, self.job_id, round_no, participants, (self.site, other), out.size)
+            m = pair_mask(shared, self.job_id, round_no, participants, (self.site, other), out.size, context)
             if other > self.site:
                 out += m
             else:
@@ -161,11 +164,12 @@ class MaskingKeys:
         return out
 
 
-def pair_mask(shared: bytes, job_id: str, round_no: int, participants, pair, n: int) -> np.ndarray:
+def pair_mask(shared: bytes, job_id: str, round_no: int, participants, pair, n: int,
+              context: bytes = b"") -> np.ndarray:
     """The mask of one pair for one round: HKDF-SHA256 of the X25519 secret keys a ChaCha20 keystream of ``n``
     uint64 values. The key is unique per pair, round and participant list, so the all-zero nonce never repeats."""
     info = _DOMAIN + b"|mask|" + json.dumps([str(job_id), int(round_no), sorted(participants),
-                                             sorted(pair)]).encode()
+                                             sorted(pair), bytes(context).hex()]).encode()
     key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
     stream = Cipher(algorithms.ChaCha20(key, b"\x00" * 16), mode=None).encryptor().update(b"\x00" * (8 * n))
     return np.frombuffer(stream, dtype="<u8").astype(np.uint64)

@@ -12,6 +12,8 @@ the site's own binding (``<site kit>/local/treeflare_site.json``, see ``site_con
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -175,7 +177,10 @@ class ICDTA4FLExecutor(Executor):
         if epsilon is not None:
             counts = refine.add_noise(counts, epsilon=epsilon, sensitivity=max(candidates.n_features, 1))
         t = time.perf_counter()
-        masked = keys.mask(counts, peers, round_no)
+        # the masks are bound to the question: a server that asks sites about different trees or cells (so that one
+        # site's counts stand alone in some cells of the sum) gets masks that do not cancel
+        question = json.dumps([tree.to_dict(), candidates.to_dict(), plan.to_dict(), epsilon], sort_keys=True)
+        masked = keys.mask(counts, peers, round_no, context=hashlib.sha256(question.encode()).digest())
         reply = make_reply(ReturnCode.OK)
         reply["masked"] = masked
         reply["round"] = round_no
