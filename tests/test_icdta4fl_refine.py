@@ -16,7 +16,8 @@ from icdta4fl_inprocess import InProcessRun, wire
 from treeflare.crypto import secagg
 from treeflare.data import DataError, load_dataset, prepare_federation, write_federation
 from treeflare.flare.icdta4fl_controller import ICDTA4FLController
-from treeflare.flare.icdta4fl_executor import REFINE_COUNTS, TRAIN, ICDTA4FLExecutor, site_identity
+from treeflare.flare.icdta4fl_executor import (REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN, ICDTA4FLExecutor,
+                                             site_identity)
 from treeflare.icdta4fl import aggregate, refine, score_trees, select_trees, train_local_tree
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
 from treeflare.icdta4fl.payloads import feature_totals
@@ -177,6 +178,10 @@ def test_protocol_server_sees_masked_vectors_and_the_sum_never_one_sites_counts(
     beyond["round"] = 3
     refused = run.executors["site-3"].execute(REFINE_COUNTS, beyond, _ctx("site-3"), None)
     assert refused.get_return_code() != "OK" and "round: 3 is above 2" in refused["error"], refused
+    # scores are counts over the validation rows: a site scores only as often as the announced plan asks
+    final = next(m for d, s, n, m in run.messages if d == "to_site" and n == SCORE_GLOBAL and s == "site-3")
+    more = run.executors["site-3"].execute(SCORE_GLOBAL, wire(final), _ctx("site-3"), None)
+    assert more.get_return_code() != "OK" and "answered them all" in more["error"], more
     # no key holder any more: nobody can decrypt anything, the server holds no secret
     assert not any(isinstance(v, secagg.MaskingKeys) for v in vars(controller).values())
 
@@ -212,6 +217,12 @@ def test_a_deviating_server_gets_no_answer_to_a_short_changed_or_noisier_list(ca
     noisy = ask("site-1", epsilon=50.0, keys=[keys["site-1"], keys["site-2"]])  # noise buys a 2-site sum: refused
     assert noisy.get_return_code() != "OK" and "epsilon" in noisy["error"], noisy
     assert ask("site-1").get_return_code() == "OK"
+    # after peer scoring, a scoring task holds at most the two trees the plan scores (crafted trees would read
+    # the validation rows back region by region)
+    peer = next(m for d, s, n, m in run.messages if d == "to_site" and n == SCORE_TREES)
+    assert execs["site-2"].execute(SCORE_TREES, wire(peer), _ctx("site-2"), None).get_return_code() == "OK"
+    crafted = execs["site-2"].execute(SCORE_TREES, wire(peer), _ctx("site-2"), None)
+    assert len(peer["trees"]) > 2 and crafted.get_return_code() != "OK" and "at most 2" in crafted["error"], crafted
     later = ask("site-1", round=2, keys=[keys[s] for s in fed.site_names[:3]])  # a sum over fewer, to difference
     assert later.get_return_code() != "OK" and "first round" in later["error"], later
     # a job with no startup kit outside the simulator: the site refuses to announce an unsigned key

@@ -73,6 +73,7 @@ class ICDTA4FLExecutor(Executor):
         self._answered_rounds: set = set()
         self._masking = None  # this run's secagg.MaskingKeys
         self._participants = None  # the verified key list of the first round
+        self._scorings = 0  # scoring tasks answered: every score is a count over this site's validation rows
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
         site = fl_ctx.get_identity_name()
@@ -80,8 +81,10 @@ class ICDTA4FLExecutor(Executor):
             if task_name == TRAIN:
                 return self._train(site, shareable, fl_ctx)
             if task_name == SCORE_TREES:
+                self._count_scoring(len(shareable["trees"]))
                 return self._score_trees(shareable)
             if task_name == SCORE_GLOBAL:
+                self._count_scoring(1)
                 return self._score_global(shareable)
             if task_name == REFINE_COUNTS:
                 reply = self._refine_counts(shareable)
@@ -125,6 +128,19 @@ class ICDTA4FLExecutor(Executor):
             self._masking = secagg.MaskingKeys(site, _job_id(fl_ctx), site_identity(fl_ctx, site))
             reply["refine_key"] = self._masking.record()
         return reply
+
+    def _count_scoring(self, n_trees) -> None:
+        """Scores are counts over this site's validation rows, so a server sending crafted trees could read the rows
+        back region by region: a site scores only what the plan announced with the training task asks for (peer
+        scoring, the start check, one check per refinement round, the final tree), and after peer scoring at most
+        two trees a task (the 'auto' objective's pair)."""
+        self._require_test()
+        allowed = 2 + (1 + self._refine_rounds if self._refine_rounds else 0)
+        if self._scorings >= allowed:
+            raise PayloadError("task", f"this run's plan asks for {allowed} scoring tasks; this site answered them all")
+        if self._scorings and n_trees > 2:
+            raise PayloadError("trees", f"{n_trees} trees to score after peer scoring; the plan scores at most 2")
+        self._scorings += 1
 
     def _require_test(self):
         if self._test is None:
