@@ -186,12 +186,11 @@ def test_protocol_server_sees_masked_vectors_and_the_sum_never_one_sites_counts(
     assert not any(isinstance(v, secagg.MaskingKeys) for v in vars(controller).values())
 
 
-def test_a_deviating_server_gets_no_answer_to_a_short_changed_or_noisier_list(car_federation):
-    """Sites check the counts task against their own plan: a list of fewer than 3 sites (2 with noise), one without
-    their own key, noise that was not announced, another participant list in a later round."""
-    fed, root = car_federation
+def _recorded_run_and_fresh_sites(fed, root, name, rounds):
+    """A completed run (its messages recorded), its first counts task, and fresh site executors trained by the same
+    training task with their announced keys: a deviating server's questions are then put to these."""
     run = InProcessRun(root, fed.site_names)
-    result = run.run(_controller(fed, root, rounds=2), Path(root).parent / "deviate")
+    result = run.run(_controller(fed, root, rounds=rounds), Path(root).parent / name)
     assert result["refinement"]["status"] == "completed"
     task = next(m for d, s, n, m in run.messages if d == "to_site" and n == REFINE_COUNTS)
     train = next(m for d, s, n, m in run.messages if d == "to_site" and n == TRAIN)
@@ -200,6 +199,14 @@ def test_a_deviating_server_gets_no_answer_to_a_short_changed_or_noisier_list(ca
     for s, ex in execs.items():
         ex.log_info = ex.log_error = lambda *a, **k: None
         keys[s] = ex.execute(TRAIN, wire(train), _ctx(s), None)["refine_key"]
+    return run, task, execs, keys
+
+
+def test_a_deviating_server_gets_no_answer_to_a_short_changed_or_noisier_list(car_federation):
+    """Sites check the counts task against their own plan: a list of fewer than 3 sites (2 with noise), one without
+    their own key, noise that was not announced, another participant list in a later round."""
+    fed, root = car_federation
+    run, task, execs, keys = _recorded_run_and_fresh_sites(fed, root, "deviate", rounds=2)
 
     def ask(site, **changes):
         t = wire(task)
@@ -238,15 +245,7 @@ def test_a_server_asking_sites_different_questions_gets_masks_that_do_not_cancel
     would cancel and the sum would carry site-1's counts in cells where the others' are different ones. The masks
     are bound to a digest of the question, so the sum is noise."""
     fed, root = car_federation
-    run = InProcessRun(root, fed.site_names)
-    assert run.run(_controller(fed, root, rounds=1), Path(root).parent / "questions")["status"] == "completed"
-    task = next(m for d, s, n, m in run.messages if d == "to_site" and n == REFINE_COUNTS)
-    train = next(m for d, s, n, m in run.messages if d == "to_site" and n == TRAIN)
-    execs = {s: ICDTA4FLExecutor(data_root=str(root)) for s in fed.site_names}
-    keys = {}
-    for s, ex in execs.items():
-        ex.log_info = ex.log_error = lambda *a, **k: None
-        keys[s] = ex.execute(TRAIN, wire(train), _ctx(s), None)["refine_key"]
+    _, task, execs, keys = _recorded_run_and_fresh_sites(fed, root, "questions", rounds=1)
     other = wire(task)
     other["candidates"] = {**other["candidates"], "thresholds": [
         None if t is None else [float(v) + 0.25 for v in t] for t in other["candidates"]["thresholds"]]}
