@@ -19,6 +19,7 @@ The job completes on the other sites, the report names the dropped sites and why
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -54,16 +55,24 @@ def hostile_run(tmp_path_factory):
     site_data = write_federation(prepare_federation(load_csv(csv, label="y"), 7, "iid", None, seed=1),
                                  tmp / "site data" / "fed")
     set_cell(site_data / "site-4" / "train.csv", BAD_LINE, 0, SECRET)
-    ws = tmp / "work space"
-    with flare_lock():
-        proc = run_script("tests/hostile_job.py",
-                          ["--hostile-mode", "nan_threshold@site-3", "--hostile-mode", "huge_code@site-5",
-                           "--hostile-mode", "many_categories@site-6", "--hostile-mode", "forged_counts@site-7",
-                           "--algorithm", "id3", "--csv", str(csv), "--label", "y", "--sites", "7",
-                           "--partition", "iid", "--seed", "1", "--max-depth", "4", "--min-clients", "2",
-                           "--data-root", str(site_data), "--workspace", str(ws)],
-                          tmp, timeout=300)
-    return proc, ws, site_data
+    for attempt in (1, 2):
+        ws = tmp / ("work space" if attempt == 1 else "work space, again")
+        try:
+            with flare_lock():
+                proc = run_script("tests/hostile_job.py",
+                                  ["--hostile-mode", "nan_threshold@site-3", "--hostile-mode", "huge_code@site-5",
+                                   "--hostile-mode", "many_categories@site-6", "--hostile-mode", "forged_counts@site-7",
+                                   "--algorithm", "id3", "--csv", str(csv), "--label", "y", "--sites", "7",
+                                   "--partition", "iid", "--seed", "1", "--max-depth", "4", "--min-clients", "2",
+                                   "--data-root", str(site_data), "--workspace", str(ws)],
+                                  tmp, timeout=200)
+            return proc, ws, site_data
+        except subprocess.TimeoutExpired:
+            # FLARE's simulator now and then loses a client process as it starts (the server logs "Communication
+            # error with client ...", the site never logs a line) and then waits for it: not this job's doing, so
+            # once more; any other hang, or a second one, fails the test
+            if attempt == 2 or "Communication error with client" not in _server_files(ws, logs_only=True):
+                raise
 
 
 def _server_files(ws, logs_only=False):
