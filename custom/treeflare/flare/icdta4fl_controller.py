@@ -32,7 +32,8 @@ from ..icdta4fl import pipeline, refine
 from ..icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
 from ..icdta4fl.model import GlobalTree
 from ..icdta4fl.payloads import (check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
-                                 check_summed_rows, check_train_reply, feature_totals)
+                                 check_summed_rows, check_train_reply, feature_totals,
+                                 histograms_agree)
 from ..reporting import write_text_atomic
 from ..trees.validate import PayloadError
 from .icdta4fl_executor import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
@@ -306,7 +307,7 @@ class ICDTA4FLController(ResultWorkflow):
             check_summed_rows(values, plan, candidates, declared_rows=declared, tolerance=tolerance)
         except PayloadError as exc:
             raise _RoundFailed(f"the summed counts are refused: {exc}") from None
-        if eps is None and not _consistent(values[:-1], plan, candidates):
+        if eps is None and not histograms_agree(values[:-1], plan, candidates):
             raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
         t_counts = time.perf_counter() - t
         objective = self._refine["objective"]  # "auto": both trees from the one sum (no further release)
@@ -432,14 +433,3 @@ def _check_refine_params(params: dict) -> dict:
     if p["objective"] not in refine.OBJECTIVES:
         raise ValueError(f"refinement objective must be one of {list(refine.OBJECTIVES)}, got {p['objective']!r}")
     return p
-
-
-def _consistent(values: np.ndarray, plan, candidates) -> bool:
-    """Without noise, every feature's histogram of a leaf adds up to the same class counts."""
-    if not plan.split_leaves:
-        return bool(np.all(values >= 0))
-    C, cells = plan.n_classes, plan.n_cells
-    hists = values[:len(plan.split_leaves) * cells * C].reshape(len(plan.split_leaves), cells, C)
-    offsets = candidates.offsets
-    totals = np.stack([hists[:, offsets[j]:offsets[j + 1]].sum(axis=1) for j in range(candidates.n_features)])
-    return bool(np.all(values >= 0) and np.all(totals == totals[0]))

@@ -121,6 +121,18 @@ def feature_totals(values, plan, candidates) -> np.ndarray:
     return np.array([per_cell[offsets[j]:offsets[j + 1]].sum() for j in range(candidates.n_features)]) + rest
 
 
+def histograms_agree(values: np.ndarray, plan, candidates) -> bool:
+    """Without noise, every feature's histogram of a leaf adds up to the same class counts (``feature_totals``
+    checks the rows, this the classes)."""
+    if not plan.split_leaves:
+        return bool(np.all(values >= 0))
+    C, cells = plan.n_classes, plan.n_cells
+    hists = values[:len(plan.split_leaves) * cells * C].reshape(len(plan.split_leaves), cells, C)
+    offsets = candidates.offsets
+    totals = np.stack([hists[:, offsets[j]:offsets[j + 1]].sum(axis=1) for j in range(candidates.n_features)])
+    return bool(np.all(values >= 0) and np.all(totals == totals[0]))
+
+
 def check_summed_rows(values, plan, candidates, *, declared_rows: int, tolerance: float = 0.0) -> None:
     """A round's sum holds the declared rows, no more and no fewer: per feature, the rows in the vector plus the
     last value (rows that stop at an internal node, counted nowhere) equal ``declared_rows``, the sum of the sites'
