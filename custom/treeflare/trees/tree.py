@@ -26,13 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validate import TreePayloadError, validate_tree_dict
+from .validate import TREE_SCHEMA, TREE_SCHEMA_VERSION, TreePayloadError, validate_tree_dict
 
-__all__ = ["Tree", "LEAF", "NUMERIC", "CATEGORICAL", "TREE_SCHEMA", "TREE_SCHEMA_VERSION", "SUPPORTED_TREE_VERSIONS"]
-
-TREE_SCHEMA = "treeflare.tree"
-TREE_SCHEMA_VERSION = 2
-SUPPORTED_TREE_VERSIONS = (1, 2)  # 1: no missing-value routing (every NaN stops at its node)
+__all__ = ["Tree", "LEAF", "NUMERIC", "CATEGORICAL"]
 
 LEAF, NUMERIC, CATEGORICAL = 0, 1, 2
 _KIND_NAMES = ("leaf", "numeric", "categorical")

@@ -12,9 +12,15 @@ import math
 import numbers
 
 __all__ = [
+    "TREE_SCHEMA", "TREE_SCHEMA_VERSION", "SUPPORTED_TREE_VERSIONS",
     "PayloadError", "TreePayloadError", "DEFAULT_MAX_NODES", "DEFAULT_MAX_DEPTH",
     "validate_tree_dict", "check_header", "check_number", "check_int", "check_list",
 ]
+
+# the tree document these checks accept (``Tree.to_dict`` writes the current version)
+TREE_SCHEMA = "treeflare.tree"
+TREE_SCHEMA_VERSION = 2
+SUPPORTED_TREE_VERSIONS = (1, 2)  # 1: no missing-value routing (every NaN stops at its node)
 
 DEFAULT_MAX_NODES = 100_000
 DEFAULT_MAX_DEPTH = 64
@@ -111,8 +117,6 @@ def validate_tree_dict(payload, *, max_nodes=DEFAULT_MAX_NODES, max_depth=DEFAUL
     declares; ``threshold_bounds`` gives per feature ``(lo, hi)`` (or None) that every numeric
     threshold must lie in.
     """
-    from .tree import SUPPORTED_TREE_VERSIONS, TREE_SCHEMA  # local: tree.py imports this module
-
     err = TreePayloadError
     if not isinstance(payload, dict):
         raise err("tree", f"expected a dict, got {type(payload).__name__}")
