@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
 
     from nvflare.job_config.api import FedJob
     from treeflare.flare import runner
-    from treeflare.flare.icdta4fl_executor import ICDTA4FLExecutor
+    from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
     from treeflare_hostile.executor import HostileExecutor
 
     original_build = job_mod.build_job

@@ -11,8 +11,8 @@ from nvflare.apis.shareable import Shareable
 from nvflare.app_common.decomposers import common_decomposers
 from nvflare.fuel.utils import fobs
 
-from treeflare.flare.icdta4fl_controller import ICDTA4FLController
-from treeflare.flare.icdta4fl_executor import ICDTA4FLExecutor
+from treeflare.flare.icdta4fl.controller import ICDTA4FLController
+from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
 
 common_decomposers.register()
 

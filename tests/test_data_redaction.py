@@ -120,7 +120,8 @@ def test_icdta4fl_executor_replies_redacted(fed, monkeypatch):
     from nvflare.apis.shareable import Shareable
 
     from treeflare.data import read_partition
-    from treeflare.flare.icdta4fl_executor import TRAIN, ICDTA4FLExecutor
+    from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
+    from treeflare.flare.icdta4fl.protocol import TRAIN
 
     for var in ("TREEFLARE_SITE_CONFIG", "TREEFLARE_DATA_ROOT"):
         monkeypatch.delenv(var, raising=False)

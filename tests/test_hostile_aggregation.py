@@ -78,7 +78,7 @@ def test_threshold_outside_the_schema_range_is_refused():
 
 
 def test_an_unusable_tree_drops_its_site_and_the_others_aggregate(adult, monkeypatch):
-    from treeflare.flare.icdta4fl_controller import ICDTA4FLController
+    from treeflare.flare.icdta4fl.controller import ICDTA4FLController
 
     ctrl = ICDTA4FLController(schema=adult.schema.to_dict(), algorithm="id3", min_clients=2)
     ctrl.log_error = lambda *a, **k: None
@@ -104,7 +104,7 @@ def test_an_unusable_tree_drops_its_site_and_the_others_aggregate(adult, monkeyp
 
 
 def test_a_bad_budget_is_refused_before_any_task(adult):
-    from treeflare.flare.icdta4fl_controller import ICDTA4FLController
+    from treeflare.flare.icdta4fl.controller import ICDTA4FLController
 
     for bad in (0, -5, 2.5, True):
         with pytest.raises(ValueError, match="max_leaves"):

@@ -257,7 +257,7 @@ def _reply(data=None, rc="OK"):
 
 def _controller():
     from treeflare.data import Feature, Schema
-    from treeflare.flare.icdta4fl_controller import ICDTA4FLController
+    from treeflare.flare.icdta4fl.controller import ICDTA4FLController
 
     schema = Schema((Feature("a", "numeric"), Feature("b", "numeric")), "y", ("no", "yes"))
     ctrl = ICDTA4FLController(schema=schema.to_dict(), algorithm="cart", min_clients=2)
@@ -268,7 +268,7 @@ def _controller():
 
 def test_controller_drops_hostile_sites_and_goes_on():
     """Each hostile reply costs only its site: dropped with the reason logged; the rest of the job goes on."""
-    from treeflare.flare.icdta4fl_controller import TRAIN
+    from treeflare.flare.icdta4fl.protocol import TRAIN
     from treeflare.icdta4fl.payloads import check_train_reply as ctr
 
     nan_tree = small_tree()
@@ -304,7 +304,7 @@ def test_controller_drops_hostile_sites_and_goes_on():
 
 
 def test_controller_fails_cleanly_when_too_few_valid():
-    from treeflare.flare.icdta4fl_controller import TRAIN
+    from treeflare.flare.icdta4fl.protocol import TRAIN
     from treeflare.flare.workflow import JobFailed
 
     ctrl = _controller()

@@ -10,8 +10,8 @@ from sklearn.utils.class_weight import compute_class_weight
 
 from icdta4fl_inprocess import InProcessRun
 from treeflare.data import load_dataset, prepare_federation, write_federation
-from treeflare.flare.icdta4fl_controller import DEFAULT_REFINE, ICDTA4FLController, _check_refine_params
-from treeflare.flare.icdta4fl_executor import SCORE_TREES
+from treeflare.flare.icdta4fl.controller import DEFAULT_REFINE, ICDTA4FLController, _check_refine_params
+from treeflare.flare.icdta4fl.protocol import SCORE_TREES
 from treeflare.icdta4fl import aggregate, pipeline, refine
 from treeflare.trees.cart import fit_cart
 from treeflare.trees.tree import leaf_tree

@@ -15,9 +15,9 @@ import pytest
 from icdta4fl_inprocess import InProcessRun, wire
 from treeflare.crypto import secagg
 from treeflare.data import DataError, load_dataset, prepare_federation, write_federation
-from treeflare.flare.icdta4fl_controller import ICDTA4FLController
-from treeflare.flare.icdta4fl_executor import (REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN, ICDTA4FLExecutor,
-                                             site_identity)
+from treeflare.flare.icdta4fl.controller import ICDTA4FLController
+from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor, site_identity
+from treeflare.flare.icdta4fl.protocol import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
 from treeflare.icdta4fl import aggregate, refine, score_trees, select_trees, train_local_tree
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
 from treeflare.icdta4fl.payloads import feature_totals

@@ -120,13 +120,15 @@ def test_export_runs_without_installed_package(tmp_path):
     meta = json.loads((job / "meta.json").read_text())
     assert meta["name"] == "icdta4fl"
     server_cfg = next(job.glob("app*/config/config_fed_server.json"))
-    assert "ICDTA4FLController" in server_cfg.read_text()
+    assert '"treeflare.flare.icdta4fl.controller.ICDTA4FLController"' in server_cfg.read_text()
+    client_cfg = next(job.glob("app*/config/config_fed_client.json"))
+    assert '"treeflare.flare.icdta4fl.executor.ICDTA4FLExecutor"' in client_cfg.read_text()
     custom = next(job.glob("app*/custom"))
     assert (custom / "treeflare" / "icdta4fl" / "payloads.py").is_file()
     # -S: no site-packages .pth processing, so the editable install of treeflare is invisible.
     site_packages = sysconfig.get_paths()["purelib"]
     code = (f"import sys; sys.path.append({site_packages!r}); sys.path.insert(0, {str(custom)!r}); "
-            "import treeflare.flare.icdta4fl_controller as c, treeflare.flare.icdta4fl_executor as e; "
+            "import treeflare.flare.icdta4fl.controller as c, treeflare.flare.icdta4fl.executor as e; "
             f"assert c.__file__.startswith({str(custom)!r}), c.__file__; print('ok')")
     res = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]

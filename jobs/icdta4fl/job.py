@@ -80,8 +80,9 @@ def parse_args(argv=None):
 def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str]):
     from nvflare.job_config.api import FedJob
 
-    from treeflare.flare.icdta4fl_controller import ICDTA4FLController
-    from treeflare.flare.icdta4fl_executor import TASKS, ICDTA4FLExecutor
+    from treeflare.flare.icdta4fl.controller import ICDTA4FLController
+    from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
+    from treeflare.flare.icdta4fl.protocol import TASKS
     from treeflare.flare.progress import ProgressReporter
     from treeflare.flare.runner import ship_package
 
@@ -187,7 +188,7 @@ def print_summary(report: dict, workspace: Path) -> None:
 @main_guard
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from treeflare.flare.icdta4fl_controller import RESULT_FILE
+    from treeflare.flare.icdta4fl.controller import RESULT_FILE
     from treeflare.flare.runner import one_poc, read_server_result, run_job
 
     workspace = Path(args.workspace).resolve()

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from treeflare.flare.icdta4fl_executor import ICDTA4FLExecutor
+from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
 
 
 class HostileExecutor(ICDTA4FLExecutor):

@@ -25,20 +25,20 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
-from ..crypto import secagg
-from ..data import DataError, Schema, read_site_csv
-from ..data.federation import natural_key
-from ..icdta4fl import pipeline, refine
-from ..icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
-from ..icdta4fl.model import GlobalTree
-from ..icdta4fl.payloads import (check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
+from ...crypto import secagg
+from ...data import DataError, Schema, read_site_csv
+from ...data.federation import natural_key
+from ...icdta4fl import pipeline, refine
+from ...icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
+from ...icdta4fl.model import GlobalTree
+from ...icdta4fl.payloads import (check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
                                  check_summed_rows, check_train_reply, feature_totals,
                                  histograms_agree)
-from ..reporting import write_text_atomic
-from ..trees.validate import PayloadError
-from .icdta4fl_executor import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
-from .progress import PROGRESS_ID
-from .workflow import JobFailed, ResultWorkflow
+from ...reporting import write_text_atomic
+from ...trees.validate import PayloadError
+from ..progress import PROGRESS_ID
+from ..workflow import JobFailed, ResultWorkflow
+from .protocol import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
 
 RESULT_FILE = "icdta4fl_result.json"
 PHASES = {TRAIN: "local training", SCORE_TREES: "peer scoring", SCORE_GLOBAL: "global evaluation",

@@ -22,21 +22,18 @@ from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from ..crypto import secagg
-from ..data import DataError, Schema
-from ..data.errors import public_error
-from ..icdta4fl import pipeline, refine
-from ..icdta4fl.encoding import encode, feature_space
-from ..icdta4fl.payloads import feature_totals
-from ..trees.tree import Tree
-from ..trees.validate import PayloadError, check_int, check_number
-from .site_config import DATA_ROOT_ENV, load_binding
+from ...crypto import secagg
+from ...data import DataError, Schema
+from ...data.errors import public_error
+from ...icdta4fl import pipeline, refine
+from ...icdta4fl.encoding import encode, feature_space
+from ...icdta4fl.payloads import feature_totals
+from ...trees.tree import Tree
+from ...trees.validate import PayloadError, check_int, check_number
+from ..site_config import load_binding
+from .protocol import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
 
-TRAIN, SCORE_TREES, SCORE_GLOBAL = "icdta4fl_train", "icdta4fl_score_trees", "icdta4fl_score_global"
-REFINE_COUNTS = "icdta4fl_refine_counts"
-TASKS = [TRAIN, SCORE_TREES, SCORE_GLOBAL, REFINE_COUNTS]
-__all__ = ["ICDTA4FLExecutor", "TRAIN", "SCORE_TREES", "SCORE_GLOBAL", "REFINE_COUNTS", "TASKS", "DATA_ROOT_ENV",
-           "site_identity"]
+__all__ = ["ICDTA4FLExecutor", "site_identity"]
 
 
 def site_identity(fl_ctx, site: str):
