@@ -20,8 +20,8 @@ Targets (issue 10), checked and printed:
 
     nice -n 10 python scripts/bench_icdta4fl.py [--quick] [--seeds 0 1 2 3 4] [--timing-only]
 
-Writes scripts/results/icdta4fl_bench.{md,csv}, icdta4fl_bench_runs.csv, icdta4fl_rounds.png and the README
-block ``icdta4fl``; the masked round's timing goes to icdta4fl_secagg.md and the README block ``icdta4fl_secagg``
+Writes scripts/results/icdta4fl_bench.{md,csv}, icdta4fl_bench_runs.csv, icdta4fl_rounds.png and the docs
+block ``icdta4fl``; the masked round's timing goes to icdta4fl_secagg.md and the docs block ``icdta4fl_secagg``
 (``--timing-only``: that part alone).
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 from treeflare.data import load_dataset, prepare_federation
 from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
-from treeflare.reporting import bench_settings, write_readme_block
+from treeflare.reporting import bench_settings, write_bench_block
 from treeflare.trees import Tree
 
 DATASETS = ["nursery", "car", "adult", "default_credit_card"]
@@ -53,6 +53,8 @@ REFERENCE = {("nursery", "iid", 5): .8897, ("nursery", "iid", 10): .8885, ("nurs
              ("adult", "iid", 10): .8464, ("adult", "quantity", 5): .8483, ("default_credit_card", "iid", 5): .8167,
              ("default_credit_card", "quantity", 10): .8120}
 ROOT = Path(__file__).resolve().parents[1]
+# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+BENCH_BLOCKS = {"icdta4fl": "docs/icdta4fl.md", "icdta4fl_secagg": "docs/icdta4fl.md"}
 
 
 def site_arrays(fed, algorithm):
@@ -313,7 +315,7 @@ def main(argv=None):
             writer.writerows(data)
     plot_rounds(rows, out / ("icdta4fl_rounds_quick.png" if args.quick else "icdta4fl_rounds.png"))
     if not args.quick:
-        write_readme_block(ROOT / "README.md", "icdta4fl", text)
+        write_bench_block(ROOT / BENCH_BLOCKS["icdta4fl"], "icdta4fl", text)
     print(text)
     write_timing(out, timing_sites, args.quick, settings["command"])
 
@@ -326,7 +328,7 @@ def write_timing(out: Path, timing_sites, quick: bool, command: str) -> None:
     (out / ("icdta4fl_secagg_quick.md" if quick else "icdta4fl_secagg.md")).write_text(
         "# ICDTA4FL masked refinement round (in process)\n\n" + text)
     if not quick:
-        write_readme_block(ROOT / "README.md", "icdta4fl_secagg", text)
+        write_bench_block(ROOT / BENCH_BLOCKS["icdta4fl_secagg"], "icdta4fl_secagg", text)
     print(text)
 
 

@@ -18,8 +18,8 @@ same-budget centralized CART's minus 0.02.
 
     nice -n 10 python scripts/bench_icdta4fl_imbalanced.py [--quick] [--seeds 0 1 2 3 4]
 
-Writes scripts/results/icdta4fl_imbalanced.{md,csv}, icdta4fl_imbalanced_runs.csv and the README block
-``icdta4fl_imbalanced`` (``--quick``: german or synthetic, 4 sites, 1 seed, ``_quick`` files, no README).
+Writes scripts/results/icdta4fl_imbalanced.{md,csv}, icdta4fl_imbalanced_runs.csv and the docs block
+``icdta4fl_imbalanced`` (``--quick``: german or synthetic, 4 sites, 1 seed, ``_quick`` files, no docs block).
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ from treeflare.data import load_csv, load_dataset, prepare_federation  # noqa: E
 from treeflare.data.csv_io import frame_to_table, infer_schema  # noqa: E402
 from treeflare.icdta4fl import pipeline, refine  # noqa: E402
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds  # noqa: E402
-from treeflare.reporting import bench_settings, write_readme_block  # noqa: E402
+from treeflare.reporting import bench_settings, write_bench_block  # noqa: E402
 from treeflare.trees import Tree  # noqa: E402
 from treeflare.trees.cart import default_min_samples_split  # noqa: E402
 
+# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+BENCH_BLOCKS = {"icdta4fl_imbalanced": "docs/icdta4fl.md"}
 DATASETS = ["german", "default_credit_card", "adult", "synthetic"]
 PARTITIONS = [("label", 0.5), ("iid", None)]
 SITES = [4, 5]
@@ -249,7 +251,7 @@ def main(argv=None):
             writer.writeheader()
             writer.writerows(data)
     if not args.quick:
-        write_readme_block(ROOT / "README.md", "icdta4fl_imbalanced", text)
+        write_bench_block(ROOT / BENCH_BLOCKS["icdta4fl_imbalanced"], "icdta4fl_imbalanced", text)
     print(text)
 
 

@@ -10,7 +10,7 @@ job completed with every site. Repeats are interleaved (site counts in turn); me
     python scripts/bench_sim_sites.py --probe --sites 80,100 --max-gb 16    # once each, to find the limit
 
 Stops growing when a run fails, or when the tree's memory passes --max-gb (the machine is shared). Writes
-scripts/results/sim_sites.{csv,md} and the README block ``sim_sites`` (``--probe``: sim_sites_probe.*, block
+scripts/results/sim_sites.{csv,md} and the docs block ``sim_sites`` (``--probe``: sim_sites_probe.*, block
 ``sim_sites_probe``).
 """
 
@@ -32,9 +32,11 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
-from treeflare.reporting import bench_settings, format_table, write_readme_block, write_text_atomic  # noqa: E402
+from treeflare.reporting import bench_settings, format_table, write_bench_block, write_text_atomic  # noqa: E402
 
 RESULTS = REPO / "scripts" / "results"
+# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+BENCH_BLOCKS = {"sim_sites": "docs/DEPLOY.md", "sim_sites_probe": "docs/DEPLOY.md"}
 
 
 def tree_memory(root: psutil.Process) -> tuple[int, int, int]:
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="stop a run after this many seconds")
     p.add_argument("--task-timeout", type=int, default=300, help="the job's --task-timeout (its default: 300)")
     p.add_argument("--probe", action="store_true", help="one run per count, written apart (sim_sites_probe)")
-    p.add_argument("--no-readme", action="store_true")
+    p.add_argument("--no-docs", action="store_true", help="do not rewrite the docs block")
     args = p.parse_args(argv)
     if args.probe:
         args.repeats = 1
@@ -162,8 +164,8 @@ def main(argv=None) -> int:
             f"(1 min) {min(loads)}-{max(loads)} during the runs. Largest federation that completed every run: "
             f"**{largest} sites** (of those tried). Settings: {json.dumps(settings)}\n")
     write_text_atomic(RESULTS / f"{name}.md", "\n".join(md) + "\n" + note)
-    if not args.no_readme:
-        write_readme_block(REPO / "README.md", name, "\n".join(md) + "\n" + note)
+    if not args.no_docs:
+        write_bench_block(REPO / BENCH_BLOCKS[name], name, "\n".join(md) + "\n" + note)
     return 0
 
 

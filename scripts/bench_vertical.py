@@ -1,5 +1,5 @@
 """Benchmark of the vertical packed-Paillier protocol.  Every figure is measured in this one run; nothing is
-carried over from earlier runs, and the results files and the README block are written by this script only.
+carried over from earlier runs, and the results files and the docs block are written by this script only.
 
 Sections (``--sections``, default all):
 
@@ -22,7 +22,7 @@ Times are medians over ``--repeats`` interleaved runs.  Default randomness: ``fu
     flock /tmp/treeflare-bench.lock python scripts/bench_vertical.py            # everything (~25 min idle)
     python scripts/bench_vertical.py --quick                                   # small data, 1 repeat
 
-(Over 400 lines: every arm the README quotes is run by this one script, so one command reproduces every
+(Over 400 lines: every arm the docs quote is run by this one script, so one command reproduces every
 figure; the protocol code it measures is in ``treeflare.vertical``.)
 """
 from __future__ import annotations
@@ -48,9 +48,11 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
+# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+BENCH_BLOCKS = {"vertical": "docs/vertical.md"}
 
 from treeflare.crypto import PaillierKeyHolder, SlotLayout  # noqa: E402
-from treeflare.reporting import bench_settings, write_json_atomic, write_readme_block, write_text_atomic  # noqa: E402
+from treeflare.reporting import bench_settings, write_json_atomic, write_bench_block, write_text_atomic  # noqa: E402
 from treeflare.vertical import VerticalData, VerticalParams  # noqa: E402
 
 LEGACY_REF = "9a11737"        # the vertical code before issue 12 round 2 (the "today's code" of the issue)
@@ -384,7 +386,7 @@ def fmt(v, nd=1):
 
 
 def markdown(state: dict) -> tuple[str, str]:
-    """(full results page, README block)."""
+    """(full results page, docs block)."""
     S = state["settings"]
     lines = ["# Vertical packed-Paillier benchmark", "",
              f"Run {S['time']}, commit {S['commit']}, {S['cores']} cores shared with other work; load average at "
@@ -393,7 +395,7 @@ def markdown(state: dict) -> tuple[str, str]:
              f"Randomness: `{S['obfuscation']}` in every encrypted arm unless a row says otherwise; "
              f"{S['key_bits']}-bit keys; {S['workers']} worker processes per party; medians of {S['repeats']} "
              "interleaved runs; every arm in its own process.", ""]
-    readme = []
+    docs_block = []
     m = state.get("micro")
     if m:
         s = (f"Single-core Paillier rates at {m['key_bits']} bits measured in this run (median of {m['repeats']} "
@@ -406,7 +408,7 @@ def markdown(state: dict) -> tuple[str, str]:
              f"{'met' if min(m['enc_per_s_full'], m['enc_per_s_full_python']) >= 2000 else 'MISSED'} "
              "(with and without the kernel).")
         lines += [s, ""]
-        readme += [s, ""]
+        docs_block += [s, ""]
     sp = [r for r in state["rows"] if r["section"] == "speed"]
     if sp:
         hdr = ["workload", "engine", "per tree, s (median)", "runs, s", "CPU s per run", "speed-up vs earlier code",
@@ -434,7 +436,7 @@ def markdown(state: dict) -> tuple[str, str]:
                            f"CPU seconds per run {leg['cpu_s'] / r['cpu_s']:.2f}x fewer")
         v = "Target >= 2x per tree: " + "; ".join(verdict) + "."
         lines += [intro, "", *tab, "", v, "", "New engine identical to its plaintext oracle: " + ", ".join(ident) + ".", ""]
-        readme += [intro, "", *tab, "", v, ""]
+        docs_block += [intro, "", *tab, "", v, ""]
     pk = [r for r in state["rows"] if r["section"] == "packing"]
     if pk:
         hdr = ["workload", "arm", "wall s", "CPU s, measured", "CPU s, modelled", "(b)/arm, CPU", "encryptions",
@@ -453,7 +455,7 @@ def markdown(state: dict) -> tuple[str, str]:
                  "not modelled; \"CPU s, modelled\" = this run's exact operation counts x those rates + the oracle's "
                  "own CPU, beside the measured value as a check of the cost model):")
         lines += [intro, "", *tab, ""]
-        readme += [intro, "", *tab, ""]
+        docs_block += [intro, "", *tab, ""]
     md = [r for r in state["rows"] if r["section"] == "models"]
     if md:
         hdr = ["data", "objective", "train rows", "federated", "XGBoost, centralised, same settings",
@@ -470,7 +472,7 @@ def markdown(state: dict) -> tuple[str, str]:
                  f"{md[0]['learning_rate']}, global test set; XGBoost `hist` on the joined columns, softmax as one "
                  "multi-output tree per round):")
         lines += [intro, "", *tab, ""]
-        readme += [intro, "", *tab, ""]
+        docs_block += [intro, "", *tab, ""]
     cap = state.get("capacity")
     if cap:
         hdr = ["key bits", "precision", "rows", "g slot", "h slot", "classes per plaintext"]
@@ -482,11 +484,11 @@ def markdown(state: dict) -> tuple[str, str]:
         intro = ("**Softmax capacity** (arithmetic from the slot layout: a class needs a signed g slot and an h slot "
                  "wide enough for a sum over every row):")
         lines += [intro, "", *tab, ""]
-        readme += [intro, "", *tab, ""]
+        docs_block += [intro, "", *tab, ""]
     lines += ["Per-phase seconds of the first run of each speed arm are in vertical_bench.json."]
-    readme += [f"Measured {S['time']} (commit {S['commit']}), load average {S['loadavg']} at start, "
+    docs_block += [f"Measured {S['time']} (commit {S['commit']}), load average {S['loadavg']} at start, "
                f"{state.get('loadavg_end')} at end; full tables: `scripts/results/vertical_bench.md`."]
-    return "\n".join(lines) + "\n", "\n".join(readme)
+    return "\n".join(lines) + "\n", "\n".join(docs_block)
 
 
 def write_csv(rows, path: Path):
@@ -501,7 +503,7 @@ def write_csv(rows, path: Path):
 # ---------------------------------------------------------------------------------------- main
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small data, depth 3, 1 repeat (a smoke test; no README)")
+    ap.add_argument("--quick", action="store_true", help="small data, depth 3, 1 repeat (a smoke test; no docs block)")
     ap.add_argument("--sections", default="micro,speed,packing,models,capacity")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved runs per arm (default 3; 1 with --quick)")
     ap.add_argument("--key-bits", type=int, default=2048)
@@ -510,7 +512,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2, help="worker processes per party (default 2)")
     ap.add_argument("--legacy-ref", default=LEGACY_REF, help=f"git ref of the earlier code (default {LEGACY_REF})")
     ap.add_argument("--out", default=str(REPO / "scripts" / "results" / "vertical_bench"))
-    ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--no-docs", action="store_true", help="do not rewrite the docs block")
     args = ap.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     sections = args.sections.split(",")
@@ -549,8 +551,8 @@ def main(argv=None):
     write_json_atomic(out.with_suffix(".json"), state)
     write_csv(state["rows"], out.with_suffix(".csv"))
     write_text_atomic(out.with_suffix(".md"), page)
-    if not args.quick and not args.no_readme and set(sections) >= {"micro", "speed", "packing", "models", "capacity"}:
-        write_readme_block(REPO / "README.md", "vertical", block)
+    if not args.quick and not args.no_docs and set(sections) >= {"micro", "speed", "packing", "models", "capacity"}:
+        write_bench_block(REPO / BENCH_BLOCKS["vertical"], "vertical", block)
     log(page)
     log(f"wrote {out.with_suffix('.md')}, .json, .csv")
 

@@ -98,20 +98,23 @@ def bench_settings(**extra) -> dict:
             "loadavg": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count(), "commit": commit, **extra}
 
 
-def write_readme_block(readme, name: str, markdown: str) -> bool:
-    """Replace the text between ``<!-- bench:NAME:start -->`` and ``<!-- bench:NAME:end -->`` in ``readme``.
+def write_bench_block(path, name: str, markdown: str) -> Path:
+    """Replace the text between ``<!-- bench:NAME:start -->`` and ``<!-- bench:NAME:end -->`` in the page ``path``.
 
-    Benchmark scripts own these blocks, so a README figure is always the one the script wrote. Returns False (and
-    changes nothing) when the markers are missing, so a script run outside the repository does not fail.
+    Benchmark scripts own these blocks, so a figure in the docs is always the one the script wrote. A page without
+    both markers (in that order) is refused with a ValueError naming the page and the marker, and left unchanged:
+    a block moved to another page must take its script's target with it (``tests/test_docs.py`` checks both).
     """
-    readme = Path(readme)
+    path = Path(path)
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
     try:
-        text = readme.read_text()
-    except OSError:
-        return False
-    i, j = text.find(start), text.find(end)
-    if i < 0 or j < i:
-        return False
-    write_text_atomic(readme, text[: i + len(start)] + "\n" + markdown.strip("\n") + "\n" + text[j:])
-    return True
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the page for bench block {name!r}: {exc.strerror}") from None
+    i = text.find(start)
+    j = text.find(end, i + len(start)) if i >= 0 else -1
+    if i < 0 or j < 0:
+        missing = start if i < 0 else end
+        raise ValueError(f"{path}: no {missing!r} marker; not writing bench block {name!r}")
+    write_text_atomic(path, text[: i + len(start)] + "\n" + markdown.strip("\n") + "\n" + text[j:])
+    return path
