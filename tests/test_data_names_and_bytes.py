@@ -16,6 +16,7 @@ from flare_helpers import load_script
 from treeflare import cli
 from treeflare.data import DataError, Feature, Schema, load_csv
 from treeflare.data import csv_io
+from treeflare.icdta4fl.export import export_text
 from treeflare.icdta4fl.simplify import onehot_groups_from_names
 
 
@@ -55,7 +56,7 @@ def test_explain_names_the_column_that_holds_the_value(tmp_path):
     frame.to_csv(tmp_path / "train.csv", index=False)
     table = load_csv(tmp_path / "train.csv", label="label")
     model = tree_model(table, "cart", tmp_path / "global_tree.json")
-    text = model.export_text()
+    text = export_text(model)
     assert "|--- a=b = " in text and "|--- a = " not in text, text
     predict_csv(tmp_path, tmp_path / "train.csv", tmp_path / "p.csv", explain=True)
     out = pd.read_csv(tmp_path / "p.csv", dtype=str)

@@ -7,6 +7,7 @@ import pytest
 
 from treeflare.icdta4fl import (GlobalTree, ModelPayloadError, aggregate, run_in_process, score_trees,
                                 select_trees, train_local_tree)
+from treeflare.icdta4fl.export import explain_row, export_text, plot_tree
 from treeflare.trees import Tree
 
 
@@ -127,12 +128,12 @@ def test_model_json_validation(tmp_path):
 
 def test_export_text_and_plot(tmp_path):
     model, _ = fitted_model()
-    text = model.export_text()
+    text = export_text(model)
     assert "class:" in text and "support=" in text
     assert "size" in text and ("colour = " in text or "size <=" in text)
     assert text.count("class:") >= model.get_n_leaves()
     png = tmp_path / "tree.png"
-    model.plot(png)
+    plot_tree(model, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -141,10 +142,10 @@ def test_export_text_renders_onehot_columns():
     X = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]] * 10, dtype=float)
     y = np.array([0, 1, 1, 0] * 10)
     tree = fit_cart(X, y, n_classes=2, max_depth=1)
-    text = GlobalTree(tree, ["no", "yes"], ["buying=vhigh", "buying=high", "buying=low"]).export_text()
+    text = export_text(GlobalTree(tree, ["no", "yes"], ["buying=vhigh", "buying=high", "buying=low"]))
     assert "buying != vhigh" in text and "buying = vhigh" in text
     big = GlobalTree(Tree.from_dict(tree.to_dict()), ["no", "yes"])
-    assert "x0 <= 0.5" in big.export_text()
+    assert "x0 <= 0.5" in export_text(big)
 
 
 def test_unknown_parameters_are_rejected():
@@ -188,6 +189,6 @@ def test_global_tree_predicts_raw_rows_with_its_schema(tmp_path):
         odd.loc[0, "workclass"] = "Astronaut"
         odd.loc[1, "age"] = None
         assert loaded.predict(odd).shape == (2,)
-        assert loaded.explain(raw.head(1)) and isinstance(loaded.explain(raw.head(1))[0], str)
+        assert explain_row(loaded, raw.head(1)) and isinstance(explain_row(loaded, raw.head(1))[0], str)
         with pytest.raises(ValueError, match="age"):
             loaded.predict(raw.drop(columns=["age"]))

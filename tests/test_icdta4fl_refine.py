@@ -482,6 +482,7 @@ def test_credit_case_no_longer_collapses_to_two_leaves(tmp_path):
 def test_ordinal_features_split_by_threshold_on_the_order_and_read_as_levels():
     """Car's attributes are ordered: both learners split them by threshold on the code, rules name the levels."""
     from treeflare.icdta4fl.encoding import category_names
+    from treeflare.icdta4fl.export import export_text
     from treeflare.icdta4fl.model import GlobalTree
 
     table = load_dataset("car")
@@ -493,7 +494,7 @@ def test_ordinal_features_split_by_threshold_on_the_order_and_read_as_levels():
                                                n_classes=len(table.schema.classes), feature_kinds=kinds,
                                                n_categories=n_cat, params={"max_depth": 2}))
         assert set(tree.kind.tolist()) <= {LEAF, NUMERIC} and tree.n_leaves >= 3
-        text = GlobalTree(tree, table.schema.classes, names, category_names(table.schema, algorithm)).export_text()
+        text = export_text(GlobalTree(tree, table.schema.classes, names, category_names(table.schema, algorithm)))
         assert "safety <= low" in text or "safety = low" in text, text
         assert not any(f"{a} <= " in text and f"{a} <= 0.5" in text for a in names)  # levels, not codes
         assert "persons <= 2" in text or "persons = 2" in text

@@ -95,6 +95,7 @@ def read_out(path):
 @pytest.mark.parametrize("algorithm", ["cart", "id3"])
 def test_icdta4fl_predictions_equal_the_model_on_encoded_rows(data, algorithm):
     from treeflare.icdta4fl.encoding import encode
+    from treeflare.icdta4fl.export import explain_row
 
     tmp, train, new = data
     model = tree_model(train, algorithm, tmp / algorithm / "global_tree.json")
@@ -107,7 +108,7 @@ def test_icdta4fl_predictions_equal_the_model_on_encoded_rows(data, algorithm):
     assert (out["id"] == [f"r{i}" for i in range(200)]).all()  # the schema's id column passed through
     assert (out["predicted"].to_numpy() == model.predict(X)).all()
     assert np.array_equal(out[["p_high", "p_low", "p_mid"]].to_numpy(), model.predict_proba(X))
-    assert out["explanation"][3] == " and ".join(model.explain(X[3]))
+    assert out["explanation"][3] == " and ".join(explain_row(model, X[3]))
     assert any(c in out["explanation"][0] for c in ("x0", "x1", "colour", "size"))
 
 

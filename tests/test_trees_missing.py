@@ -9,6 +9,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from treeflare.icdta4fl import GlobalTree, run_in_process
 from treeflare.icdta4fl.encoding import FLOAT32_MAX
+from treeflare.icdta4fl.export import explain_row, export_text, plot_tree
 from treeflare.icdta4fl.merge import compatible_pairs, merge_rule_sets
 from treeflare.icdta4fl.rebuild import grow_tree
 from treeflare.icdta4fl.refine import _best_split, candidates_from_trees, count_vector, plan_round, refine_tree
@@ -211,7 +212,7 @@ def test_sites_with_missing_cells_are_kept_and_nan_rows_predicted(algorithm):
     if algorithm == "cart":  # every NaN row reaches a leaf and does better than the NaN rows' majority class
         assert (refined.kind[refined.apply(X)] == LEAF).all()
         assert np.mean(pred[nan_rows] == y[nan_rows]) > majority
-        assert "or missing" in back.export_text() or "is missing" in back.export_text()
+        assert "or missing" in export_text(back) or "is missing" in export_text(back)
     assert np.mean(pred == y) > 0.8
 
 
@@ -219,13 +220,13 @@ def test_global_tree_text_and_explanation_name_the_missing_branch():
     X, y = _data_with_missing(3)
     tree = tree_from_sklearn(DecisionTreeClassifier(max_depth=3, random_state=0).fit(X, y), n_classes=3)
     model = GlobalTree(tree, ["a", "b", "c"], ["u", "v", "w", "z"])
-    text = model.export_text()
+    text = export_text(model)
     assert "v is missing" in text and "v is not missing" in text and "or missing" in text
     row = np.array([0.5, np.nan, 0.0, 0.0])
-    steps = model.explain(row)
+    steps = explain_row(model, row)
     assert steps[-1] == "v is missing" or any("or missing" in s for s in steps)
     id3 = GlobalTree(fit_id3(X, y, n_classes=3, feature_kinds=["numeric"] * 4), ["a", "b", "c"], ["u", "v", "w", "z"])
-    assert "otherwise (missing value)" in id3.export_text()
+    assert "otherwise (missing value)" in export_text(id3)
 
 
 def test_saved_model_predicts_a_csv_with_blank_cells_as_the_tree_does(tmp_path):
@@ -241,7 +242,7 @@ def test_saved_model_predicts_a_csv_with_blank_cells_as_the_tree_does(tmp_path):
     model = GlobalTree(tree_from_sklearn(clf, n_classes=3), ["a", "b", "c"], names, data_schema=schema,
                        encoding="cart")
     model.save_json(tmp_path / "global_tree.json")
-    model.plot(tmp_path / "tree.png")  # the missing-only child is drawn like any other
+    plot_tree(model, tmp_path / "tree.png")  # the missing-only child is drawn like any other
     assert (tmp_path / "tree.png").read_bytes()[:4] == b"\x89PNG"
     frame = pd.DataFrame(X[:60], columns=names).astype(object).where(~np.isnan(X[:60]), "")
     frame.to_csv(tmp_path / "new.csv", index=False)

@@ -13,12 +13,17 @@ order, and with ``explain`` (ICDTA4FL only) ``explanation``, the row's decision 
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .data import DataError, Schema, read_schema_file
+from .icdta4fl.export import explain_row
+from .icdta4fl.model import MODEL_SCHEMA, GlobalTree, ModelPayloadError
+from .trees.validate import PayloadError
+from .xgb.model import ModelError, XGBModel
 
 KINDS = {"global_tree.json": "icdta4fl", "model.json": "xgboost"}
 KIND_NAMES = {"icdta4fl": "ICDTA4FL global tree", "xgboost": "XGBoost"}
@@ -27,31 +32,11 @@ EXPLANATION = "explanation"
 ONE_LEAF = "(no conditions: the tree is a single leaf)"
 
 
-class ClassCodesClassifier:
-    """``predict`` and ``score`` of the project's estimators (``GlobalTree``, ``XGBModel``), from their
-    ``predict_codes`` (class indices into ``classes_``)."""
-
-    classes_: np.ndarray
-
-    def predict_codes(self, X) -> np.ndarray:
-        raise NotImplementedError
-
-    def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_codes(X)]
-
-    def score(self, X, y) -> float:
-        """Accuracy; ``y`` may hold class indices (integers) or class names."""
-        y = np.asarray(y)
-        if y.dtype.kind in "iu":
-            return float(np.mean(self.predict_codes(X) == y))
-        return float(np.mean(self.predict(X) == y.astype(str)))
-
-
 @dataclass
 class LoadedModel:
     kind: str  # "icdta4fl" | "xgboost"
     path: Path
-    model: object  # GlobalTree | XGBModel
+    model: GlobalTree | XGBModel
 
     @property
     def schema(self) -> Schema:
@@ -86,8 +71,6 @@ def _sniff(path: Path) -> str:
     """A model file's kind from its content: ICDTA4FL's versioned JSON, or anything else XGBoost may load (its
     JSON names a "learner" first; UBJSON is binary). A BOM before the JSON is allowed (editors write one); JSON
     that names neither in its first 4 KiB goes by the file's name."""
-    from .icdta4fl.model import MODEL_SCHEMA
-
     with path.open("rb") as fh:
         head = fh.read(4096)
     head = head[3:] if head.startswith(_BOM) else head
@@ -112,8 +95,6 @@ def load_model(path, schema=None) -> LoadedModel:
         schema = read_schema_file(schema)
     if kind == "icdta4fl":
         return LoadedModel(kind, file, _load_tree(file, schema))
-    from .xgb.model import ModelError, XGBModel
-
     if schema is None and (file.parent / "federation" / "partition.json").is_file():
         schema = read_schema_file(file.parent / "federation" / "partition.json")
     try:
@@ -125,11 +106,6 @@ def load_model(path, schema=None) -> LoadedModel:
 def _load_tree(file: Path, schema: Schema | None):
     """The global tree in ``file``, every field checked (``GlobalTree.from_dict``); any fault of the file is a
     DataError naming it and the field."""
-    import json
-
-    from .icdta4fl.model import GlobalTree, ModelPayloadError
-    from .trees.validate import PayloadError
-
     def unusable(why):
         return DataError(f"{file}: not a usable ICDTA4FL model ({why})")
 
@@ -196,7 +172,7 @@ def predict_frame(loaded: LoadedModel, raw, *, file="input", id_column: str | No
     for j, c in enumerate(loaded.classes):
         out[f"p_{c}"] = proba[:, j]
     if explain:
-        out[EXPLANATION] = [" and ".join(loaded.model.explain(x)) or ONE_LEAF for x in X]
+        out[EXPLANATION] = [" and ".join(explain_row(loaded.model, x)) or ONE_LEAF for x in X]
     return out
 
 

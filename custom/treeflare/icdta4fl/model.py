@@ -1,8 +1,9 @@
-"""The global ICDTA4FL tree as a scikit-learn-like classifier, with JSON save/load and export.
+"""The global ICDTA4FL tree as a scikit-learn-like classifier, with JSON save/load.
 
 ``GlobalTree`` wraps a ``Tree`` with the shared schema (class names, feature names and kinds,
 category names). No pickle: ``save_json``/``load_json`` write and read a versioned JSON document
-that is validated on load.
+that is validated on load. Text, explanations in words and the picture are in ``export``, which reads
+this estimator (as scikit-learn keeps ``export_text``/``plot_tree`` apart from its trees).
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..prediction import ClassCodesClassifier
-from ..data.schema import split_onehot_name
+from ..base import ClassCodesClassifier
 from ..reporting import json_safe
-from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
+from ..trees.tree import Tree
 from ..trees.validate import PayloadError, check_list
 
-__all__ = ["GlobalTree", "MODEL_SCHEMA", "MODEL_SCHEMA_VERSION", "ModelPayloadError", "format_tree_text"]
+__all__ = ["GlobalTree", "MODEL_SCHEMA", "MODEL_SCHEMA_VERSION", "ModelPayloadError"]
 
 MODEL_SCHEMA = "treeflare.icdta4fl.global_tree"
 MODEL_SCHEMA_VERSION = 1
@@ -112,21 +112,6 @@ class GlobalTree(ClassCodesClassifier):
     def get_n_leaves(self) -> int:
         return self.tree_.n_leaves
 
-    # ------------------------------------------------------------------ text
-    def export_text(self, max_depth=None, decimals=3) -> str:
-        return format_tree_text(self.tree_, self.classes_, self.feature_names_in_,
-                                self.category_names, max_depth=max_depth, decimals=decimals)
-
-    def explain(self, x) -> list[str]:
-        """Conditions along the decision path of one row (an encoded row, or a one-row DataFrame), in words."""
-        path = self.decision_path(x)
-        out = []
-        for parent, child in zip(path, path[1:]):
-            pos = int(np.flatnonzero(self.tree_.children[parent] == child)[0])
-            out.append(_condition(self.tree_, parent, pos, self.feature_names_in_,
-                                  self.category_names, 3))
-        return out
-
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         return json_safe({
@@ -193,103 +178,6 @@ class GlobalTree(ClassCodesClassifier):
             raise ModelPayloadError("model", f"not JSON: {exc}") from exc
         return cls.from_dict(payload, **limits)
 
-    def plot(self, path, **kwargs) -> None:
-        from .plot import plot_tree
-        plot_tree(self, path, **kwargs)
-
     def __repr__(self) -> str:
         return (f"GlobalTree(n_leaves={self.get_n_leaves()}, depth={self.get_depth()}, "
                 f"classes={list(self.classes_)})")
-
-
-def _fmt(value, decimals):
-    if value == int(value):
-        return str(int(value))
-    if abs(value) < 1:  # keep significant digits of small thresholds
-        return f"{value:.{max(decimals, 3)}g}"
-    return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
-
-
-def _condition(tree, node, pos, names, category_names, decimals) -> str:
-    """Words for 'child ``pos`` of ``node``', with "or missing" on the child a NaN follows."""
-    j = int(tree.feature[node])
-    name = str(names[j])
-    if pos >= tree.n_branches(node):
-        return f"{name} is missing"
-    if tree.kind[node] == NUMERIC and len(tree.split_points[node]) == 0:
-        return f"{name} is not missing"
-    text = _value_condition(tree, node, pos, name, j, category_names, decimals)
-    points = tree.split_points[node]
-    onehot = (tree.kind[node] == NUMERIC and split_onehot_name(name)[1] is not None and len(points) == 1
-              and 0.0 <= points[0] < 1.0)
-    # a one-hot column holds no NaN (a missing category is all zeros): its default side would only clutter
-    return f"{text} or missing" if pos == tree.missing[node] and not onehot else text
-
-
-def _value_condition(tree, node, pos, name, j, category_names, decimals) -> str:
-    points = tree.split_points[node]
-    if tree.kind[node] == CATEGORICAL:
-        code = int(points[pos])
-        cats = category_names[j] if category_names and category_names[j] else None
-        label = cats[code] if cats and code < len(cats) else str(code)
-        return f"{name} = {label}"
-    attr, value = split_onehot_name(name)  # a one-hot column "attribute=value" (an "=" in attribute is escaped)
-    if value is not None and len(points) == 1 and 0.0 <= points[0] < 1.0:
-        return f"{attr} {'!=' if pos == 0 else '='} {value}"
-    cats = category_names[j] if category_names and category_names[j] else None
-    if cats is not None:  # an ordinal column: thresholds fall between the codes of ordered categories
-        return _ordinal_condition(name, cats, points, pos)
-    if len(points) == 1:
-        return f"{name} {'<=' if pos == 0 else '>'} {_fmt(points[0], decimals)}"
-    if pos == 0:
-        return f"{name} <= {_fmt(points[0], decimals)}"
-    if pos == len(points):
-        return f"{name} > {_fmt(points[-1], decimals)}"
-    return f"{_fmt(points[pos - 1], decimals)} < {name} <= {_fmt(points[pos], decimals)}"
-
-
-def _ordinal_condition(name, cats, points, pos) -> str:
-    """'size <= med', 'size = med', 'size >= big', 'med <= size <= big' for codes 0..k-1 of ordered levels."""
-    k = len(cats)
-    clip = lambda c: int(min(max(c, 0), k - 1))  # noqa: E731
-    lo = 0 if pos == 0 else clip(np.floor(points[pos - 1]) + 1)
-    hi = k - 1 if pos == len(points) else clip(np.floor(points[pos]))
-    if lo == hi:
-        return f"{name} = {cats[lo]}"
-    if lo == 0:
-        return f"{name} <= {cats[hi]}"
-    if hi == k - 1:
-        return f"{name} >= {cats[lo]}"
-    return f"{cats[lo]} <= {name} <= {cats[hi]}"
-
-
-def format_tree_text(tree: Tree, classes, feature_names, category_names=None, max_depth=None,
-                     decimals=3) -> str:
-    """Indented text of the tree: conditions, then per leaf the class, its share and support."""
-    proba = tree.node_proba()
-    support = tree.counts.sum(axis=1)
-    depths = tree.node_depths()
-    lines = []
-    stack = [(0, None)]
-    while stack:
-        node, label = stack.pop()
-        indent = "|   " * (depths[node] - 1) + "|--- " if depths[node] else ""
-        if label is not None:
-            lines.append(f"{indent}{label}")
-        pad = "|   " * depths[node] + "|--- "
-        if tree.kind[node] == LEAF or (max_depth is not None and depths[node] >= max_depth):
-            c = int(np.argmax(proba[node]))
-            more = "" if tree.kind[node] == LEAF else " [subtree truncated]"
-            lines.append(f"{pad}class: {classes[c]} (p={proba[node, c]:.2f}, support={support[node]:.1f}){more}")
-            continue
-        if tree.kind[node] in (NUMERIC, CATEGORICAL):
-            c = int(np.argmax(proba[node]))
-            stops = ("other or missing value" if tree.missing[node] < 0 else "other value") \
-                if tree.kind[node] == CATEGORICAL else ("missing value" if tree.missing[node] < 0 else None)
-            if stops:
-                lines.append(f"{pad}otherwise ({stops}): class: {classes[c]} "
-                             f"(p={proba[node, c]:.2f}, support={support[node]:.1f})")
-            for pos in range(len(tree.children[node]) - 1, -1, -1):
-                child = int(tree.children[node][pos])
-                stack.append((child, _condition(tree, node, pos, feature_names, category_names, decimals)))
-    return "\n".join(lines) + "\n"

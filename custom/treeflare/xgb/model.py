@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..base import ClassCodesClassifier
 from ..data import DataError, Schema
-from ..prediction import ClassCodesClassifier
 from .encoding import Arrays, feature_types, table_arrays
 from .model_file import OBJECTIVES, ModelError, load_checked_booster  # noqa: F401 (ModelError: importers)
 

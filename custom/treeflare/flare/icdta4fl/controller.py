@@ -30,6 +30,7 @@ from ...data import DataError, Schema, read_site_csv
 from ...data.federation import natural_key
 from ...icdta4fl import pipeline, refine
 from ...icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
+from ...icdta4fl.export import export_text, plot_tree
 from ...icdta4fl.model import GlobalTree
 from ...icdta4fl.payloads import (check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
                                  check_summed_rows, check_train_reply, feature_totals,
@@ -153,9 +154,9 @@ class ICDTA4FLController(ResultWorkflow):
                                      server_test, result, abort_signal, fl_ctx)
             one_round.save_json(run_dir / "global_tree_one_round.json")
         model.save_json(run_dir / "global_tree.json")
-        write_text_atomic(run_dir / "rules.txt", model.export_text())
+        write_text_atomic(run_dir / "rules.txt", export_text(model))
         try:
-            model.plot(run_dir / "global_tree.png")
+            plot_tree(model, run_dir / "global_tree.png")
         except Exception as exc:  # a picture must never cost the model
             self.log_warning(fl_ctx, f"could not draw the global tree: {exc}")
 
