@@ -1,12 +1,16 @@
 """The optional C kernel (treeflare.crypto.native: fixed-base products, packing, segment products, secret
 powers) gives exactly the integers of the gmpy2 arithmetic, and the package falls back to that arithmetic
 whenever the kernel is not usable."""
+import fnmatch
 import functools
 import os
 import secrets
+import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,51 @@ from treeflare.crypto.paillier import PaillierPrivateKey, _fixed_base_pow, _fixe
 REPO = Path(__file__).resolve().parents[1]
 ON_THIS_MACHINE = native.status().startswith("on")
 needs_kernel = pytest.mark.skipif(not ON_THIS_MACHINE, reason=f"C kernel not usable here: {native.status()}")
+
+
+# ---- the C source: a real file, warning-free, shipped with the package (none of this runs the kernel)
+PACKAGE = REPO / "custom" / "treeflare"
+SOURCE_FILE = PACKAGE / "crypto" / "native" / native.loader.SOURCE_NAME
+
+
+def _c_compiler():
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.mark.skipif(_c_compiler() is None, reason="no C compiler here")
+def test_kernel_source_compiles_without_warnings(tmp_path):
+    """Built with the flags the package uses, plus every -Wall -Wextra warning made an error (a full compile,
+    not -fsyntax-only: some warnings only come from the optimiser)."""
+    cmd = [_c_compiler(), *native.loader.CFLAGS, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "k.so"),
+           str(SOURCE_FILE)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert native.loader.source() == SOURCE_FILE.read_text(encoding="utf-8")
+
+
+def test_every_data_file_of_the_package_is_declared_package_data():
+    """A wheel built with setuptools carries only the package data pyproject.toml declares."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-data", {})
+    data_files = [f for f in PACKAGE.rglob("*") if f.is_file() and f.suffix not in (".py", ".pyc")
+                  and "__pycache__" not in f.parts]
+    assert SOURCE_FILE in data_files
+    for f in data_files:
+        pkg = ".".join(("treeflare",) + f.parent.relative_to(PACKAGE).parts)
+        assert any(fnmatch.fnmatch(f.name, pattern) for key in ("*", pkg) for pattern in declared.get(key, [])), \
+            f"{f.relative_to(REPO)} is not declared in [tool.setuptools.package-data]"
+
+
+def test_kernel_source_is_read_from_a_copied_package(tmp_path):
+    """As in an exported job (the package copied into the app's custom/ folder, nothing installed), the loader
+    finds its C source beside it."""
+    custom = tmp_path / "custom"
+    shutil.copytree(PACKAGE, custom / "treeflare", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    code = (f"import sys; sys.path.append({sysconfig.get_paths()['purelib']!r}); sys.path.insert(0, {str(custom)!r}); "
+            "from treeflare.crypto.native import loader; "
+            f"assert loader.__file__.startswith({str(custom)!r}), loader.__file__; print(len(loader.source()))")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout) == len(SOURCE_FILE.read_text(encoding="utf-8"))
 
 
 def _table(bits: int, exp_bits: int):
@@ -151,7 +200,7 @@ def test_cache_below_a_folder_others_can_change_is_refused(tmp_path, monkeypatch
     _make_unsafe(unsafe, how)
     monkeypatch.setenv("TREEFLARE_NATIVE_CACHE", str(cache))
     with pytest.raises(OSError, match="native cache refused: a folder on its path"):
-        native._cache_dir()
+        native.loader._cache_dir()
     st = native.status()
     assert st.startswith("off: OSError: native cache refused") and str(tmp_path) not in st
     if below == "cache":
@@ -164,7 +213,7 @@ def test_cache_below_a_sticky_folder_is_accepted_and_built_atomically(tmp_path, 
     sticky.chmod(0o1777)                              # like /tmp: others write here but cannot rename our entries
     cache = sticky / "me" / "cache"
     monkeypatch.setenv("TREEFLARE_NATIVE_CACHE", str(cache))
-    assert native._cache_dir() == cache.resolve()
+    assert native.loader._cache_dir() == cache.resolve()
     assert stat.S_IMODE(cache.stat().st_mode) == stat.S_IMODE(cache.parent.stat().st_mode) == 0o700
     real_run, outputs = subprocess.run, []
 
@@ -192,7 +241,7 @@ def test_cache_below_a_folder_writable_by_the_users_own_group_is_accepted(tmp_pa
     os.chown(shared_with_self, -1, os.getgid())
     shared_with_self.chmod(0o775)                     # umask 002 with user private groups: nobody else is in it
     monkeypatch.setenv("TREEFLARE_NATIVE_CACHE", str(shared_with_self / "cache"))
-    assert native._cache_dir() == (shared_with_self / "cache").resolve()
+    assert native.loader._cache_dir() == (shared_with_self / "cache").resolve()
 
 
 def test_symlinked_library_is_refused(tmp_path, monkeypatch, fresh_kernel, built_library):

@@ -1,0 +1,303 @@
+"""An optional C kernel for the two hottest modular products of the vertical job.
+
+* The key holder's fixed-base products (the r^n of every encryption): ``g^e mod p^2`` and ``g^e mod q^2``
+  from 8-bit window tables, about 128 modular multiplications per half.
+* A passive party's compression (Horner packing): ``acc = acc^(2^w) * c mod n^2``, w squarings per field.
+
+In Python each step is a gmpy2 multiplication and division.  On CPUs with AVX-512 IFMA (52-bit
+multiply-add, e.g. AMD Zen 4/5, Intel Ice Lake and later) this kernel computes eight independent
+products at once, one per vector lane, as Montgomery multiplications on 52-bit digits.  Same inputs,
+the same integers out (checked against the Python arithmetic before the kernel is trusted for a
+modulus); only the arithmetic is faster (about 7-10x per product on this project's machine).
+
+The C source is ``fixed_base.c`` in this package (package data, read with :mod:`importlib.resources`); it
+is compiled on first use with the system C compiler into a private per-user cache folder
+(``$TREEFLARE_NATIVE_CACHE``, else ``~/.cache/treeflare``) and loaded only after the checks of :mod:`.loader`:
+the kernel runs inside the key holder, so no other user may be able to replace it.  Without a compiler, without
+IFMA, with ``TREEFLARE_NATIVE=0`` or with a cache that fails these checks, the Python product is used (slower,
+same results).  :func:`status` says which.  This module holds the ctypes declarations of the kernel's functions
+(they mirror the C signatures) and the checked Python classes around them.
+
+Decryption's exponentiations are constant-time in the secret exponent (fixed windows, every table entry
+read); encryption's fixed-base table reads depend on the random exponent, as in Python (SECURITY.md).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+
+import gmpy2
+import numpy as np
+from gmpy2 import mpz
+
+from . import loader
+
+_LIB = None
+_STATUS = "not loaded yet"
+_LOCK = threading.Lock()
+_MAX_DIGITS = 160           # MAXL in the C source: moduli up to 8192 bits (n^2 of a 4096-bit key)
+
+
+def _disabled() -> bool:
+    return os.environ.get("TREEFLARE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _load():
+    with _LOCK:
+        return _load_locked()
+
+
+def _load_locked():
+    global _LIB, _STATUS
+    if _LIB is not None or _STATUS != "not loaded yet":
+        return _LIB
+    if _disabled():
+        _STATUS = "off (TREEFLARE_NATIVE=0)"
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        _STATUS = "off: no C compiler found"
+        return None
+    try:
+        lib = loader.open_library(cc)
+        lib.fb_supported.restype = ctypes.c_int
+    except (OSError, subprocess.SubprocessError, AttributeError) as e:
+        _STATUS = f"off: {type(e).__name__}: {loader.reason(e)}"
+        return None
+    if not lib.fb_supported():
+        _STATUS = "off: this CPU has no AVX-512 IFMA"
+        return None
+    lib.fb_to52_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
+    lib.fb_to52_many.restype = None
+    lib.fb_pow_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
+                                ctypes.c_char_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
+    lib.fb_pow_many.restype = ctypes.c_int
+    lib.fb_horner_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p,
+                                   ctypes.c_uint64, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
+    lib.fb_horner_many.restype = ctypes.c_int
+    lib.fb_to_mont.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
+                               ctypes.c_char_p, ctypes.c_char_p]
+    lib.fb_from_mont.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
+                                 ctypes.c_char_p, ctypes.c_long]
+    lib.fb_segprod.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                               ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
+    lib.fb_powm_sec_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_long,
+                                     ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_long]
+    for fn in (lib.fb_to_mont, lib.fb_from_mont, lib.fb_segprod, lib.fb_powm_sec_many):
+        fn.restype = ctypes.c_int
+    _LIB = lib
+    _STATUS = "on (AVX-512 IFMA)"
+    return _LIB
+
+
+def status() -> str:
+    """'on (AVX-512 IFMA)', or 'off...' with the reason (loads the kernel if that was not tried yet)."""
+    _load()
+    return _STATUS
+
+
+class _Modulus:
+    """An odd modulus m in the kernel's form: L digits of 52 bits with 4m < 2^(52 L) (so Montgomery products of
+    values below 2m stay below 2m)."""
+
+    def __init__(self, lib, mod):
+        self._lib = lib
+        self.mod = mpz(mod)
+        bits = int(self.mod.bit_length())
+        if self.mod % 2 == 0:
+            raise ValueError("the C kernel needs an odd modulus")
+        self.L = (bits + 2) // 52 + 1
+        if self.L > _MAX_DIGITS:
+            raise ValueError(f"a {bits}-bit modulus is beyond the C kernel")
+        self.n64 = (bits + 1 + 63) // 64          # results are < 2m before the last reduction
+        self.shift = 52 * self.L
+        self._minv = int((-pow(int(self.mod), -1, 1 << 52)) % (1 << 52))
+        self._m = self._digits([self.mod])
+        self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])     # R^2 mod m: into Montgomery form
+
+    @staticmethod
+    def _check(rc):
+        if rc != 0:
+            raise ValueError(f"the C kernel refused its arguments ({rc})")
+
+    def _digits(self, values) -> bytes:
+        nb, top = 8 * self.n64, 2 * self.mod          # the kernel's bound on every input: below 2m
+        vals = [int(v) for v in values]
+        if any(v < 0 or v >= top for v in vals):
+            raise ValueError("a value outside [0, 2m) for the C kernel")
+        raw = b"".join(v.to_bytes(nb, "little") for v in vals)
+        count = len(raw) // nb
+        out = ctypes.create_string_buffer(8 * self.L * count)
+        self._lib.fb_to52_many(raw, count, self.n64, out, self.L)
+        return out.raw
+
+    def _results(self, out) -> list:
+        nb, raw, m = 8 * self.n64, out.raw, self.mod
+        return [mpz.from_bytes(raw[i:i + nb], "little") % m for i in range(0, len(raw), nb)]
+
+
+class NativeProducts(_Modulus):
+    """A passive party's ciphertext arithmetic mod n^2, eight results at once: its encrypted histograms
+    (products kept in Montgomery form between steps: :meth:`load` once, :meth:`segment_products` as often as
+    needed, :meth:`values` at the end) and the packing of its replies (:meth:`horner_many`)."""
+
+    def horner_many(self, groups, widths) -> list:
+        """For groups of values x_0..x_(g-1) (lowest field first) with field widths w_j, all groups the same
+        shape: acc = x_(g-1); acc = acc^(2^w_j) * x_j mod m for j = g-2 .. 0."""
+        groups = [list(gr) for gr in groups]
+        g = len(widths)
+        if not groups:
+            return []
+        if any(len(gr) != g for gr in groups) or g < 1:
+            raise ValueError("every group needs one value per width")
+        if any(not 0 <= int(w) < 2**31 for w in widths):
+            raise ValueError("field widths must be in [0, 2^31)")
+        shifts = (ctypes.c_long * max(1, g - 1))(*[int(w) for w in reversed(widths[:-1])])
+        vals = self._digits(v for gr in groups for v in gr)
+        out = ctypes.create_string_buffer(8 * self.n64 * len(groups))
+        self._check(self._lib.fb_horner_many(vals, g, ctypes.cast(shifts, ctypes.c_char_p), self.L, self._m,
+                                             self._minv, self._r2, len(groups), out, self.n64))
+        return self._results(out)
+
+    def load(self, values) -> bytes:
+        digits = self._digits(values)
+        count = len(digits) // (8 * self.L)
+        out = ctypes.create_string_buffer(len(digits))
+        self._check(self._lib.fb_to_mont(digits, count, self.L, self._m, self._minv, self._r2, out))
+        return out.raw
+
+    def segment_products(self, table: bytes, idx, starts) -> bytes:
+        """out[s] = prod of table[idx[i]] for i in [starts[s], starts[s+1]) (every segment non-empty)."""
+        idx = np.ascontiguousarray(idx, dtype=np.int32)
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        if idx.ndim != 1 or starts.ndim != 1 or len(starts) < 1 or starts[0] != 0 or starts[-1] != len(idx):
+            raise ValueError("segment starts must run from 0 to the number of indices")
+        nseg = len(starts) - 1
+        out = ctypes.create_string_buffer(8 * self.L * nseg)
+        if nseg > 0:
+            self._check(self._lib.fb_segprod(table, len(table) // (8 * self.L), idx.ctypes.data, len(idx),
+                                             starts.ctypes.data, nseg, self.L, self._m, self._minv, out))
+        return out.raw
+
+    def values(self, table: bytes) -> list:
+        count = len(table) // (8 * self.L)
+        out = ctypes.create_string_buffer(8 * self.n64 * count)
+        self._check(self._lib.fb_from_mont(table, count, self.L, self._m, self._minv, out, self.n64))
+        return self._results(out)
+
+
+
+class NativePowSec(_Modulus):
+    """x^e mod m for many x and one secret exponent e (the key holder's decryption), constant-time in e."""
+
+    def __init__(self, lib, mod, exponent):
+        super().__init__(lib, mod)
+        e = int(exponent)
+        self._exp = e.to_bytes(max(1, (e.bit_length() + 7) // 8), "big")
+
+    def pow_many(self, values) -> list:
+        vals = self._digits(values)
+        count = len(vals) // (8 * self.L)
+        out = ctypes.create_string_buffer(8 * self.n64 * count)
+        self._check(self._lib.fb_powm_sec_many(vals, count, self._exp, len(self._exp), self.L, self._m, self._minv,
+                                               self._r2, out, self.n64))
+        return self._results(out)
+
+
+class NativeFixedBase(_Modulus):
+    """One fixed-base table (rows of 256 entries: 8-bit digits) in Montgomery form (x 2^(52 L) mod m)."""
+
+    def __init__(self, lib, tables, mod):
+        if any(len(row) != 256 for row in tables):
+            raise ValueError("the C kernel takes 8-bit windows (256 entries per row)")
+        super().__init__(lib, mod)
+        self.rows = len(tables)
+        self._one = self._digits([(mpz(1) << self.shift) % self.mod])
+        self._table = self._digits([(mpz(v) << self.shift) % self.mod for row in tables for v in row])
+
+    def pow_many(self, exponents) -> list:
+        """[prod_i table[i][byte i of e] mod m for e in exponents] (mpz)."""
+        exps = list(exponents)
+        digits = b"".join(int(e).to_bytes(self.rows, "little") for e in exps)
+        nb = 8 * self.n64
+        out = ctypes.create_string_buffer(nb * len(exps))
+        self._check(self._lib.fb_pow_many(self._table, self.rows, self.L, self._m, self._minv, self._one, digits,
+                                          len(exps), out, self.n64))
+        return self._results(out)
+
+
+def _checked(make, agrees, what: str):
+    """``make(lib)``, trusted only if ``agrees(kernel)`` (its results equal ``what`` on test values); None when
+    the kernel is not usable here, cannot take these arguments, or disagrees."""
+    global _STATUS
+    lib = _load()
+    if lib is None:
+        return None
+    try:
+        nat = make(lib)
+    except ValueError:
+        return None
+    if not agrees(nat):
+        _STATUS = f"off: the C kernel disagreed with {what}"
+        return None
+    return nat
+
+
+def fixed_base(tables, mod, check) -> NativeFixedBase | None:
+    """A :class:`NativeFixedBase` for ``tables`` mod ``mod``, checked against ``check(e)`` (the Python product)."""
+    def agrees(nat):
+        exps = [0, 1, (1 << (8 * nat.rows)) - 1] + [secrets.randbits(8 * nat.rows) for _ in range(13)]
+        return nat.pow_many(exps) == [check(e) for e in exps]
+
+    return _checked(lambda lib: NativeFixedBase(lib, tables, mod), agrees, "the Python product")
+
+
+def products(mod) -> NativeProducts | None:
+    """A :class:`NativeProducts` for values mod ``mod``, checked against gmpy2's products and powers of random
+    values."""
+    m = gmpy2.mpz(mod)
+
+    def packs(nat):
+        for widths in ([139, 139, 139], [7, 64, 1, 300], [5]):
+            groups = [[gmpy2.mpz(secrets.randbelow(int(m))) for _ in widths] for _ in range(11)]
+            want = []
+            for gr in groups:
+                acc = gr[-1]
+                for c, w in zip(reversed(gr[:-1]), reversed(widths[:-1])):
+                    acc = gmpy2.powmod(acc, gmpy2.mpz(1) << w, m) * c % m
+                want.append(acc)
+            if nat.horner_many(groups, widths) != want:
+                return False
+        return True
+
+    def agrees(nat):
+        if not packs(nat):
+            return False
+        vals = [gmpy2.mpz(secrets.randbelow(int(m))) for _ in range(40)]
+        lens = [1, 2, 3, 17, 1, 5, 9, 1, 30, 4, 2]
+        idx = [secrets.randbelow(len(vals)) for _ in range(sum(lens))]
+        starts, want = [0], []
+        for n_ in lens:
+            acc = gmpy2.mpz(1)
+            for i in idx[starts[-1]:starts[-1] + n_]:
+                acc = acc * vals[i] % m
+            want.append(acc)
+            starts.append(starts[-1] + n_)
+        return nat.values(nat.segment_products(nat.load(vals), idx, starts)) == want
+
+    return _checked(lambda lib: NativeProducts(lib, mod), agrees, "gmpy2's products and powers")
+
+
+def pow_sec(mod, exponent) -> NativePowSec | None:
+    """A :class:`NativePowSec` for ``x^exponent mod mod``, checked against gmpy2's constant-time ``powmod_sec``."""
+    m = gmpy2.mpz(mod)
+
+    def agrees(nat):
+        vals = [gmpy2.mpz(v) for v in (0, 1, int(m) - 1)] + [gmpy2.mpz(secrets.randbelow(int(m))) for _ in range(10)]
+        return nat.pow_many(vals) == [gmpy2.powmod_sec(v, exponent, m) for v in vals]
+
+    return _checked(lambda lib: NativePowSec(lib, mod, exponent), agrees, "gmpy2's powmod_sec")
