@@ -173,7 +173,7 @@ def test_vertical_executor_library_errors_leave_only_their_type(vfed, monkeypatc
 def test_xgb_loader_raises_redacted(fed, caplog):
     pytest.importorskip("xgboost")
     from treeflare.data import read_partition
-    from treeflare.flare.xgb_data_loader import TreeflareXGBDataLoader
+    from treeflare.flare.xgb.data_loader import TreeflareXGBDataLoader
 
     plant_secret(fed, "site-1", line=5)
     loader = TreeflareXGBDataLoader(folder=str(fed), schema=read_partition(fed)["schema"])

@@ -1,4 +1,4 @@
-"""Progress lines (treeflare.flare.progress, xgb_progress) in-process: the server side writes and serves them, the
+"""Progress lines (flare.progress, flare.xgb.progress) in-process: the server side writes and serves them, the
 job-script side prints each once; the XGBoost round lines from NVFlare's metric events, bad values ignored."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from treeflare.flare.progress import (PROGRESS_FILE, STATS_GROUP, ProgressLog, ProgressPrinter, ProgressReporter,
                                       add_progress_args, format_duration, printer_for, progress_wanted,
                                       read_progress_file, remaining, stats_lines)
-from treeflare.flare.xgb_progress import METRICS_EVENT, XGBRoundProgress, round_line
+from treeflare.flare.xgb.progress import METRICS_EVENT, XGBRoundProgress, round_line
 
 
 class Stream(io.StringIO):

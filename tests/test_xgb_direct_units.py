@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from treeflare.flare.xgb_direct_protocol import (SERVER_HOST_ENV, ProtocolError, check_site_reply, job_ranks,
+from treeflare.flare.xgb.protocol import (SERVER_HOST_ENV, ProtocolError, check_site_reply, job_ranks,
                                                  parse_train_task, short_error, site_server_host, train_task_data)
 from treeflare.xgb.fedserver import (ClientTLS, FederatedServer, FederatedServerError, ServerTLS, check_port,
                                      free_port, listening, wait_reachable)
@@ -278,7 +278,7 @@ def test_metrics_are_written_off_the_boosting_loop_in_order_and_all_before_close
     from nvflare.app_common.tracking.log_writer import LogWriter
     from nvflare.apis.analytix import AnalyticsDataType, LogWriterName
 
-    from treeflare.flare.xgb_direct_executor import queued_metrics_callback
+    from treeflare.flare.xgb.executor import queued_metrics_callback
 
     class Recorder(LogWriter):
         def __init__(self, fail_at=None):
@@ -317,7 +317,7 @@ def test_training_errors_reach_the_server_without_cells_or_paths():
     import xgboost as xgb
 
     from treeflare.data import DataError
-    from treeflare.flare.xgb_direct_executor import public_training_error
+    from treeflare.flare.xgb.executor import public_training_error
 
     secret = "123-45-6789"
     assert public_training_error(ValueError(f"could not convert {secret!r} in /home/me/data.csv")) == \

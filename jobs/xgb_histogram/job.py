@@ -38,8 +38,8 @@ from treeflare.cli import schema_source
 from treeflare.data import site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.flare.runner import add_run_args, one_poc, recipe_job, run_job, ship_package
-from treeflare.flare.xgb_direct_protocol import job_ranks
-from treeflare.flare.xgb_progress import XGBRoundProgress
+from treeflare.flare.xgb.protocol import job_ranks
+from treeflare.flare.xgb.progress import XGBRoundProgress
 from treeflare.reporting import format_table, write_json_atomic
 from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build, make_params, metric_keys
 from treeflare.xgb.encoding import global_test
@@ -122,7 +122,7 @@ def check_args(args) -> None:
         if min(args.xgb_connect_timeout, args.xgb_train_timeout, args.xgb_heartbeat_timeout) <= 0:
             raise SystemExit("error: --xgb-connect-timeout, --xgb-train-timeout and --xgb-heartbeat-timeout must "
                              "be > 0")
-        from treeflare.flare.xgb_direct_protocol import ProtocolError, check_host
+        from treeflare.flare.xgb.protocol import ProtocolError, check_host
 
         try:
             check_host(args.xgb_server_host)
@@ -152,7 +152,7 @@ def prepare(table, args) -> tuple[Path, object]:
 
 def data_loader(folder: str, schema, args, vertical: bool):
     """The sites' loader: ``folder``/<site>/ unless a site's own binding says otherwise, read against ``schema``."""
-    from treeflare.flare.xgb_data_loader import TreeflareXGBDataLoader
+    from treeflare.flare.xgb.data_loader import TreeflareXGBDataLoader
 
     timing = str(args.timing_dir.resolve()) if args.timing_dir else None
     return TreeflareXGBDataLoader(folder=folder, schema=schema.to_dict(), vertical=vertical, timing_dir=timing)
@@ -167,9 +167,9 @@ def build_direct_job(folder: str, schema, params: dict, args, sites: list[str]):
     from nvflare.app_opt.tracking.tb.tb_writer import TBWriter
     from nvflare.job_config.api import FedJob
 
-    from treeflare.flare.xgb_direct_controller import XGBDirectController
-    from treeflare.flare.xgb_direct_executor import XGBDirectExecutor
-    from treeflare.flare.xgb_direct_protocol import TRAIN_TASK
+    from treeflare.flare.xgb.controller import XGBDirectController
+    from treeflare.flare.xgb.executor import XGBDirectExecutor
+    from treeflare.flare.xgb.protocol import TRAIN_TASK
 
     vertical = args.mode == "vertical"
     # rank order == the federation's site order (site-1, site-2, ..., site-10) == the schema's column order in
@@ -308,7 +308,7 @@ def run(args, table=None) -> dict:
     server = None
     if args.transport == "direct":
         from treeflare.flare.runner import read_server_result
-        from treeflare.flare.xgb_direct_protocol import RESULT_FILE
+        from treeflare.flare.xgb.protocol import RESULT_FILE
 
         server = read_server_result(server_run_dir, RESULT_FILE, workspace, JOB)
         if server is None:  # the failed result is the report (status, error); the reason went to stderr

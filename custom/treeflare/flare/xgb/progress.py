@@ -15,7 +15,7 @@ import math
 import threading
 import time
 
-from .progress import ProgressReporter, format_duration, remaining
+from ..progress import ProgressReporter, format_duration, remaining
 
 METRICS_EVENT = "fed.analytix_log_stats"
 EVAL_TAG = "eval_metrics"  # MetricsCallback's tag for xgb.train's evals=[(dvalid, "eval"), ...]

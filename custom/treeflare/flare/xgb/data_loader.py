@@ -19,10 +19,10 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.app_opt.xgboost.data_loader import XGBDataLoader
 
-from treeflare.data import DataError, Schema
-from treeflare.xgb.encoding import dmatrix, load_site, table_arrays
+from ...data import DataError, Schema
+from ...xgb.encoding import dmatrix, load_site, table_arrays
 
-from .site_config import load_binding, site_config_dir
+from ..site_config import load_binding, site_config_dir
 
 _log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from ..xgb.fedserver import DEFAULT_XGB_PORT, FederatedServer, FederatedServerError, ServerTLS, check_port, free_port
-from .workflow import JobFailed, ResultWorkflow
-from .xgb_direct_protocol import (HEARTBEAT_TOPIC, RESULT_FILE, TRAIN_TASK, ProtocolError, check_host, check_ranks,
+from ...xgb.fedserver import DEFAULT_XGB_PORT, FederatedServer, FederatedServerError, ServerTLS, check_port, free_port
+from ..workflow import JobFailed, ResultWorkflow
+from .protocol import (HEARTBEAT_TOPIC, RESULT_FILE, TRAIN_TASK, ProtocolError, check_host, check_ranks,
                                   check_site_reply, natural_key, train_task_data)
 
 POLL_S = 0.2

@@ -2,7 +2,7 @@
 to the server's XGBoost federated server (no per-operation relay through NVFlare).
 
 On the ``xgb_direct_train`` task the site checks the task against its own expectations, finds the server's host
-(see ``xgb_direct_protocol.site_server_host``), checks the port is reachable within ``connect_timeout`` (a clear
+(see ``protocol.site_server_host``), checks the port is reachable within ``connect_timeout`` (a clear
 error naming host and port instead of XGBoost's minutes of retries), loads its data with the job's data loader
 and trains. Outside the simulator it always uses TLS with its startup kit's root CA and client key/certificate,
 and refuses a task that asks for plain TCP. Per-round metrics go to the job's metrics writer (TensorBoard on the
@@ -24,9 +24,9 @@ from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from ..data.errors import public_error
-from ..xgb.fedserver import ClientTLS, FederatedServerError, communicator_args, wait_reachable
-from .xgb_direct_protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, parse_train_task, short_error,
+from ...data.errors import public_error
+from ...xgb.fedserver import ClientTLS, FederatedServerError, communicator_args, wait_reachable
+from .protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, parse_train_task, short_error,
                                   site_server_host)
 
 
@@ -138,8 +138,8 @@ class XGBDirectExecutor(Executor):
             return make_reply(ReturnCode.TASK_ABORTED)
         model_path = run_dir / self.model_file_name
         if isinstance(getattr(loader, "schema", None), dict):  # the model carries its schema (for predictions)
-            from ..data import Schema
-            from ..xgb.model import attach_schema
+            from ...data import Schema
+            from ...xgb.model import attach_schema
 
             attach_schema(booster, Schema.from_dict(loader.schema), "vertical" if self.vertical else "horizontal",
                           spec["ranks"])

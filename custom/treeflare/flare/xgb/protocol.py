@@ -14,8 +14,8 @@ import os
 import re
 from pathlib import Path
 
-from ..data.federation import natural_key
-from ..xgb.fedserver import MAX_PORT
+from ...data.federation import natural_key
+from ...xgb.fedserver import MAX_PORT
 
 TRAIN_TASK = "xgb_direct_train"
 HEARTBEAT_TOPIC = "treeflare.xgb_direct.heartbeat"  # site -> server, every heartbeat interval while training
