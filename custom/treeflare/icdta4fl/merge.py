@@ -43,6 +43,7 @@ import logging
 
 import numpy as np
 
+from ..trees.impurity import entropy
 from .rules import MISSING_ALLOWED, MISSING_ONLY, MISSING_REFUSED, RuleSet
 
 __all__ = ["merge_rule_sets", "compatible_pairs", "deduplicate", "DEFAULT_MAX_RULES", "MAX_MERGE_PAIRS",
@@ -122,13 +123,6 @@ def _compatible_block(a: RuleSet, b: RuleSet, eps: float) -> tuple[np.ndarray, n
     return np.nonzero(ok)
 
 
-def _entropy(mass: np.ndarray) -> np.ndarray:
-    totals = mass.sum(axis=1, keepdims=True)
-    p = np.where(totals > 0, mass / np.where(totals > 0, totals, 1.0), 1.0 / mass.shape[1])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=1)
-
-
 def _merge_pairs(a: RuleSet, b: RuleSet, ia, ib, reference_compat: bool) -> RuleSet:
     sa, sb = a.missing[ia], b.missing[ib]
     only = (sa == MISSING_ONLY) | (sb == MISSING_ONLY)  # only NaN meets both: no value condition left
@@ -157,7 +151,7 @@ def _cap_pairs(a, b, ia, ib, max_rules, reference_compat, cap_by):
             key = -(a.n_sources[ia] * np.log(a.support[ia]) + b.n_sources[ib] * np.log(b.support[ib]))
     else:
         mass = (a.dist[ia] + b.dist[ib]) / 2.0 if reference_compat else a.mass[ia] + b.mass[ib]
-        key = _entropy(mass)
+        key = entropy(mass, empty="uniform")
     key = np.round(key, 12)  # rounding: ties must not depend on float noise
     keep = np.sort(np.argsort(key, kind="stable")[:max_rules])
     return ia[keep], ib[keep]

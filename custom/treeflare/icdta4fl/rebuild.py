@@ -33,25 +33,13 @@ import heapq
 
 import numpy as np
 
+from ..trees.impurity import impurity
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from .rules import MISSING_ALLOWED, RuleSet
 
-__all__ = ["grow_tree", "impurity"]
+__all__ = ["grow_tree"]
 
 DEFAULT_MAX_NODES = 100_000
-
-
-def impurity(mass: np.ndarray, criterion: str = "entropy") -> np.ndarray:
-    """Impurity of each row of class weights (0 for empty rows)."""
-    mass = np.clip(mass, 0.0, None)
-    totals = mass.sum(axis=-1, keepdims=True)
-    p = np.where(totals > 0, mass / np.where(totals > 0, totals, 1.0), 0.0)
-    if criterion == "gini":
-        return np.where(totals[..., 0] > 0, 1.0 - np.sum(p * p, axis=-1), 0.0)
-    if criterion == "entropy":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
-    raise ValueError(f"criterion must be 'entropy' or 'gini', got {criterion!r}")
 
 
 class _Grower:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trees.impurity import impurity
 from ..trees.tree import LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_int, check_list, check_number
-from .rebuild import impurity
 
 __all__ = ["SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round", "count_vector", "add_noise",
            "noise_bound", "gini", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES", "DEFAULT_ROUND_VALUES",

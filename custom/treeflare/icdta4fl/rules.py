@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..trees.impurity import entropy
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_header, check_int, check_list, check_number
 
@@ -94,9 +95,8 @@ class RuleSet:
         return np.where(totals > 0, self.mass / np.where(totals > 0, totals, 1.0), uniform)
 
     def entropy(self) -> np.ndarray:
-        p = self.dist
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=1)
+        """Entropy (nats) of each rule's class distribution; a rule without mass counts as uniform."""
+        return entropy(self.mass, empty="uniform")
 
     def take(self, index) -> "RuleSet":
         index = np.asarray(index)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .impurity import entropy
 from .tree import CATEGORICAL, LEAF, NUMERIC, Tree
 
 __all__ = ["fit_id3", "quantile_bin_edges"]
@@ -39,15 +40,6 @@ def quantile_bin_edges(column: np.ndarray, n_bins: int) -> np.ndarray:
         return np.empty(0)
     edges = np.unique(np.quantile(finite, np.linspace(0.0, 1.0, n_bins + 1)[1:-1]))
     return edges[edges < finite.max()]  # an edge at the maximum would leave an empty last bin
-
-
-def _entropy(table: np.ndarray) -> np.ndarray:
-    """Entropy (bits) of each row of a class-weight table."""
-    totals = table.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = np.where(totals > 0, table / np.where(totals > 0, totals, 1.0), 0.0)
-        logs = np.where(p > 0, np.log2(np.where(p > 0, p, 1.0)), 0.0)
-    return -(p * logs).sum(axis=-1)
 
 
 def fit_id3(X, y, *, n_classes, feature_kinds, n_categories=None, max_depth=5,
@@ -108,7 +100,7 @@ def fit_id3(X, y, *, n_classes, feature_kinds, n_categories=None, max_depth=5,
         if (depth >= max_depth or total < min_samples_split or np.count_nonzero(counts) <= 1
                 or not available.any()):
             continue
-        parent_entropy = _entropy(counts)
+        parent_entropy = entropy(counts, bits=True)
         best_gain, best_j, best_table = -np.inf, -1, None
         for j in np.flatnonzero(available):
             k = int(n_codes[j])
@@ -118,7 +110,7 @@ def fit_id3(X, y, *, n_classes, feature_kinds, n_categories=None, max_depth=5,
             if np.count_nonzero(sizes[1:]) < 2:  # fewer than two values present: no split
                 continue
             # missing values form their own group for the gain but get no child
-            gain = parent_entropy - np.sum(sizes / total * _entropy(table))
+            gain = parent_entropy - np.sum(sizes / total * entropy(table, bits=True))
             if gain > best_gain + 1e-12:
                 best_gain, best_j, best_table = gain, j, table
         if best_j < 0 or best_gain < min_gain:
