@@ -367,7 +367,7 @@ def write_outputs(summary, results, profiles, out: Path, meta: dict, docs: bool)
 
 
 def start_poc(root: Path, sites: int):
-    from treeflare.flare.deploy import LocalPoc
+    from treeflare.flare.poc import LocalPoc
     from treeflare.xgb.fedserver import free_port
 
     poc = LocalPoc(root)
@@ -401,7 +401,7 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
 
-    from treeflare.flare.deploy import flare_lock
+    from treeflare.flare.poc import flare_lock
     from treeflare.reporting import bench_settings
 
     job = load_job_module()

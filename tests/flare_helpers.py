@@ -82,7 +82,7 @@ import socket  # noqa: E402
 import time  # noqa: E402
 
 # One lock for every FLARE run on this machine, shared with the job scripts' POC/prod paths.
-from treeflare.flare.deploy import flare_lock  # noqa: E402,F401
+from treeflare.flare.poc import flare_lock  # noqa: E402,F401
 
 
 def free_port() -> int:
@@ -101,9 +101,9 @@ class LocalProject:
     as an operator would on separate hosts. Every process it starts carries ``token`` in its environment."""
 
     def __init__(self, root: Path, n_sites: int = 3, port: int | None = None):
-        from treeflare.flare import deploy
+        import deploy_helpers
 
-        self.deploy = deploy
+        self.deploy = deploy_helpers
         self.root = Path(root)
         self.token = uuid.uuid4().hex
         self.env = isolated_env(self.root, self.token)

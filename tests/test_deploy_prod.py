@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from flare_helpers import REPO, LocalProject, flare_lock, run_cmd
+from treeflare.flare.poc import service_pids
+from treeflare.processes import processes_with_cmdline, send_signal
 
 pytestmark = pytest.mark.flare
 
@@ -42,15 +44,7 @@ def system(tmp_path_factory):
 
 
 def _pids_of_job(job_id: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if job_id.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    out.append(int(entry))
-            except OSError:
-                pass
-    return out
+    return processes_with_cmdline(job_id)
 
 
 def _wait_gone(job_id: str, timeout: float = 30) -> list[int]:
@@ -64,7 +58,7 @@ def _wait_gone(job_id: str, timeout: float = 30) -> list[int]:
 
 
 def _server_alive(system) -> bool:
-    pid = system.deploy.service_pids(system.server_kit)["main"]
+    pid = service_pids(system.server_kit)["main"]
     return bool(pid) and Path(f"/proc/{pid}").exists()
 
 
@@ -126,13 +120,13 @@ def test_server_restart(system):
     """Stop the server and start it again from its kit: the sites reconnect by themselves. The next test's job
     (job.py --env prod) runs on the restarted server."""
     t = time.perf_counter()
-    pid_before = system.deploy.service_pids(system.server_kit)["main"]
+    pid_before = service_pids(system.server_kit)["main"]
     system.deploy.stop_kit(system.server_kit, timeout=10)
     assert not _server_alive(system)
     system.deploy.start_kit(system.server_kit, system.env)
     system.wait_connected(timeout=120)
     system.timings["server_restart"] = time.perf_counter() - t
-    assert _server_alive(system) and system.deploy.service_pids(system.server_kit)["main"] != pid_before
+    assert _server_alive(system) and service_pids(system.server_kit)["main"] != pid_before
 
 
 def test_job_script_env_prod_after_restart(system):
@@ -165,7 +159,8 @@ def test_job_script_env_prod_after_restart(system):
 # whole site killed and another frozen in one job (last: nothing needs restoring afterwards).
 def test_abort_from_admin(system):
     """A running job aborted from the admin side ends ABORTED promptly and leaves no job process."""
-    from treeflare.flare.deploy import abort_job, job_status, submit_job, wait_for_status
+    from deploy_helpers import abort_job, job_status, wait_for_status
+    from treeflare.flare.admin import submit_job
 
     job = _fault_job(system, min_clients=3)
     t = time.perf_counter()
@@ -182,7 +177,7 @@ def test_abort_from_admin(system):
 def test_too_few_sites_fails_clearly(system):
     """min_clients 3 and site-3's job process killed mid-job: the job fails, in bounded time, with a message that
     names site-3; no process of the job is left on any site; the server and site-3 itself keep running."""
-    from treeflare.flare.deploy import collect_job, kill_pids, submit_job
+    from treeflare.flare.admin import collect_job, submit_job
 
     job = _fault_job(system, min_clients=3)
     t = time.perf_counter()
@@ -191,7 +186,7 @@ def test_too_few_sites_fails_clearly(system):
     site3 = str(system.kit("site-3")).encode()
     worker = [p for p in _pids_of_job(job_id) if site3 in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert worker
-    kill_pids(worker, signal.SIGKILL)
+    send_signal(worker, signal.SIGKILL)
     outcome = collect_job(system.admin_kit, job_id, system.root / "faults", timeout=90, poll=0.5)
     elapsed = time.perf_counter() - t
     system.timings["job_too_few"] = elapsed
@@ -212,7 +207,8 @@ def test_too_few_sites_fails_clearly(system):
 def test_site_killed_and_site_frozen_mid_job(system):
     """site-3 is killed (all its processes, watchdog first) and site-2 frozen (SIGSTOP: it never answers) once
     the job runs on them. With min_clients 1 the job completes on site-1 and names both dropped sites."""
-    from treeflare.flare.deploy import collect_job, kill_site, submit_job
+    from deploy_helpers import kill_site
+    from treeflare.flare.admin import collect_job, submit_job
 
     job = _fault_job(system, min_clients=1)
     t = time.perf_counter()
@@ -224,7 +220,7 @@ def test_site_killed_and_site_frozen_mid_job(system):
         frozen = kill_site(system.kit("site-2"), signal.SIGSTOP)
         outcome = collect_job(system.admin_kit, job_id, system.root / "faults", timeout=120, poll=0.5)
     finally:
-        system.deploy.kill_pids(frozen, signal.SIGCONT)
+        send_signal(frozen, signal.SIGCONT)
     system.timings["job_killed_frozen"] = time.perf_counter() - t
     assert outcome.status == "FINISHED:COMPLETED", outcome.meta
     result = _result(outcome)

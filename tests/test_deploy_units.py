@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from treeflare.flare import deploy
+from deploy_helpers import stop_kits
+from treeflare.flare.admin import DeployError, admin_username, local_site_dirs
+from treeflare.flare.poc import LocalPoc, service_pids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,20 +66,20 @@ def test_site_setup_bind_and_allow_are_idempotent(kits, tmp_path):
 
 def test_admin_username_from_the_kit_certificate(kits, tmp_path):
     prod, _ = kits
-    assert deploy.admin_username(prod / "admin@treeflare.org") == "admin@treeflare.org"
-    with pytest.raises(deploy.DeployError, match="not an admin startup kit"):
-        deploy.admin_username(tmp_path)
-    assert sorted(deploy.local_site_dirs(prod / "admin@treeflare.org")) == ["site-1", "site-2"]
+    assert admin_username(prod / "admin@treeflare.org") == "admin@treeflare.org"
+    with pytest.raises(DeployError, match="not an admin startup kit"):
+        admin_username(tmp_path)
+    assert sorted(local_site_dirs(prod / "admin@treeflare.org")) == ["site-1", "site-2"]
 
 
 def test_poc_helpers_without_a_poc(tmp_path):
-    poc = deploy.LocalPoc(tmp_path / "nothing")
+    poc = LocalPoc(tmp_path / "nothing")
     assert not poc.prepared() and not poc.running() and poc.sites == []
     poc.stop()  # a no-op, not an error
-    with pytest.raises(deploy.DeployError, match="scripts/poc.sh up"):
+    with pytest.raises(DeployError, match="scripts/poc.sh up"):
         _ = poc.admin_kit
-    assert deploy.service_pids(tmp_path) == {"daemon": None, "main": None}
-    assert deploy.stop_kits([tmp_path], timeout=0.1) is False
+    assert service_pids(tmp_path) == {"daemon": None, "main": None}
+    assert stop_kits([tmp_path], timeout=0.1) is False
 
 
 def test_project_file_is_valid():

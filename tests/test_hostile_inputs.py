@@ -183,7 +183,7 @@ def test_prod_with_a_folder_that_is_not_an_admin_kit(job_script, tmp_path, capsy
 
 
 def test_submit_a_folder_that_is_not_a_job(tmp_path):
-    from treeflare.flare.deploy import DeployError, submit_job
+    from treeflare.flare.admin import DeployError, submit_job
 
     with pytest.raises(DeployError, match="not a job folder"):
         submit_job(tmp_path, tmp_path)

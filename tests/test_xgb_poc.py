@@ -32,7 +32,7 @@ SITES = ["site-1", "site-2", "site-3"]
 
 @pytest.fixture(scope="module")
 def poc(tmp_path_factory):
-    from treeflare.flare.deploy import LocalPoc
+    from treeflare.flare.poc import LocalPoc
 
     root = tmp_path_factory.mktemp("xgbpoc")
     token = uuid.uuid4().hex

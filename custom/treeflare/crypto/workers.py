@@ -32,6 +32,8 @@ import threading
 import weakref
 from pathlib import Path
 
+from ..processes import close_and_wait
+
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])   # the folder that holds the treeflare package
 
 
@@ -130,7 +132,7 @@ class WorkerPool:
         except OSError:
             self.close()
             raise
-        self._finalizer = weakref.finalize(self, _close_procs, list(self._procs))
+        self._finalizer = weakref.finalize(self, close_and_wait, list(self._procs))
 
     def map(self, op: str, args_list, blobs_list=None) -> list:
         args_list = list(args_list)
@@ -196,7 +198,7 @@ class WorkerPool:
         return out
 
     def close(self) -> None:
-        _close_procs(self._procs)
+        close_and_wait(self._procs)  # a worker exits when its stdin closes; one that hangs is signalled
         self._procs = []
 
     def __del__(self):  # pragma: no cover - best effort
@@ -204,26 +206,6 @@ class WorkerPool:
             self.close()
         except Exception:
             pass
-
-
-def _close_procs(procs) -> None:
-    for p in procs:
-        try:
-            if p.stdin:
-                p.stdin.close()
-        except OSError:
-            pass
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        for fh in (p.stdout,):
-            try:
-                fh and fh.close()
-            except OSError:
-                pass
 
 
 def make_pool(workers: int, modules):

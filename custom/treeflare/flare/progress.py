@@ -210,13 +210,14 @@ class ProgressPrinter:
 
     def follow_admin(self, admin_kit, job_id: str, interval: float = 2.0):
         """A POC or provisioned system: ask the server (``show_stats``) through an admin session of our own."""
-        from .deploy import _session
+        from .admin import admin_session
 
         holder: dict = {}
+        sessions = contextlib.ExitStack()  # opened at the first poll (a failed one is tried again), closed at the end
 
         def poll():
             if "sess" not in holder:
-                holder["sess"] = _session(Path(admin_kit))
+                holder["sess"] = sessions.enter_context(admin_session(Path(admin_kit)))
             return stats_lines(holder["sess"].show_stats(job_id, "server"))
 
         @contextlib.contextmanager
@@ -225,9 +226,8 @@ class ProgressPrinter:
                 with self.follow(poll, interval):
                     yield self
             finally:
-                if "sess" in holder:
-                    with contextlib.suppress(Exception):
-                        holder["sess"].close()
+                with contextlib.suppress(Exception):
+                    sessions.close()
 
         return session()
 

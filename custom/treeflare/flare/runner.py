@@ -19,6 +19,7 @@ from pathlib import Path
 from nvflare.apis.job_def import ALL_SITES
 
 from ..cli import interrupted_by, interruptible
+from ..processes import child_processes, end_tree
 from ..reporting import write_json_atomic
 from .progress import PROGRESS_FILE
 
@@ -129,40 +130,6 @@ def shell_safe_paths(root: Path):
         shutil.rmtree(private, ignore_errors=True)  # links are removed, not followed
 
 
-def child_pids() -> set[int]:
-    import psutil
-
-    try:
-        return {p.pid for p in psutil.Process().children()}
-    except psutil.Error:
-        return set()
-
-
-def end_child_processes(keep: set[int] = frozenset(), grace: float = 5.0) -> list[int]:
-    """End the processes this one started (apart from the children in ``keep``, which were there before) and
-    everything below them: the simulator and the site processes it started, each in a session of its own, so
-    a process-group signal would miss them. SIGTERM, then SIGKILL after ``grace`` seconds. The whole tree is
-    listed before anything is signalled, since an orphan leaves it. Returns the pids."""
-    import psutil
-
-    procs = []
-    try:
-        for child in psutil.Process().children():
-            if child.pid not in keep:
-                procs += [child, *child.children(recursive=True)]
-    except psutil.Error:
-        pass
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=grace)
-    return [p.pid for p in procs]
-
-
 def run_job(job, args, sites: list[str], progress=None) -> Path:
     """Run ``job`` where ``args.env`` says and return the server's run folder (its artifacts).
 
@@ -178,7 +145,7 @@ def run_job(job, args, sites: list[str], progress=None) -> Path:
 
         root = workspace / "flare"
         root.mkdir(parents=True, exist_ok=True)
-        before = child_pids()
+        before = {p.pid for p in child_processes()}
         try:
             with shell_safe_paths(root) as sim_root:
                 env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(sim_root),
@@ -197,7 +164,9 @@ def run_job(job, args, sites: list[str], progress=None) -> Path:
                     # an exception; the job's result file in the run folder says why.
                     print(f"warning: {exc}", file=sys.stderr)
         finally:
-            end_child_processes(keep=before)
+            # the simulator and the sites it started, each in a session of its own (a process-group signal
+            # would miss them); the children that were there before are not ours to end
+            end_tree(child_processes(exclude=before))
         return root / job.name / "server" / "simulate_job"
     if args.env == "poc":
         return _run_poc(job, args, sites, workspace, progress)
@@ -209,7 +178,7 @@ def run_job(job, args, sites: list[str], progress=None) -> Path:
 def _submit(job, args, workspace: Path, admin_kit: Path, site_dirs: dict, progress=None) -> Path:
     """Export, submit, wait, download the server's result and gather the sites' run folders found on this
     machine: ``<workspace>/flare/<env>_result/{<job_id>/workspace, <site>/<job_id>/}``."""
-    from .deploy import submit_and_collect
+    from .admin import submit_and_collect
 
     out = workspace / "flare" / f"{args.env}_result"
     job_dir = export_job(job, workspace / "flare" / "job")
@@ -236,7 +205,7 @@ STATUS_HELP = {
 
 
 def _run_poc(job, args, sites: list[str], workspace: Path, progress=None) -> Path:
-    from .deploy import DeployError
+    from .admin import DeployError
 
     with one_poc(args, sites) as poc:
         try:
@@ -250,11 +219,12 @@ def one_poc(args, sites: list[str]):
     """With ``--env poc``: the POC that every job run inside this block is submitted to (a command that runs two
     jobs, schema discovery then training, starts one POC, not two). A POC already running in the POC folder is
     used and left running; otherwise one is started here and stopped at the end, also on failure or Ctrl-C.
-    Yields the :class:`~treeflare.flare.deploy.LocalPoc`, or None for another ``--env`` or ``--export``."""
+    Yields the :class:`~treeflare.flare.poc.LocalPoc`, or None for another ``--env`` or ``--export``."""
     if args.env != "poc" or getattr(args, "export", None):
         yield None
         return
-    from .deploy import DeployError, LocalPoc, flare_lock
+    from .admin import DeployError
+    from .poc import LocalPoc, flare_lock
 
     root = args.poc_root or os.environ.get("TREEFLARE_POC_ROOT") or Path(args.workspace).resolve() / "flare" / "poc"
     args.poc_root = Path(root)  # jobs run inside the block find the same POC
@@ -281,21 +251,13 @@ def one_poc(args, sites: list[str]):
 
 
 def _run_prod(job, args, workspace: Path, progress=None) -> Path:
-    from .deploy import DeployError, local_site_dirs
+    from .admin import DeployError, local_site_dirs
 
     kit = Path(args.startup_kit).resolve()
     try:
         return _submit(job, args, workspace, kit, local_site_dirs(kit), progress)
     except DeployError as exc:
         raise SystemExit(f"error: {exc}")
-
-
-def _find_run_dir(result: Path) -> Path:
-    """The downloaded server workspace: the folder that holds our report files."""
-    for candidate in [result / "workspace", result]:
-        if candidate.is_dir():
-            return candidate
-    return result
 
 
 def read_server_result(run_dir: Path, name: str, workspace: Path, job: str) -> dict | None:
@@ -332,7 +294,3 @@ def find_site_file(server_run_dir, site: str, name: str) -> Path | None:
     job_id = run.parent.name if run.name == "workspace" else run.name
     candidates += [ancestor / site / job_id / name for ancestor in run.parents]
     return next((p for p in candidates if p.is_file()), None)
-
-
-def python_path_note() -> str:
-    return f"{sys.executable} ({os.environ.get('VIRTUAL_ENV', 'no venv')})"

@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 DEFAULT_XGB_PORT = 8003  # FLARE's POC uses 8002 for FL and admin; the XGBoost server listens on the next one
 MAX_PORT = 65535
@@ -33,29 +34,34 @@ class FederatedServerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ServerTLS:
+class _KitTLS:
+    """TLS files of one startup kit; a subclass names its fields and the kit's file for each."""
+    FILES: ClassVar[dict] = {}
+    WHO: ClassVar[str] = ""
+
+    @classmethod
+    def from_kit(cls, startup_dir):
+        return cls(**_existing(Path(startup_dir), cls.FILES, cls.WHO))
+
+
+@dataclass(frozen=True)
+class ServerTLS(_KitTLS):
     """The server's side of mutual TLS: its key and certificate, and the root CA that signed the clients'."""
     key: str
     cert: str
     ca: str
-
-    @classmethod
-    def from_kit(cls, startup_dir) -> "ServerTLS":
-        d = Path(startup_dir)
-        return cls(**_existing(d, {"key": "server.key", "cert": "server.crt", "ca": "rootCA.pem"}, "server"))
+    FILES: ClassVar[dict] = {"key": "server.key", "cert": "server.crt", "ca": "rootCA.pem"}
+    WHO: ClassVar[str] = "server"
 
 
 @dataclass(frozen=True)
-class ClientTLS:
+class ClientTLS(_KitTLS):
     """A site's side: the root CA (to check the server) and the site's own key and certificate."""
     ca: str
     key: str
     cert: str
-
-    @classmethod
-    def from_kit(cls, startup_dir) -> "ClientTLS":
-        d = Path(startup_dir)
-        return cls(**_existing(d, {"ca": "rootCA.pem", "key": "client.key", "cert": "client.crt"}, "site"))
+    FILES: ClassVar[dict] = {"ca": "rootCA.pem", "key": "client.key", "cert": "client.crt"}
+    WHO: ClassVar[str] = "site"
 
 
 def _existing(folder: Path, names: dict, who: str) -> dict:
@@ -156,20 +162,11 @@ class FederatedServer:
     def stop(self, timeout: float = 5.0) -> bool:
         """End the server (idempotent): close its stdin, then SIGTERM, then SIGKILL; wait until it is gone.
         Returns True once no server process of ours is left."""
+        # imported here: this file is also the child's program, which has no treeflare package on its path
+        from ..processes import close_and_wait
+
         proc, self.proc = self.proc, None
-        ended = True
-        if proc is not None:
-            try:
-                if proc.stdin:
-                    proc.stdin.close()
-            except OSError:
-                pass
-            if not _wait(proc, timeout):  # closing stdin ends it at once; signals only if it hangs
-                proc.terminate()
-                if not _wait(proc, timeout):
-                    proc.kill()
-                    _wait(proc, timeout)
-            ended = proc.returncode is not None
+        ended = close_and_wait([proc], timeout) if proc is not None else True  # closing stdin ends it at once
         if self._log:
             self._log.close()
             self._log = None
@@ -185,14 +182,6 @@ class FederatedServer:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def _wait(proc: subprocess.Popen, timeout: float) -> bool:
-    try:
-        proc.wait(timeout)
-        return True
-    except subprocess.TimeoutExpired:
-        return False
 
 
 def communicator_args(host: str, port: int, world_size: int, rank: int, tls: ClientTLS | None = None) -> dict:
