@@ -1,4 +1,4 @@
-"""Issue 14 item 14: NVFlare's simulator splits its command lines on spaces, so the runner hands it paths
+"""NVFlare's simulator splits its command lines on spaces, so the runner hands it paths
 without any (links to the real folders). The simulator run with such a workspace is in test_hostile_sim.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14 item 19: SIGTERM or Ctrl-C (SIGINT) to a job script ends every process the job started (the
+"""SIGTERM or Ctrl-C (SIGINT) to a job script ends every process the job started (the
 simulator puts itself and each site in a session of its own) and removes the temporary folders; the script
 exits with 128 + the signal's number."""
 
