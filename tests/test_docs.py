@@ -159,22 +159,36 @@ def dotted_problem(dotted: str) -> str | None:
     return "no such module"
 
 
+def path_problem(word: str) -> str | None:
+    if any((root / word).exists() for root in (REPO, CUSTOM, CUSTOM / "treeflare")):
+        return None
+    return "no such file"
+
+
+def mentions(text: str) -> list[tuple[str, str | None]]:
+    """(each module or source path the text names, what is wrong with it or None)."""
+    found = [(d, dotted_problem(d)) for d in DOTTED.findall(text)]
+    for span in re.findall(r"`([^`\n]+)`", text):
+        found += [(w, path_problem(w)) for w in (w.strip("(),;:") for w in span.split()) if SOURCE_PATH.match(w)]
+    return found
+
+
 def mention_problems(page: Path) -> list[str]:
-    problems = []
+    """Every name must exist, but in a table between <!-- moved-paths:start/end --> (old path | new path) the
+    first column lists what no longer exists, and must not."""
+    problems, moved_table = [], False
     for n, line in enumerate(page.read_text().split("\n"), 1):
         where = f"{page.relative_to(REPO)}:{n}"
-        for dotted in DOTTED.findall(line):
-            problem = dotted_problem(dotted.rstrip("."))
-            if problem:
-                problems.append(f"{where}: {dotted}: {problem}")
-        for span in re.findall(r"`([^`\n]+)`", line):
-            for word in span.split():
-                word = word.strip("(),;:")
-                if not SOURCE_PATH.match(word):
-                    continue
-                roots = [REPO, CUSTOM, CUSTOM / "treeflare"]
-                if not any((root / word).exists() for root in roots):
-                    problems.append(f"{where}: {word}: no such file")
+        if "<!-- moved-paths:start -->" in line or "<!-- moved-paths:end -->" in line:
+            moved_table = "start" in line
+            continue
+        cells = line.strip().strip("|").split("|") if moved_table and line.lstrip().startswith("|") else [line]
+        if len(cells) > 1:
+            problems += [f"{where}: {name}: listed as moved, but it is still there"
+                         for name, problem in mentions(cells[0]) if problem is None]
+            cells = cells[1:]
+        for cell in cells:
+            problems += [f"{where}: {name}: {problem}" for name, problem in mentions(cell) if problem]
     return problems
 
 
@@ -241,9 +255,17 @@ def test_checks_catch_what_they_are_for(tmp_path, monkeypatch):
     markers = marker_problems(page)
     assert any("bench:y:end without its start" in m for m in markers)
     assert any("bench:x:start has no end" in m for m in markers)
-    mentions = mention_problems(page)
-    assert len(mentions) == 3, mentions
-    assert "no_such_module" in mentions[0] and "write_readme_block" in mentions[1] and "gone.py" in mentions[2]
+    found = mention_problems(page)
+    assert len(found) == 3, found
+    assert "no_such_module" in found[0] and "write_readme_block" in found[1] and "gone.py" in found[2]
+    page.write_text("<!-- moved-paths:start -->\n| old | new |\n|---|---|\n"
+                    "| `treeflare.reporting.write_readme_block` | `treeflare.reporting.write_bench_block` |\n"
+                    "| `treeflare.reporting.write_bench_block` | `treeflare.reporting.write_readme_block` |\n"
+                    "<!-- moved-paths:end -->\n`treeflare.reporting.write_readme_block`\n")
+    found = mention_problems(page)
+    assert len(found) == 3, found
+    assert "still there" in found[0] and "page.md:5" in found[0] and "page.md:5" in found[1]
+    assert "page.md:7" in found[2]
 
 
 def test_github_slug_rules():
