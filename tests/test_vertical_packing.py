@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from treeflare.crypto import PaillierKeyHolder
-from treeflare.vertical.packing import SlotLayout, SlotOverflowError
+from treeflare.crypto.packing import SlotLayout, SlotOverflowError
 
 KH = PaillierKeyHolder.generate(1024, "djn")     # test-only key size
 

@@ -22,7 +22,8 @@ from collections import Counter
 import numpy as np
 from gmpy2 import mpz
 
-from .paillier import CiphertextError, PaillierPrivateKey, PaillierPublicKey
+from .paillier import (MAX_KEY_BITS, MIN_TEST_BITS, CiphertextError, PaillierPrivateKey, PaillierPublicKey,
+                       check_key_bits)
 from .workers import make_pool
 
 __all__ = [
@@ -190,9 +191,10 @@ def public_from_message(msg: dict) -> PublicContext:
     if msg["scheme"] == "paillier":
         return PaillierPublic(PaillierPublicKey.from_message(msg))
     if msg["scheme"] == "mock":
-        bits = msg.get("bits")
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 256 <= bits <= 4096:
-            raise CiphertextError("mock key size malformed")
+        try:
+            bits = check_key_bits(msg.get("bits"), minimum=MIN_TEST_BITS, maximum=MAX_KEY_BITS)
+        except ValueError:
+            raise CiphertextError("mock key size malformed") from None
         return MockPublicKey(bits)
     raise CiphertextError(f"unknown HE scheme {msg['scheme']!r}")
 
@@ -253,8 +255,9 @@ def _n_tasks(n_items: int, workers: int, min_size: int = 64) -> int:
     return max(1, min(8 * workers, n_items // min_size))
 
 
-def _split(n_items: int, k: int) -> list:
-    """k contiguous (start, stop) ranges covering n_items as evenly as possible."""
+def even_ranges(n_items: int, k: int) -> list:
+    """k contiguous (start, stop) ranges covering n_items as evenly as possible (how a batch is shared out
+    over worker processes, here and in :mod:`treeflare.vertical.histo`)."""
     bounds = [n_items * i // k for i in range(k + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -296,7 +299,8 @@ class PaillierKeyHolder(KeyHolder):
         if pool is None:
             return self.public.to_bytes(self.key.encrypt_many(values))
         w = self.plain_bytes
-        tasks = [({}, [ints_to_bytes(values[a:b], w)]) for a, b in _split(len(values), _n_tasks(len(values), pool.n))]
+        pieces = even_ranges(len(values), _n_tasks(len(values), pool.n))
+        tasks = [({}, [ints_to_bytes(values[a:b], w)]) for a, b in pieces]
         return b"".join(blobs[0] for _res, blobs in pool.run_tasks("enc", tasks))
 
     def decrypt_bytes(self, raw: bytes, workers: int = 1) -> list:
@@ -306,7 +310,7 @@ class PaillierKeyHolder(KeyHolder):
         pool = self._pool(n, workers)
         if pool is None:
             return self.key.decrypt_many(self.public.from_bytes(raw, check=False))
-        tasks = [({}, [raw[a * w:b * w]]) for a, b in _split(n, _n_tasks(n, pool.n, 16))]
+        tasks = [({}, [raw[a * w:b * w]]) for a, b in even_ranges(n, _n_tasks(n, pool.n, 16))]
         out = []
         pw = self.plain_bytes
         for _res, blobs in pool.run_tasks("dec", tasks):

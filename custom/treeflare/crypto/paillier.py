@@ -59,11 +59,21 @@ class CiphertextError(ValueError):
     """A received ciphertext is malformed (outside Z*_{n^2}, wrong size...)."""
 
 
-def check_key_bits(bits: int, allow_insecure: bool = False) -> int:
-    """The key sizes this package accepts: 2048, 3072 or 4096 bits; with ``allow_insecure`` (tests
-    and comparisons only) any even size from 256 to 4096."""
+def check_key_bits(bits: int, allow_insecure: bool = False, *, minimum: int | None = None,
+                   maximum: int = MAX_KEY_BITS) -> int:
+    """The one key-size check of the package (ValueError naming the size and the bound).
+
+    For a key this party generates (no ``minimum``): 2048, 3072 or 4096 bits; with ``allow_insecure`` (tests
+    and comparisons only) any even size from 256 to 4096.  For a key another party made (``minimum``, and
+    ``maximum``: this site's own bounds): ``minimum <= bits <= maximum``."""
     if isinstance(bits, bool) or not isinstance(bits, int):
         raise ValueError(f"key bits must be an integer, got {bits!r}")
+    if minimum is not None:
+        if bits < minimum:
+            raise ValueError(f"key of {bits} bits is below this site's minimum {minimum}")
+        if bits > maximum:
+            raise ValueError(f"key of {bits} bits is above this site's maximum {maximum}")
+        return bits
     if allow_insecure:
         if not (MIN_TEST_BITS <= bits <= MAX_KEY_BITS) or bits % 2:
             raise ValueError(f"key bits must be even and in [{MIN_TEST_BITS}, {MAX_KEY_BITS}], got {bits}")

@@ -4,7 +4,6 @@ from .driver import (VerticalData, canonical, close_parties, compare_runs, crypt
                      make_parties, metrics, run_oracle, run_protocol, run_vertical, synthetic)
 from .messages import ProtocolError
 from .objectives import OBJECTIVES
-from .packing import SlotLayout, SlotOverflowError, required_width
 from .params import VerticalParams
 from .passive import PassiveParty, PassivePolicy
 from .prediction import ActivePredictor, PassivePredictor, run_prediction
@@ -12,6 +11,6 @@ from .prediction import ActivePredictor, PassivePredictor, run_prediction
 __all__ = [
     "VerticalData", "canonical", "close_parties", "compare_runs", "crypto_report", "joint_model",
     "make_parties", "metrics", "run_oracle", "run_protocol", "run_vertical", "synthetic", "ProtocolError",
-    "OBJECTIVES", "SlotLayout", "SlotOverflowError", "required_width", "VerticalParams", "ActiveParty",
+    "OBJECTIVES", "VerticalParams", "ActiveParty",
     "PassiveParty", "PassivePolicy", "ActivePredictor", "PassivePredictor", "run_prediction",
 ]

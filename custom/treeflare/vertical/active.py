@@ -31,8 +31,8 @@ from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan, unpack_fi
 from ..crypto.workers import WorkerError
 from .gains import make_criterion, select
 from .inference import leaf_outputs, route_layers
-from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, expect_reply, ids_digest,
-                       int_array, int_list, message_stats, require)
+from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, check_split_id, count_traffic,
+                       expect_reply, ids_digest, int_array, int_list, require)
 from .objectives import make_objective, tree_channels
 from .params import VerticalParams
 from .quantize import apply_bins, fit_bins
@@ -95,7 +95,7 @@ class ActiveParty:
         self.declared: dict = {}
         self.test_pred = None
         self.test_score = None
-        self._gen = None
+        self._exchanges = Exchanges(self._protocol)
         self.base_score = 0.0
         self._node_sums: dict = {}   # passive -> node -> decrypted sums over its candidates (previous layer)
 
@@ -103,27 +103,11 @@ class ActiveParty:
     def step(self, inbox):
         """Advance the protocol.  inbox = replies to the previous outbox ({name: reply}).
         Returns the next outbox ({passive_name: message}) or None when finished."""
-        ct_bytes = self.kh.public.ct_bytes if self.kh is not None else 0
-        if inbox:
-            for r in inbox.values():
-                c, b = message_stats(r, ct_bytes)
-                self.comm["ciphertexts_to_active"] += c
-                self.comm["bytes_to_active"] += b
-                self.comm["messages_to_active"] += 1
-        if self._gen is None:
-            self._gen = self._protocol()
-            out = next(self._gen)
-        else:
-            try:
-                out = self._gen.send(inbox)
-            except StopIteration:
-                return None
-        ct_bytes = self.kh.public.ct_bytes
-        for m in out.values():
-            c, b = message_stats(m, ct_bytes)
-            self.comm["ciphertexts_to_passive"] += c
-            self.comm["bytes_to_passive"] += b
-            self.comm["messages_to_passive"] += 1
+        count_traffic(self.comm, (inbox or {}).values(), "active",
+                      self.kh.public.ct_bytes if self.kh is not None else 0)
+        out = self._exchanges.send(inbox)
+        if out is not None:
+            count_traffic(self.comm, out.values(), "passive", self.kh.public.ct_bytes)
         return out
 
     def close(self) -> None:

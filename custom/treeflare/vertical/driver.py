@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..crypto import native
+from ..crypto import MIN_SECURE_BITS, native
 from .active import ActiveParty
 from .params import VerticalParams
 from .passive import PassiveParty, PassivePolicy
@@ -44,7 +44,7 @@ def make_parties(data: VerticalData, params: VerticalParams, active_name="site-1
     (tests pass a stricter one)."""
     passive_names = passive_names or data.passive_names
     if min_key_bits is None:
-        min_key_bits = params.key_bits if params.allow_insecure_key else 2048
+        min_key_bits = params.key_bits if params.allow_insecure_key else MIN_SECURE_BITS
     if policy is None:
         policy = PassivePolicy(min_key_bits=min_key_bits, min_rows_node=params.min_rows_node,
                                allow_mock=params.scheme == "mock")
@@ -134,28 +134,17 @@ def compare_runs(a, b) -> dict:
 
 
 def metrics(y_true, pred, score, n_classes, objective: str | None = None) -> dict:
-    """Classification: accuracy, macro-F1, AUC and log loss (2 classes) or multiclass log loss;
-    regression (``objective="squared_error"``): RMSE, MAE, R^2."""
-    from sklearn.metrics import (accuracy_score, f1_score, log_loss, mean_absolute_error, r2_score,
-                                 roc_auc_score)
-    y_true = np.asarray(y_true)
-    if objective == "squared_error":
-        y, p = y_true.astype(np.float64), np.asarray(pred, dtype=np.float64)
-        return {"rmse": float(np.sqrt(np.mean((y - p) ** 2))), "mae": float(mean_absolute_error(y, p)),
-                "r2": float(r2_score(y, p)) if len(y) > 1 else None}
-    out = {"accuracy": float(accuracy_score(y_true, pred)),
-           "macro_f1": float(f1_score(y_true, pred, average="macro", labels=list(range(n_classes)),
-                                      zero_division=0))}
-    s = np.asarray(score, dtype=np.float64)
-    labels = list(range(n_classes))
-    if n_classes == 2:
-        s = s[:, 1] if s.ndim == 2 else s
-        out["auc"] = float(roc_auc_score(y_true, s)) if len(np.unique(y_true)) == 2 else None
-        out["logloss"] = float(log_loss(y_true, np.clip(s, 1e-15, 1 - 1e-15), labels=labels))
-    elif s.ndim == 2:
-        p = np.clip(s, 1e-15, 1.0)
-        out["mlogloss"] = float(log_loss(y_true, p / p.sum(axis=1, keepdims=True), labels=labels))
-    return out
+    """Classification: :func:`treeflare.reporting.classification_metrics` (accuracy, macro-F1, AUC and log loss
+    for 2 classes, multiclass log loss); regression (``objective="squared_error"``): RMSE, MAE, R^2."""
+    # imported here: scikit-learn takes seconds to import, and the crypto worker processes import this package
+    from sklearn.metrics import mean_absolute_error, r2_score
+
+    from ..reporting import classification_metrics
+    if objective != "squared_error":
+        return classification_metrics(y_true, pred, score, n_classes)
+    y, p = np.asarray(y_true, dtype=np.float64), np.asarray(pred, dtype=np.float64)
+    return {"rmse": float(np.sqrt(np.mean((y - p) ** 2))), "mae": float(mean_absolute_error(y, p)),
+            "r2": float(r2_score(y, p)) if len(y) > 1 else None}
 
 
 def crypto_report(active: ActiveParty) -> dict:

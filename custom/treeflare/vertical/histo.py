@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..crypto import native
-from ..crypto.backend import public_from_json, public_to_json
+from ..crypto.backend import even_ranges, public_from_json, public_to_json
 from ..crypto.workers import make_pool
 
 _MODULE = "treeflare.vertical.histo"
@@ -28,11 +28,6 @@ _MODULE = "treeflare.vertical.histo"
 
 def _groups(n_features: int) -> list:
     return [tuple(range(f, min(f + 2, n_features))) for f in range(0, n_features, 2)]
-
-
-def _split(n: int, k: int) -> list:
-    b = [n * i // k for i in range(k + 1)]
-    return list(zip(b[:-1], b[1:]))
 
 
 # --------------------------------------------------------------------------------- worker side
@@ -212,7 +207,7 @@ class HistEngine:
 
     def load(self, raw: bytes, units: int) -> None:
         """The tree's ciphertexts, ``units`` per row, row-major; each worker checks a share."""
-        self.pool.map("hist_load", [{"units": units, "check": [a, b]} for a, b in _split(self.n, self.pool.n)],
+        self.pool.map("hist_load", [{"units": units, "check": [a, b]} for a, b in even_ranges(self.n, self.pool.n)],
                       [[raw]] * self.pool.n)
         self.units = units
 
@@ -224,7 +219,7 @@ class HistEngine:
         for key in keys:
             rows = np.ascontiguousarray(nodes[key], dtype=np.int32)
             pieces = 1 if k == 1 else max(1, min(2 * k, rows.size // 2048))
-            for a, b in _split(rows.size, pieces):
+            for a, b in even_ranges(rows.size, pieces):
                 tasks.append(({}, [rows[a:b].tobytes()]))
                 owner.append(key)
         replies = self.pool.run_tasks("hist", tasks)

@@ -103,3 +103,32 @@ def message_stats(msg, ct_bytes: int) -> tuple:
         else:
             n_bytes += 8
     return n_ct, n_bytes
+
+
+def count_traffic(comm, messages, to: str, ct_bytes: int = 0) -> None:
+    """Add messages sent to the ``to`` side ("active" or "passive") to the ``comm`` counter: how many, their
+    approximate bytes and, where ``ct_bytes`` (one ciphertext's size) is given, their ciphertexts."""
+    for msg in messages:
+        n_ct, n_bytes = message_stats(msg, ct_bytes)
+        comm[f"messages_to_{to}"] += 1
+        comm[f"bytes_to_{to}"] += n_bytes
+        if ct_bytes:
+            comm[f"ciphertexts_to_{to}"] += n_ct
+
+
+class Exchanges:
+    """A protocol written as a generator of outboxes ({party: message}), run one exchange at a time:
+    :meth:`send` starts it at the first call, then sends it the replies to its previous outbox, and returns
+    the next outbox, or None once the protocol has finished."""
+
+    def __init__(self, protocol):
+        self._protocol, self._gen = protocol, None
+
+    def send(self, inbox):
+        if self._gen is None:
+            self._gen = self._protocol()
+            return next(self._gen)
+        try:
+            return self._gen.send(inbox)
+        except StopIteration:
+            return None

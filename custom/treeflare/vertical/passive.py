@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..crypto import CiphertextError, public_from_message
+from ..crypto import MAX_KEY_BITS, MIN_SECURE_BITS, CiphertextError, check_key_bits, public_from_message
 from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan
 from ..crypto.workers import WorkerError
 from .histo import HistEngine
@@ -52,8 +52,8 @@ _RNG = secrets.SystemRandom()
 @dataclass
 class PassivePolicy:
     """What this site accepts, whatever the active party proposes."""
-    min_key_bits: int = 2048
-    max_key_bits: int = 4096
+    min_key_bits: int = MIN_SECURE_BITS
+    max_key_bits: int = MAX_KEY_BITS
     min_rows_node: int = DEFAULT_MIN_ROWS_NODE   # a setup proposing fewer rows per node is refused
     max_trees: int = MAX_TREES
     max_depth: int = MAX_DEPTH
@@ -123,10 +123,10 @@ class PassiveParty:
             raise ProtocolError(f"bad public key: {e}") from None
         if pub.scheme == "mock" and not self.allow_mock:
             raise ProtocolError("refusing the mock (plaintext) scheme: real encryption required")
-        if pub.key_bits < self.min_key_bits:
-            raise ProtocolError(f"key of {pub.key_bits} bits is below this site's minimum {self.min_key_bits}")
-        if pub.key_bits > self.policy.max_key_bits:
-            raise ProtocolError(f"key of {pub.key_bits} bits is above this site's maximum {self.policy.max_key_bits}")
+        try:
+            check_key_bits(pub.key_bits, minimum=self.min_key_bits, maximum=self.policy.max_key_bits)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
         if require(msg, "n_train", int) != self.n or require(msg, "n_test", int) != self.n_test:
             raise ProtocolError("row counts differ from the active party's")
         if self.n_test > self.policy.max_predict_rows:

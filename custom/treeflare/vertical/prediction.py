@@ -25,8 +25,8 @@ from collections import Counter
 import numpy as np
 
 from .inference import PredictionAnswers, leaf_outputs, route_layers
-from .messages import (ACTIVE_FORMAT, PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, expect_reply,
-                       ids_digest, message_stats, require)
+from .messages import (ACTIVE_FORMAT, PASSIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, check_split_id,
+                       count_traffic, expect_reply, ids_digest, require)
 from .objectives import OBJECTIVES, make_objective
 from .passive import PassivePolicy
 
@@ -140,25 +140,18 @@ class ActivePredictor:
         self.pred = self.score = None
         self.comm = Counter()
         self.timings: dict = {}
-        self._gen = None
+        self._exchanges = Exchanges(self._protocol)
+        self._t0 = None
 
     def step(self, inbox):
-        for r in (inbox or {}).values():
-            self.comm["messages_to_active"] += 1
-            self.comm["bytes_to_active"] += message_stats(r, 0)[1]
-        if self._gen is None:
+        count_traffic(self.comm, (inbox or {}).values(), "active")
+        if self._t0 is None:
             self._t0 = time.perf_counter()
-            self._gen = self._protocol()
-            out = next(self._gen)
-        else:
-            try:
-                out = self._gen.send(inbox)
-            except StopIteration:
-                self.timings["predict"] = time.perf_counter() - self._t0
-                return None
-        for m in out.values():
-            self.comm["messages_to_passive"] += 1
-            self.comm["bytes_to_passive"] += message_stats(m, 0)[1]
+        out = self._exchanges.send(inbox)
+        if out is None:
+            self.timings["predict"] = time.perf_counter() - self._t0
+            return None
+        count_traffic(self.comm, out.values(), "passive")
         return out
 
     def _protocol(self):
