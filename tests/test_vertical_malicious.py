@@ -1,4 +1,5 @@
-"""A malicious active party against the passive party's checks (issue 12, item 4): one test per check.
+"""A malicious active party against the passive party's checks (each rule it enforces on the active party's
+requests): one test per check.
 
 Each test runs the honest protocol up to some point, then hands the passive party a request an honest
 active party would never send, and expects a ProtocolError that names the broken rule."""
@@ -247,10 +248,11 @@ def _one_row_in(m, child, sibling):
 
 @pytest.mark.parametrize("child,sibling", [(1, 2), (2, 1)])
 def test_no_answer_for_the_open_sibling_of_a_one_row_child(child, sibling):
-    """Issue 19 item 5: the active party split the root (its own feature) into one row and the rest and asks about
-    the rest only; it holds the root's sums, so root minus sibling would be that row's bin on every passive
-    feature.  The request is refused, naming the nodes (no count, no value); afterwards the passive still answers
-    the honest case of a closed (say pure) child of exactly the minimum beside an open sibling."""
+    """No answer that would let root minus sibling expose a small child: the active party split the root (its own
+    feature) into one row and the rest and asks about the rest only; it holds the root's sums, so root minus
+    sibling would be that row's bin on every passive feature.  The request is refused, naming the nodes (no count,
+    no value); afterwards the passive still answers the honest case of a closed (say pure) child of exactly the
+    minimum beside an open sibling."""
     r = Run(owner="active")
     try:
         m = r.until("layer", 1)
@@ -267,7 +269,7 @@ def test_no_answer_for_the_open_sibling_of_a_one_row_child(child, sibling):
 
 
 def test_deviating_active_splitting_off_a_small_child_refused(monkeypatch):
-    """An active party whose own split search ignores the minimum (the rule before issue 19, item 5) creates small
+    """An active party whose own split search ignores the minimum (the rule before the minimum held for every child) creates small
     children on its own feature; the passive refuses the first layer that would expose one."""
     import treeflare.vertical.active as active_mod
     from treeflare.vertical.stats import cum_candidates

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from treeflare.crypto import PaillierKeyHolder
-from treeflare.vertical import (ProtocolError, VerticalParams, canonical, close_parties, compare_runs,
-                                crypto_report, joint_model, make_parties, run_oracle, run_vertical, synthetic)
+from treeflare.vertical import (PassivePolicy, ProtocolError, VerticalParams, canonical, close_parties,
+                                compare_runs, crypto_report, joint_model, make_parties, run_oracle, run_vertical,
+                                synthetic)
 from treeflare.vertical.oracle import centralized_build
 
 BITS = 512   # test-only keys
@@ -128,9 +129,9 @@ def _small_children_beside_an_open_sibling(record, min_rows) -> list:
 
 @pytest.mark.parametrize("model,depth,trees", [("tree", 5, 1), ("gbdt", 4, 3)])
 def test_no_child_below_the_minimum_rows_and_same_as_oracle(model, depth, trees):
-    """Issue 19 item 5: these honest runs (400 rows, seeds 3-5, at least 10 rows per node) used to leave 2 to 6
-    children of 1 to 9 rows beside an open sibling (one of a single row); now no split leaves a child below the
-    minimum, in the federated run and in both oracles alike."""
+    """A minimum of rows per node holds for every child: these honest runs (400 rows, seeds 3-5, at least 10 rows
+    per node) used to leave 2 to 6 children of 1 to 9 rows beside an open sibling (one of a single row); now no
+    split leaves a child below the minimum, in the federated run and in both oracles alike."""
     for seed in (3, 4, 5):
         d = synthetic(n=400, n_test=50, seed=seed)
         P = params(model=model, max_depth=depth, n_trees=trees, bins=32, min_rows_node=10, obfuscation="djn")
@@ -220,8 +221,17 @@ def test_decryption_uses_constant_time_powmod(monkeypatch):
     assert set(calls) == secret
 
 
+def test_params_from_dict_refuse_unknown_keys():
+    """A misspelt option is refused, naming the key, instead of a run silently made with the default."""
+    good = VerticalParams(max_depth=2, bins=8).to_dict()
+    assert VerticalParams.from_dict(good) == VerticalParams(max_depth=2, bins=8)
+    assert VerticalParams.from_dict({"bins": 8}) == VerticalParams(bins=8)
+    with pytest.raises(ValueError, match=r"unknown vertical parameters \['max_detph'\]; known: \[.*'max_depth'"):
+        VerticalParams.from_dict({**good, "max_detph": 5})
+
+
 def test_key_sizes_bounded():
-    """--key-bits 1000000 used to be accepted (issue 14, item 17)."""
+    """Key sizes are bounded (--key-bits 1000000 used to be accepted and ran key generation for ever)."""
     from treeflare.crypto import PaillierPrivateKey, public_from_message
 
     for bad in (1_000_000, 8192, 2560, 1024, 2049):
@@ -241,7 +251,7 @@ def test_key_sizes_bounded():
 
 def test_passive_candidates_bounded_by_declared_features():
     """A passive that returns more candidates than its declared features x (bins - 1) is refused before any
-    decryption (issue 14, item 18)."""
+    decryption (a crafted reply must not make the key holder decrypt without bound)."""
     d = synthetic(n=120, n_test=20, passive_features=(3,), n_classes=2, seed=15)
     a, ps = make_parties(d, params(model="tree", max_depth=2))
     (name, p), = ps.items()
@@ -436,8 +446,19 @@ def test_passive_refuses_weak_or_fake_encryption():
     (name, p), = ps.items()
     with pytest.raises(ProtocolError, match="minimum"):
         p.handle(a.step(None)[name])
+    # and one above its maximum (the same key-size check, crypto.check_key_bits, with the site's own bounds)
+    a, ps = make_parties(d, params(), policy=PassivePolicy(min_key_bits=256, max_key_bits=256, min_rows_node=4))
+    (name, p), = ps.items()
+    with pytest.raises(ProtocolError, match=f"key of {BITS} bits is above this site's maximum 256"):
+        p.handle(a.step(None)[name])
     with pytest.raises(ValueError, match="insecure"):
         VerticalParams(key_bits=1024).validate()
+    # a mock key's size is bounded like any other
+    from treeflare.crypto import CiphertextError, public_from_message
+    for bits in (128, 8192, True, "512"):
+        with pytest.raises(CiphertextError, match="mock key size malformed"):
+            public_from_message({"scheme": "mock", "bits": bits})
+    assert public_from_message({"scheme": "mock", "bits": 512}).key_bits == 512
 
 
 def test_misaligned_ids_and_malformed_messages(setup_pair):
@@ -549,7 +570,7 @@ def test_parallel_workers_same_result():
 
 def test_every_message_fits_flare_wire_format():
     """Regression slot bounds exceed 64 bits: they travel as strings, so every message crosses FLARE's msgpack."""
-    from treeflare.flare.vertical_executor import from_wire, to_wire
+    from treeflare.flare.vertical.protocol import from_wire, to_wire
 
     d = synthetic(n=80, n_test=20, passive_features=(2,), seed=3, regression_scale=1e12)
     rec = []

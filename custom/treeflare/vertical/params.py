@@ -74,5 +74,10 @@ class VerticalParams:
 
     @classmethod
     def from_dict(cls, d: dict) -> "VerticalParams":
+        """The parameters of ``d`` (the others at their defaults); a key that is not a parameter is refused, so a
+        misspelt option is never silently ignored (as the ICDTA4FL parameters are)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown vertical parameters {sorted(map(str, unknown))}; known: {sorted(names)}")
+        return cls(**d)
