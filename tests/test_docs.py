@@ -11,6 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CUSTOM = REPO / "custom"
+TESTS = REPO / "tests"
 PAGES = sorted([REPO / "README.md", REPO / "SECURITY.md", *(REPO / "docs").glob("*.md")])
 BENCH_SCRIPTS = sorted((REPO / "scripts").glob("bench_*.py"))
 
@@ -22,7 +23,10 @@ MARKER = re.compile(r"<!-- bench:([\w.-]+):(start|end) -->")
 # treeflare.a.b, not admin@treeflare.org nor a path segment
 DOTTED = re.compile(r"(?<![\w@/.-])treeflare(?:\.[A-Za-z_]\w*)+")
 # a source path in backticks: from the repository root, or from custom/ or custom/treeflare/
-SOURCE_PATH = re.compile(r"^(?:custom|jobs|scripts|tests|app|configs|\.ci|treeflare|flare)/[\w./-]*\w\.(?:py|c|sh|yml)$")
+SOURCE_PATH = re.compile(r"^(?:custom|jobs|scripts|tests|app|configs|\.ci|treeflare|flare|crypto|vertical|xgb|trees|icdta4fl)/"
+                         r"[\w./-]*\w\.(?:py|c|sh|yml)$")
+# a test cited by file and name: tests/test_x.py::test_y (SECURITY.md cites the tests behind its sentences)
+TEST_REF = re.compile(r"^(?:tests/)?(test_\w+\.py)((?:::\w+)*)(?:\[[^\]]*\])?$")
 
 
 def prose_lines(text: str):
@@ -165,11 +169,25 @@ def path_problem(word: str) -> str | None:
     return "no such file"
 
 
+def cited_test_problem(ref: re.Match) -> str | None:
+    source = TESTS / ref.group(1)
+    if not source.is_file():
+        return "no such test file"
+    defined = {n.name for n in ast.walk(ast.parse(source.read_text()))
+               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    missing = [name for name in ref.group(2).split("::") if name and name not in defined]
+    return f"{ref.group(1)} defines no {missing[0]!r}" if missing else None
+
+
 def mentions(text: str) -> list[tuple[str, str | None]]:
-    """(each module or source path the text names, what is wrong with it or None)."""
+    """(each module, source path or test the text names, what is wrong with it or None)."""
     found = [(d, dotted_problem(d)) for d in DOTTED.findall(text)]
     for span in re.findall(r"`([^`\n]+)`", text):
-        found += [(w, path_problem(w)) for w in (w.strip("(),;:") for w in span.split()) if SOURCE_PATH.match(w)]
+        for word in (w.strip("(),;:") for w in span.split()):
+            if SOURCE_PATH.match(word):
+                found.append((word, path_problem(word)))
+            elif ref := TEST_REF.match(word):
+                found.append((word, cited_test_problem(ref)))
     return found
 
 
@@ -249,15 +267,17 @@ def test_checks_catch_what_they_are_for(tmp_path, monkeypatch):
                     "```\n[in code](not/checked.md)\n```\n"
                     "<!-- bench:x:start -->\n| t |\n\n<!-- bench:y:end -->\n"
                     "`python -m treeflare.flare.no_such_module` `treeflare.reporting.write_bench_block`"
-                    " `treeflare.reporting.write_readme_block` `custom/treeflare/gone.py` admin@treeflare.org\n")
+                    " `treeflare.reporting.write_readme_block` `custom/treeflare/gone.py` admin@treeflare.org"
+                    " `test_docs.py::test_github_slug_rules` `test_docs.py::test_gone`\n")
     links = link_problems(page)
     assert len(links) == 2 and "missing.md" in links[0] and "#nope" in links[1]
     markers = marker_problems(page)
     assert any("bench:y:end without its start" in m for m in markers)
     assert any("bench:x:start has no end" in m for m in markers)
     found = mention_problems(page)
-    assert len(found) == 3, found
+    assert len(found) == 4, found
     assert "no_such_module" in found[0] and "write_readme_block" in found[1] and "gone.py" in found[2]
+    assert "defines no 'test_gone'" in found[3]
     page.write_text("<!-- moved-paths:start -->\n| old | new |\n|---|---|\n"
                     "| `treeflare.reporting.write_readme_block` | `treeflare.reporting.write_bench_block` |\n"
                     "| `treeflare.reporting.write_bench_block` | `treeflare.reporting.write_readme_block` |\n"
