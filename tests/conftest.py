@@ -1,8 +1,55 @@
-"""Shared test fixtures (kept small and generic)."""
+"""Shared test fixtures (kept small and generic), and how the suite is spread over pytest-xdist workers."""
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The whole suite (the README's `python -m pytest -q`, which pyproject's addopts turn into `-n auto --dist loadgroup`)
+# runs on this many worker processes: it mostly waits on FLARE runs, so two workers on two cores roughly halve it.
+SUITE_WORKERS = 2
+LOCK_GROUP = "flare_lock"
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for ``-n auto``: SUITE_WORKERS for a run over folders (the whole suite), none for a run of named files
+    or tests (one process, as quick to start as before, and ``-s``/``--pdb`` behave as usual). ``-n N`` on the
+    command line, or PYTEST_XDIST_AUTO_NUM_WORKERS, still decides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    named = [a.split("::")[0] for a in config.args]
+    if config.args_source == pytest.Config.ArgsSource.ARGS and not any(Path(a).is_dir() for a in named):
+        return 0
+    return SUITE_WORKERS
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """With ``--dist loadgroup``: the tests of a module that share a module fixture (often one FLARE run) go to one
+    worker, so that it is built once, and every module that imports ``flare_lock`` (its tests run POC, provisioned or
+    simulator systems under the machine-wide FLARE lock) goes to one and the same worker, first: those runs cannot
+    overlap anyway, so a second worker never sits waiting on the lock, and the longest chain starts at once."""
+    if not getattr(config.option, "loadgroup", False):  # what xdist sets on its workers for --dist loadgroup
+        return
+    rank = {}
+    for item in items:
+        locked = getattr(getattr(item, "module", None), "flare_lock", None) is not None
+        if locked:
+            item.add_marker(pytest.mark.xdist_group(LOCK_GROUP))
+        elif _uses_shared_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        # any other test is a group of its own, free to run beside the rest
+        rank[id(item)] = 0 if locked else 1 if item.get_closest_marker("flare") else 2
+    # the scheduler hands out groups in collection order (--no-loadscope-reorder): the locked chain, then the other
+    # FLARE modules (each a few simulator runs), then the fast in-process tests
+    items.sort(key=lambda item: rank[id(item)])
+
+
+def _uses_shared_fixture(item) -> bool:
+    """Whether the test uses a module-, class- or package-scoped fixture (built once for all the tests that share it,
+    on one worker); session fixtures are built per worker anyway."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d.scope in ("module", "class", "package") for ds in defs.values() for d in ds)
 
 
 @pytest.fixture
