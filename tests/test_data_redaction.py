@@ -142,7 +142,8 @@ def test_vertical_executor_replies_redacted(vfed, monkeypatch):
     from nvflare.apis.fl_constant import ReturnCode
     from nvflare.apis.shareable import Shareable
 
-    from treeflare.flare.vertical_executor import MSG, VerticalExecutor
+    from treeflare.flare.vertical.executor import VerticalExecutor
+    from treeflare.flare.vertical.protocol import MSG
 
     monkeypatch.delenv("TREEFLARE_DATA_ROOT", raising=False)
     plant_secret(vfed, "site-2", line=3, column=1)  # site-2 (passive) holds pid, z: z is numeric
@@ -158,7 +159,8 @@ def test_vertical_executor_replies_redacted(vfed, monkeypatch):
 def test_vertical_executor_library_errors_leave_only_their_type(vfed, monkeypatch):
     from nvflare.apis.shareable import Shareable
 
-    from treeflare.flare import vertical_executor
+    from treeflare.flare.vertical import executor as vertical_executor
+    from treeflare.flare.vertical.protocol import MSG
 
     def boom(*a, **k):
         raise ValueError(f"could not convert string to float: '{SECRET}' in {vfed}/site-2/train.csv")
@@ -166,7 +168,7 @@ def test_vertical_executor_library_errors_leave_only_their_type(vfed, monkeypatc
     monkeypatch.setattr(vertical_executor, "_site_tables", boom)
     ex = vertical_executor.VerticalExecutor(data_root=str(vfed))
     _capture_logs(ex)
-    reply = ex.execute(vertical_executor.MSG, Shareable({"msg": {"type": "setup"}}), _Ctx("site-2"), None)
+    reply = ex.execute(MSG, Shareable({"msg": {"type": "setup"}}), _Ctx("site-2"), None)
     assert reply["error"].startswith("ValueError") and SECRET not in reply["error"] and str(vfed) not in reply["error"]
 
 

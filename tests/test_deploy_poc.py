@@ -163,7 +163,7 @@ def test_icdta4fl_on_the_sites_own_data_discovers_the_schema(poc, tmp_path):
 
 def _vertical_ready() -> bool:
     return (REPO / "jobs" / "vertical_tree" / "job.py").is_file() and \
-        (REPO / "custom" / "treeflare" / "flare" / "vertical_executor.py").is_file()
+        (REPO / "custom" / "treeflare" / "flare" / "vertical" / "executor.py").is_file()
 
 
 @pytest.mark.skipif(not _vertical_ready(), reason="the vertical job has not landed")

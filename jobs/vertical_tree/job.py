@@ -162,10 +162,11 @@ def vertical_params(args, objective: str = "binary"):
 def build_job(args, params, data_root: Path | None, sites: list[str], job_info: dict, schema=None):
     from nvflare.job_config.api import FedJob
 
-    from treeflare.flare.runner import ship_package
-    from treeflare.flare.vertical_controller import VerticalController
     from treeflare.flare.progress import ProgressReporter
-    from treeflare.flare.vertical_executor import MSG, STEP, VerticalExecutor
+    from treeflare.flare.runner import ship_package
+    from treeflare.flare.vertical.controller import VerticalController
+    from treeflare.flare.vertical.executor import VerticalExecutor
+    from treeflare.flare.vertical.protocol import MSG, STEP
 
     job = FedJob(name=JOB_NAME, min_clients=len(sites))
     job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], params=params.to_dict(),
@@ -183,7 +184,7 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
 
 def vertical_data(data_root: Path, sites: list[str], params):
     """The parties' data as the oracle sees it (only possible where all sites' files are at hand)."""
-    from treeflare.flare.vertical_executor import labels_for
+    from treeflare.flare.vertical.executor import labels_for
     from treeflare.vertical import VerticalData
 
     tabs = [read_site(data_root, s) for s in sites]
@@ -216,7 +217,8 @@ def compare_with_oracle(models: dict, pred: dict, data, params, sites) -> dict:
 def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
     """Copy each party's model (and the active site's test predictions) out of the site run folders."""
     from treeflare.flare.runner import find_site_file
-    from treeflare.flare.vertical_executor import ACTIVE_MODEL, ACTIVE_PRED, PASSIVE_MODEL
+    from treeflare.flare.vertical.executor import ACTIVE_PRED
+    from treeflare.vertical.model_parts import ACTIVE_MODEL, PASSIVE_MODEL
 
     found = {}
     out.mkdir(parents=True, exist_ok=True)
@@ -237,12 +239,12 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.predict is not None:
-        from treeflare.flare.vertical_predict import predict_main
+        from treeflare.flare.vertical.predict import predict_main
 
         return predict_main(args, JOB_NAME)
     vertical_params(args)                       # argument errors before any data is read
     from treeflare.flare.runner import one_poc, read_server_result, run_job
-    from treeflare.flare.vertical_controller import RESULT_FILE
+    from treeflare.flare.vertical.controller import RESULT_FILE
 
     workspace = Path(args.workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)

@@ -25,13 +25,11 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
-from .progress import PROGRESS_ID, format_duration, remaining
-from .vertical_executor import MSG, STEP
-from .workflow import JobFailed, ResultWorkflow
+from ..progress import PROGRESS_ID, format_duration, remaining
+from ..workflow import JobFailed, ResultWorkflow
+from .protocol import MSG, MSG_TYPES, REPLY_TYPES, STEP
 
 RESULT_FILE = "vertical_result.json"
-_MSG_TYPES = {"setup", "layer", "split", "predict", "finish", "predict_setup"}
-_REPLY_TYPES = {"setup_ok", "hist", "partition", "predictions", "done", "predict_ok"}
 MODES = ("train", "predict")
 _RESULT_KEYS = {
     "train": ("objective", "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
@@ -60,7 +58,7 @@ class VerticalController(ResultWorkflow):
             task_check_period: how often the server looks for finished tasks (the protocol is a
               long chain of short message exchanges, so poll often).
             mode: "train", or "predict": a prediction run of a trained model, in which every site loads its own
-              model part and new rows (see ``vertical_executor``); the server routes the same way.
+              model part and new rows (see ``executor``); the server routes the same way.
         """
         super().__init__(task_check_period=task_check_period)
         self.active_site = active_site
@@ -113,7 +111,7 @@ class VerticalController(ResultWorkflow):
             for site, msg in outbox.items():
                 if site not in self.passive_sites:
                     raise JobFailed(f"{self.active_site}: message addressed to unknown site {site!r}")
-                if not isinstance(msg, dict) or msg.get("type") not in _MSG_TYPES:
+                if not isinstance(msg, dict) or msg.get("type") not in MSG_TYPES:
                     raise JobFailed(f"{self.active_site}: malformed message for {site}")
             self._layer_progress(outbox, t0, fl_ctx)
             ts = time.perf_counter()
@@ -169,7 +167,7 @@ class VerticalController(ResultWorkflow):
             reply = next((ct.result for ct in task.client_tasks if ct.client.name == site), None)
             reply = self._check(f"{MSG}:{outbox[site]['type']}", site, reply)
             msg = reply.get("msg")
-            if not isinstance(msg, dict) or msg.get("type") not in _REPLY_TYPES:
+            if not isinstance(msg, dict) or msg.get("type") not in REPLY_TYPES:
                 raise JobFailed(f"{site}: malformed reply to {outbox[site]['type']!r}")
             replies[site] = msg
         return replies

@@ -38,21 +38,20 @@ from nvflare.apis.shareable import Shareable, make_reply
 
 import numpy as np
 
-from ..data import DataError, Schema, read_site
-from ..data.csv_io import party_rows_table
-from ..data.errors import public_error
-from ..reporting import write_json_atomic, write_text_atomic
-from ..vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
+from ...crypto.packing import SlotOverflowError
+from ...data import DataError, Schema, read_site
+from ...data.csv_io import party_rows_table
+from ...data.errors import public_error
+from ...reporting import write_json_atomic, write_text_atomic
+from ...vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
                         metrics)
-from ..vertical.model_parts import ACTIVE_MODEL, PASSIVE_MODEL
-from ..vertical.packing import SlotOverflowError
-from ..vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
-from ..vertical.prediction import (ActivePredictor, ModelPartError, PassivePredictor, check_active_model,
+from ...vertical.model_parts import ACTIVE_MODEL, PASSIVE_MODEL
+from ...vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
+from ...vertical.prediction import (ActivePredictor, ModelPartError, PassivePredictor, check_active_model,
                                    check_passive_model, model_id, predictions_frame)
-from .site_config import load_binding
+from ..site_config import DATA_ROOT_ENV, load_binding
+from .protocol import MSG, STEP, from_wire, to_wire
 
-STEP, MSG = "vertical_step", "vertical_msg"
-DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
 MIN_KEY_BITS_ENV = "TREEFLARE_VERTICAL_MIN_KEY_BITS"
 MIN_NODE_ROWS_ENV = "TREEFLARE_VERTICAL_MIN_NODE_ROWS"
 MAX_TREES_ENV = "TREEFLARE_VERTICAL_MAX_TREES"
@@ -61,53 +60,6 @@ MAX_PREDICT_ROWS_ENV = "TREEFLARE_VERTICAL_MAX_PREDICT_ROWS"
 ACTIVE_PRED = "vertical_active_predictions.json"
 PREDICTIONS = "vertical_predictions.csv"    # a prediction run's output, at the active site only
 MAX_MODEL_BYTES = 512 * 1024 * 1024
-
-
-_WIRE_DTYPES = {"uint8", "int32", "int64", "float64"}
-_ND = "__ndarray__"
-
-
-def to_wire(obj):
-    """numpy arrays -> {"__ndarray__": dtype, "shape": [...], "data": bytes}: plain msgpack types that
-    travel inline with the task (FOBS would fetch each array in its own download transaction)."""
-    if isinstance(obj, dict):
-        return {k: to_wire(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_wire(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        if obj.dtype.name not in _WIRE_DTYPES:
-            raise ProtocolError(f"array dtype {obj.dtype} may not cross the wire")
-        a = np.ascontiguousarray(obj)
-        return {_ND: a.dtype.name, "shape": [int(v) for v in a.shape], "data": a.astype(a.dtype.newbyteorder("<"),
-                                                                                          copy=False).tobytes()}
-    if isinstance(obj, np.generic):
-        raise ProtocolError(f"numpy scalar {type(obj).__name__} may not cross the wire")
-    if isinstance(obj, int) and not isinstance(obj, bool) and not -(1 << 63) <= obj < (1 << 64):
-        # FLARE's msgpack would fail while encoding the reply, after this executor returned
-        raise ProtocolError("an integer beyond 64 bits may not cross the wire")
-    return obj
-
-
-def from_wire(obj, _depth=0):
-    """Inverse of :func:`to_wire`, with checks: known dtypes only, size consistent with the shape,
-    bounded nesting."""
-    if _depth > 32:
-        raise ProtocolError("message nested too deeply")
-    if isinstance(obj, dict):
-        if _ND in obj:
-            dt, shape, data = obj.get(_ND), obj.get("shape"), obj.get("data")
-            if dt not in _WIRE_DTYPES or not isinstance(shape, list) or not isinstance(data, (bytes, bytearray)):
-                raise ProtocolError("malformed array on the wire")
-            if len(shape) > 4 or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in shape):
-                raise ProtocolError("malformed array shape on the wire")
-            dtype = np.dtype(dt).newbyteorder("<")
-            if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(data):
-                raise ProtocolError("array size does not match its shape")
-            return np.frombuffer(data, dtype=dtype).astype(np.dtype(dt)).reshape(shape)
-        return {k: from_wire(v, _depth + 1) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [from_wire(v, _depth + 1) for v in obj]
-    return obj
 
 
 def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=None):
@@ -340,8 +292,4 @@ def labels_for(params, train, test):
     return train.y_codes(), test.y_codes(), len(train.schema.classes)
 
 
-def load_json(path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-__all__ = ["VerticalExecutor", "STEP", "MSG", "ACTIVE_MODEL", "PASSIVE_MODEL", "ACTIVE_PRED", "PREDICTIONS"]
+__all__ = ["VerticalExecutor", "labels_for", "ACTIVE_PRED", "PREDICTIONS"]

@@ -18,14 +18,15 @@ from pathlib import Path
 
 from nvflare.job_config.api import FedJob
 
-from ..data import DataError, load_dataset, site_name
-from ..data.csv_io import read_raw
-from ..data.federation import write_marked_folder
-from ..reporting import write_json_atomic
-from ..vertical.model_parts import find_model_parts, model_sites, prediction_site_files
-from .runner import find_site_file, one_poc, read_server_result, run_job, ship_package
-from .vertical_controller import RESULT_FILE, VerticalController
-from .vertical_executor import MSG, PREDICTIONS, STEP, VerticalExecutor
+from ...data import DataError, load_dataset, site_name
+from ...data.csv_io import read_raw
+from ...data.federation import write_marked_folder
+from ...reporting import write_json_atomic
+from ...vertical.model_parts import find_model_parts, model_sites, prediction_site_files
+from ..runner import find_site_file, one_poc, read_server_result, run_job, ship_package
+from .controller import RESULT_FILE, VerticalController
+from .executor import PREDICTIONS, VerticalExecutor
+from .protocol import MSG, STEP
 
 
 def predict_main(args, job_name: str) -> int:
