@@ -35,33 +35,28 @@ class FederatedServerError(RuntimeError):
 
 @dataclass(frozen=True)
 class _KitTLS:
-    """TLS files of one startup kit; a subclass names its fields and the kit's file for each."""
-    FILES: ClassVar[dict] = {}
+    """One side of mutual TLS, from its startup kit: its own key and certificate, and the root CA that signed
+    every kit's certificate (the server checks the sites' with it, a site the server's)."""
+    key: str
+    cert: str
+    ca: str
+    KIT_NAME: ClassVar[str] = ""  # the kit's key and certificate are <KIT_NAME>.key and <KIT_NAME>.crt
     WHO: ClassVar[str] = ""
 
     @classmethod
     def from_kit(cls, startup_dir):
-        return cls(**_existing(Path(startup_dir), cls.FILES, cls.WHO))
+        names = {"key": f"{cls.KIT_NAME}.key", "cert": f"{cls.KIT_NAME}.crt", "ca": "rootCA.pem"}
+        return cls(**_existing(Path(startup_dir), names, cls.WHO))
 
 
-@dataclass(frozen=True)
 class ServerTLS(_KitTLS):
-    """The server's side of mutual TLS: its key and certificate, and the root CA that signed the clients'."""
-    key: str
-    cert: str
-    ca: str
-    FILES: ClassVar[dict] = {"key": "server.key", "cert": "server.crt", "ca": "rootCA.pem"}
-    WHO: ClassVar[str] = "server"
+    """The server's side: its key and certificate, and the root CA that signed the clients'."""
+    KIT_NAME, WHO = "server", "server"
 
 
-@dataclass(frozen=True)
 class ClientTLS(_KitTLS):
-    """A site's side: the root CA (to check the server) and the site's own key and certificate."""
-    ca: str
-    key: str
-    cert: str
-    FILES: ClassVar[dict] = {"ca": "rootCA.pem", "key": "client.key", "cert": "client.crt"}
-    WHO: ClassVar[str] = "site"
+    """A site's side: the site's own key and certificate, and the root CA (to check the server)."""
+    KIT_NAME, WHO = "client", "site"
 
 
 def _existing(folder: Path, names: dict, who: str) -> dict:
