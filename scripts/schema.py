@@ -103,7 +103,7 @@ def _short(text: str, n: int = 60) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
-        from treeflare.flare.schema_discovery import read_schema_file
+        from treeflare.flare.discovery.job import read_schema_file
 
         schema = read_schema_file(args.file)
         print(describe(schema))
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         return 0
     out = _check_out(args)
     if args.command == "from-csv":
-        from treeflare.flare.schema_discovery import schema_file
+        from treeflare.flare.discovery.controller import schema_file
 
         table = load_table(args)
         write_json_atomic(out, schema_file(table.schema))
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     if args.sites < (2 if args.vertical else 1):
         raise DataError(f"--sites must be at least {2 if args.vertical else 1}")
     from treeflare.flare.runner import one_poc
-    from treeflare.flare.schema_discovery import discover
+    from treeflare.flare.discovery.job import discover
 
     sites = [site_name(i) for i in range(args.sites)]
     Path(args.workspace).mkdir(parents=True, exist_ok=True)

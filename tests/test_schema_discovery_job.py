@@ -16,8 +16,9 @@ from nvflare.apis.shareable import make_reply
 from flare_helpers import load_script
 from icdta4fl_inprocess import InProcessRun
 from treeflare.data import DataError, Schema
-from treeflare.flare.schema_discovery import (RESULT_FILE, SCHEMA_FILE, SchemaDiscoveryController,
-                                              SchemaDiscoveryExecutor, profile_site, read_schema_file)
+from treeflare.flare.discovery.controller import RESULT_FILE, SCHEMA_FILE, SchemaDiscoveryController
+from treeflare.flare.discovery.executor import SchemaDiscoveryExecutor, profile_site
+from treeflare.flare.discovery.job import read_schema_file
 from treeflare.flare.site_config import SiteBinding, parse_binding
 
 RARE = "violet-0917"

@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     with one_poc(args, sites):  # one POC for both jobs of --schema discover
         if schema is None:
             t = time.perf_counter()
-            from treeflare.flare.schema_discovery import sites_schema
+            from treeflare.flare.discovery.job import sites_schema
 
             schema, source = sites_schema(args, sites, data_root=args.data_root or "")
             timings["schema_discovery"] = time.perf_counter() - t

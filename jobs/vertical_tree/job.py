@@ -265,7 +265,7 @@ def main(argv=None) -> int:
 
     with one_poc(args, sites):  # one POC for both jobs of --schema discover
         if schema is None:
-            from treeflare.flare.schema_discovery import sites_schema
+            from treeflare.flare.discovery.job import sites_schema
 
             t = time.perf_counter()
             schema, schema_info = sites_schema(args, sites, data_root=args.data_root or "", vertical=True)

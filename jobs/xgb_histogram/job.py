@@ -282,7 +282,7 @@ def run(args, table=None) -> dict:
         args.timing_dir = workspace / "flare" / "timing"
     with one_poc(args, sites):  # one POC for both jobs of --schema discover
         if schema is None:
-            from treeflare.flare.schema_discovery import sites_schema
+            from treeflare.flare.discovery.job import sites_schema
 
             t = time.perf_counter()
             # vertical: site-1, the label owner and rank 0, comes first, so the schema's columns are in rank order
