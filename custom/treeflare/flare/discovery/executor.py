@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
 from ...data import DataError
 from ...data.discovery import DEFAULT_MIN_CATEGORY_ROWS, site_min_category_rows, site_profile
-from ...data.errors import public_error
 from ..site_config import load_binding
+from ..site_executor import SiteExecutor
 from .protocol import TASK
 
 
-class SchemaDiscoveryExecutor(Executor):
+class SchemaDiscoveryExecutor(SiteExecutor):
     """Site side: reads this site's bound training file (``local/treeflare_site.json``, ``$TREEFLARE_DATA_ROOT``,
     else ``<data_root>/<site>/``) and replies with its profile. The site sets its floor for ``k`` (its binding's
     ``min_category_rows``, default 5): a job may ask for a higher ``k``, never a lower one."""
@@ -22,21 +21,15 @@ class SchemaDiscoveryExecutor(Executor):
         super().__init__()
         self.data_root = data_root
 
-    def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
-        site = fl_ctx.get_identity_name()
-        if task_name != TASK:
-            return make_reply(ReturnCode.TASK_UNKNOWN)
-        try:
-            binding = load_binding(site, fl_ctx, self.data_root)
-            self.log_info(fl_ctx, f"{site} describes {binding.path('train')} ({binding.source})")
-            reply = make_reply(ReturnCode.OK)
-            reply["profile"] = profile_site(binding, site, dict(shareable.get("request") or {}))
-            return reply
-        except Exception as exc:  # noqa: BLE001 -- any failure becomes a reply, never a crash of the site
-            self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
-            reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
-            reply["error"] = public_error(exc)
-            return reply
+    def handlers(self) -> dict:
+        return {TASK: self._profile}
+
+    def _profile(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        binding = load_binding(site, fl_ctx, self.data_root)
+        self.log_info(fl_ctx, f"{site} describes {binding.path('train')} ({binding.source})")
+        reply = make_reply(ReturnCode.OK)
+        reply["profile"] = profile_site(binding, site, dict(task.get("request") or {}))
+        return reply
 
 
 def profile_site(binding, site: str, request: dict) -> dict:

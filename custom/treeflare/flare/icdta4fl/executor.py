@@ -18,19 +18,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
 from ...crypto import secagg
 from ...data import DataError, Schema
-from ...data.errors import public_error
 from ...icdta4fl import pipeline, refine
 from ...icdta4fl.encoding import encode, feature_space
 from ...icdta4fl.payloads import feature_totals
 from ...trees.tree import Tree
 from ...trees.validate import PayloadError, check_int, check_number
 from ..site_config import load_binding
+from ..site_executor import SiteExecutor
 from .protocol import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
 
 __all__ = ["ICDTA4FLExecutor", "site_identity"]
@@ -55,7 +54,9 @@ def site_identity(fl_ctx, site: str):
     return None
 
 
-class ICDTA4FLExecutor(Executor):
+class ICDTA4FLExecutor(SiteExecutor):
+    PUBLIC_ERRORS = (PayloadError, secagg.SecAggError)
+
     def __init__(self, data_root: str = ""):
         """``data_root``: folder holding ``<site>/train.csv``; a site's own binding (its
         ``local/treeflare_site.json`` or ``$TREEFLARE_DATA_ROOT``) overrides it."""
@@ -72,30 +73,9 @@ class ICDTA4FLExecutor(Executor):
         self._participants = None  # the verified key list of the first round
         self._scorings = 0  # scoring tasks answered: every score is a count over this site's validation rows
 
-    def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
-        site = fl_ctx.get_identity_name()
-        try:
-            if task_name == TRAIN:
-                return self._train(site, shareable, fl_ctx)
-            if task_name == SCORE_TREES:
-                self._count_scoring(len(shareable["trees"]))
-                return self._score_trees(shareable)
-            if task_name == SCORE_GLOBAL:
-                self._count_scoring(1)
-                return self._score_global(shareable)
-            if task_name == REFINE_COUNTS:
-                reply = self._refine_counts(shareable)
-                self.log_info(fl_ctx, f"{site} sent masked counts for refinement round {reply['round']} to be summed "
-                                      f"with {', '.join(sorted(self._participants))} (keys checked: "
-                                      f"{reply['keys_checked']})")
-                return reply
-            return make_reply(ReturnCode.TASK_UNKNOWN)
-        except Exception as exc:  # noqa: BLE001 -- any failure becomes a reply, never a crash of the site
-            # The full error (cell values, local paths) stays in this site's log; the server gets the redacted form.
-            self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
-            reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
-            reply["error"] = public_error(exc, passthrough=(PayloadError, secagg.SecAggError))
-            return reply
+    def handlers(self) -> dict:
+        return {TRAIN: self._train, SCORE_TREES: lambda site, task, fl_ctx: self._score_trees(task),
+                SCORE_GLOBAL: lambda site, task, fl_ctx: self._score_global(task), REFINE_COUNTS: self._send_counts}
 
     def _train(self, site: str, task: Shareable, fl_ctx=None) -> Shareable:
         schema = Schema.from_dict(task["schema"])
@@ -145,6 +125,7 @@ class ICDTA4FLExecutor(Executor):
         return self._test
 
     def _score_trees(self, task: Shareable) -> Shareable:
+        self._count_scoring(len(task["trees"]))
         trees = [Tree.from_dict(t) for t in task["trees"]]
         scores = pipeline.score_trees(trees, *self._require_test())
         reply = make_reply(ReturnCode.OK)
@@ -152,6 +133,7 @@ class ICDTA4FLExecutor(Executor):
         return reply
 
     def _score_global(self, task: Shareable) -> Shareable:
+        self._count_scoring(1)
         X, y = self._require_test()
         scores = pipeline.score_trees([Tree.from_dict(task["tree"])], X, y)
         reply = make_reply(ReturnCode.OK)
@@ -160,6 +142,12 @@ class ICDTA4FLExecutor(Executor):
         return reply
 
     # -- refinement rounds -------------------------------------------------------------------
+    def _send_counts(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        reply = self._refine_counts(task)
+        self.log_info(fl_ctx, f"{site} sent masked counts for refinement round {reply['round']} to be summed with "
+                              f"{', '.join(sorted(self._participants))} (keys checked: {reply['keys_checked']})")
+        return reply
+
     def _refine_counts(self, task: Shareable) -> Shareable:
         """This site's class counts for the server's tree, masked so that only the sum over the listed sites is
         readable. The vector ends with one more value: this site's rows that stop at an internal node (counted

@@ -32,7 +32,6 @@ import os
 import traceback
 from pathlib import Path
 
-from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
@@ -41,7 +40,6 @@ import numpy as np
 from ...crypto.packing import SlotOverflowError
 from ...data import DataError, Schema, read_site
 from ...data.csv_io import party_rows_table
-from ...data.errors import public_error
 from ...reporting import write_json_atomic, write_text_atomic
 from ...vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
                         metrics)
@@ -50,6 +48,7 @@ from ...vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROW
 from ...vertical.prediction import (ActivePredictor, ModelPartError, PassivePredictor, check_active_model,
                                    check_passive_model, model_id, predictions_frame)
 from ..site_config import DATA_ROOT_ENV, load_binding
+from ..site_executor import SiteExecutor
 from .protocol import MSG, STEP, from_wire, to_wire
 
 MIN_KEY_BITS_ENV = "TREEFLARE_VERTICAL_MIN_KEY_BITS"
@@ -74,7 +73,9 @@ def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=N
     return sd.train, sd.test
 
 
-class VerticalExecutor(Executor):
+class VerticalExecutor(SiteExecutor):
+    PUBLIC_ERRORS = (ProtocolError, SlotOverflowError, ModelPartError)
+
     def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
                  allow_mock: bool = False, min_node_rows: int = DEFAULT_MIN_ROWS_NODE,
                  max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH, schema: dict | None = None,
@@ -109,22 +110,12 @@ class VerticalExecutor(Executor):
         self.active_test_y = None
         self.own_schema: Schema | None = None   # this party's columns (training), or its model part's (prediction)
 
-    def execute(self, task_name: str, shareable: Shareable, fl_ctx, abort_signal) -> Shareable:
-        site = fl_ctx.get_identity_name()
-        try:
-            if task_name == STEP:
-                return self._step(site, shareable, fl_ctx)
-            if task_name == MSG:
-                return self._msg(site, shareable, fl_ctx)
-            return make_reply(ReturnCode.TASK_UNKNOWN)
-        except Exception as exc:  # noqa: BLE001 -- any failure becomes a reply, never a crash of the site
-            # The full error (cell values, local paths) stays in this site's log; the server gets the redacted form.
-            self.log_error(fl_ctx, f"{task_name} failed at {site}: {type(exc).__name__}: {exc}")
-            self.log_debug(fl_ctx, traceback.format_exc())
-            self._close()
-            reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
-            reply["error"] = public_error(exc, passthrough=(ProtocolError, SlotOverflowError, ModelPartError))
-            return reply
+    def handlers(self) -> dict:
+        return {STEP: self._step, MSG: self._msg}
+
+    def failed(self, fl_ctx) -> None:
+        self.log_debug(fl_ctx, traceback.format_exc())
+        self._close()
 
     def _close(self) -> None:
         """Stop this site's worker processes and forget the run (after a failure the job ends)."""
