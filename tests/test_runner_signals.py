@@ -12,12 +12,27 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flare_helpers import REPO, flare_lock, isolated_env, kill_token, processes_with_token
 from treeflare.flare.runner import SIM_TMP_PREFIX
 
 pytestmark = pytest.mark.flare
+
+
+def _sim_tmp_folders(token: str) -> set[Path]:
+    """The run's own private folders (``/tmp/tf-sim-*``): the processes the simulator started have their TMPDIR
+    inside one. Other simulator runs on this machine (another pytest worker, another user) have folders of their own,
+    so the test looks for these, not for any new ``tf-sim-*``."""
+    found = set()
+    for proc in processes_with_token(token):
+        try:
+            tmp = Path(proc.environ().get("TMPDIR", ""))
+        except psutil.Error:
+            continue
+        found.update(f for f in (tmp, *tmp.parents) if f.name.startswith(SIM_TMP_PREFIX))
+    return found
 
 
 def _wait(predicate, timeout, step=0.2):
@@ -41,13 +56,14 @@ def test_signal_ends_every_process_and_removes_temporary_folders(tmp_path, signu
     cmd = [sys.executable, str(REPO / "tests" / "hostile_job.py"), "--hostile-mode", "sleep", "--dataset", "car",
            "--sites", "3", "--workspace", str(ws)]
     with flare_lock():
-        sim_tmp_before = set(Path("/tmp").glob(f"{SIM_TMP_PREFIX}*"))
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
             site3 = ws / "flare" / "icdta4fl" / "site-3"
             started = _wait(lambda: site3.is_dir() and len(processes_with_token(token)) >= 5, timeout=120)
             assert started, "the simulator did not start its sites"
+            sim_tmp = _sim_tmp_folders(token)
+            assert sim_tmp, "the simulator's processes have no private temporary folder"
             os.kill(proc.pid, signum)  # the job script alone, as `kill PID` or a CI timeout would
             out, err = proc.communicate(timeout=60)
             assert proc.returncode == 128 + signum, err[-3000:]
@@ -56,7 +72,7 @@ def test_signal_ends_every_process_and_removes_temporary_folders(tmp_path, signu
             assert _wait(lambda: not processes_with_token(token), timeout=10), \
                 [p.cmdline() for p in processes_with_token(token)]
             assert sorted(p.name for p in tmpdir.iterdir()) == []  # no staged package or job folder left
-            assert not set(Path("/tmp").glob(f"{SIM_TMP_PREFIX}*")) - sim_tmp_before  # nor the simulator's own
+            assert not [f for f in sim_tmp if f.exists()]  # nor the simulator's own
             assert not (ws / "report.json").exists() or "running" not in (ws / "report.json").read_text()
         finally:
             if proc.poll() is None:

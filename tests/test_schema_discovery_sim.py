@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from flare_helpers import flare_lock, run_script
+from flare_helpers import run_script
 from test_schema_discovery_job import RARE, site_folders
 from treeflare.data import Schema
 from treeflare.data.csv_io import infer_schema
@@ -22,10 +22,9 @@ def test_discovery_in_the_simulator(tmp_path):
     data = site_folders(tmp_path / "data")
     out = tmp_path / "schema.json"
     ws = tmp_path / "ws"
-    with flare_lock():
-        proc = run_script("scripts/schema.py", ["discover", "--env", "sim", "--sites", "3", "--label", "y",
-                                                "--data-root", str(tmp_path / "data"), "--workspace", str(ws),
-                                                "--out", str(out)], tmp_path, timeout=240)
+    proc = run_script("scripts/schema.py", ["discover", "--env", "sim", "--sites", "3", "--label", "y",
+                                            "--data-root", str(tmp_path / "data"), "--workspace", str(ws),
+                                            "--out", str(out)], tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     schema = Schema.from_dict(json.loads(out.read_text()))
     assert schema == infer_schema(pd.DataFrame(data), label="y")

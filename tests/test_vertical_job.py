@@ -10,7 +10,7 @@ import pytest
 from treeflare.vertical.prediction import model_id
 
 import flare_helpers
-from flare_helpers import flare_lock, run_script
+from flare_helpers import run_script
 
 pytestmark = pytest.mark.flare
 
@@ -33,10 +33,9 @@ ARGS = ["--label", "target", "--id", "uid", "--passive", "2", "--max-depth", "2"
 def test_vertical_job_end_to_end(tmp_path):
     csv = _csv(tmp_path / "small.csv")
     ws = tmp_path / "ws"
-    with flare_lock():
-        proc = run_script("jobs/vertical_tree/job.py",
-                          ["--model", "gbdt", "--trees", "1", "--csv", str(csv), *ARGS, "--workspace", str(ws),
-                           "--progress"], tmp_path, timeout=150)
+    proc = run_script("jobs/vertical_tree/job.py",
+                      ["--model", "gbdt", "--trees", "1", "--csv", str(csv), *ARGS, "--workspace", str(ws),
+                       "--progress"], tmp_path, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((ws / "report.json").read_text())
     assert r["job"] == "vertical_tree" and r["model"] == "gbdt" and r["dataset"] == "small"
@@ -72,9 +71,8 @@ def test_vertical_job_end_to_end(tmp_path):
     # predictions on new rows: a federated job in which each party loads only its own part (issue 13); here the
     # training CSV's rows, which hold the training run's test rows
     wp = tmp_path / "wp"
-    with flare_lock():
-        proc = run_script("jobs/vertical_tree/job.py", ["--predict", str(ws), "--csv", str(csv), "--workspace",
-                                                         str(wp), "--workers", "1"], tmp_path, timeout=150)
+    proc = run_script("jobs/vertical_tree/job.py", ["--predict", str(ws), "--csv", str(csv), "--workspace",
+                                                     str(wp), "--workers", "1"], tmp_path, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rp = json.loads((wp / "report.json").read_text())
     assert rp["status"] == "completed" and rp["mode"] == "predict" and rp["n_rows"] == 240
@@ -106,9 +104,8 @@ def test_vertical_job_refused_key_fails_cleanly(tmp_path, monkeypatch):
         return env
 
     monkeypatch.setattr(flare_helpers, "isolated_env", env_with_policy)
-    with flare_lock():
-        proc = run_script("jobs/vertical_tree/job.py",
-                          ["--model", "tree", "--csv", str(csv), *ARGS, "--workspace", str(ws)], tmp_path, timeout=150)
+    proc = run_script("jobs/vertical_tree/job.py",
+                      ["--model", "tree", "--csv", str(csv), *ARGS, "--workspace", str(ws)], tmp_path, timeout=150)
     assert proc.returncode == 1
     assert "below this site's minimum" in proc.stderr
     r = json.loads((ws / "report.json").read_text())
@@ -120,10 +117,9 @@ def test_vertical_regression_job_from_a_numeric_label(tmp_path):
     report.json beside XGBoost with the same settings, and the model equal to the plaintext oracle."""
     csv = _csv(tmp_path / "reg.csv", n=200, regression=True)
     ws = tmp_path / "ws"
-    with flare_lock():
-        proc = run_script("jobs/vertical_tree/job.py",
-                          ["--model", "gbdt", "--trees", "2", "--csv", str(csv), *ARGS, "--workspace", str(ws)],
-                          tmp_path, timeout=150)
+    proc = run_script("jobs/vertical_tree/job.py",
+                      ["--model", "gbdt", "--trees", "2", "--csv", str(csv), *ARGS, "--workspace", str(ws)],
+                      tmp_path, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((ws / "report.json").read_text())
     assert r["objective"] == "squared_error" and r["params"]["objective"] == "squared_error"

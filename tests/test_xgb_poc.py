@@ -50,11 +50,13 @@ def poc(tmp_path_factory):
             left = processes_with_token(token)
             kill_token(token)
             assert not left, f"processes left behind: {left}"
-            assert not _fedserver_pids(), "an XGBoost federated server outlived the POC"
+            assert not _fedserver_pids(under=root), "an XGBoost federated server outlived the POC"
 
 
-def _fedserver_pids(port: int | None = None) -> list[int]:
-    """Our federated server processes (``.../treeflare/xgb/fedserver.py WORLD PORT ...``), optionally on one port."""
+def _fedserver_pids(port: int | None = None, under: Path | None = None) -> list[int]:
+    """Our federated server processes (``.../treeflare/xgb/fedserver.py WORLD PORT ...``), optionally on one port,
+    or only those started ``under`` a folder: their environment, inherited from the POC's server, names it (the
+    POC's HOME and workspace); a simulator run elsewhere on this machine (another pytest worker) has its own."""
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -63,7 +65,7 @@ def _fedserver_pids(port: int | None = None) -> list[int]:
             except OSError:
                 continue
             if any(a.endswith(b"treeflare/xgb/fedserver.py") for a in argv) and \
-                    (port is None or str(port).encode() in argv):
+                    (port is None or str(port).encode() in argv) and (under is None or _env_names(entry, under)):
                 out.append(int(entry))
     return out
 
@@ -119,6 +121,8 @@ def test_tls_refuses_clients_without_a_certificate_and_a_killed_site_ends_the_jo
             "a client without a certificate was accepted"
         assert grpc_ready(port, grpc.ssl_channel_credentials(ca, (kit / "client.key").read_bytes(),
                                                              (kit / "client.crt").read_bytes()), timeout=10)
+        # the teardown's check finds this POC's federated servers (and only these) by their environment
+        assert _fedserver_pids(port, under=poc["root"]) == _fedserver_pids(port) != []
         site3 = str(poc["poc"].site_dirs()["site-3"]).encode()
         workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_job_worker(p, site3)]
         assert workers, "site-3's job process not found"
@@ -140,6 +144,13 @@ def test_tls_refuses_clients_without_a_certificate_and_a_killed_site_ends_the_jo
     assert report["federated_server_stopped"] is True
     assert "site-3" in err
     assert not listening(port) and not _fedserver_pids(port)
+
+
+def _env_names(pid: str, folder: Path) -> bool:
+    try:
+        return b"=" + str(Path(folder).resolve()).encode() + b"/" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
 
 
 def _is_job_worker(pid: str, kit: bytes) -> bool:
