@@ -308,7 +308,7 @@ def run(args, table=None) -> dict:
     server = None
     if args.transport == "direct":
         from treeflare.flare.runner import read_server_result
-        from treeflare.flare.xgb.protocol import RESULT_FILE
+        from treeflare.flare.xgb.controller import RESULT_FILE
 
         server = read_server_result(server_run_dir, RESULT_FILE, workspace, JOB)
         if server is None:  # the failed result is the report (status, error); the reason went to stderr

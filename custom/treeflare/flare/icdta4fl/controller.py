@@ -33,8 +33,8 @@ from ...icdta4fl.encoding import category_names, encode, feature_space, threshol
 from ...icdta4fl.export import export_text, plot_tree
 from ...icdta4fl.model import GlobalTree
 from ...icdta4fl.payloads import (check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
-                                 check_summed_rows, check_train_reply, feature_totals,
-                                 histograms_agree)
+                                  check_summed_rows, check_train_reply, feature_totals,
+                                  histograms_agree)
 from ...reporting import write_text_atomic
 from ...trees.validate import PayloadError
 from ..progress import PROGRESS_ID

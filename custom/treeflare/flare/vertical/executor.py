@@ -42,11 +42,11 @@ from ...data import DataError, Schema, read_site
 from ...data.csv_io import party_rows_table
 from ...reporting import write_json_atomic, write_text_atomic
 from ...vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
-                        metrics)
+                         metrics)
 from ...vertical.model_parts import ACTIVE_MODEL, PASSIVE_MODEL
 from ...vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
 from ...vertical.prediction import (ActivePredictor, ModelPartError, PassivePredictor, check_active_model,
-                                   check_passive_model, model_id, predictions_frame)
+                                    check_passive_model, model_id, predictions_frame)
 from ..site_config import DATA_ROOT_ENV, load_binding
 from ..site_executor import SiteExecutor
 from .protocol import MSG, STEP, from_wire, to_wire

@@ -28,9 +28,10 @@ from nvflare.apis.shareable import Shareable, make_reply
 
 from ...xgb.fedserver import DEFAULT_XGB_PORT, FederatedServer, FederatedServerError, ServerTLS, check_port, free_port
 from ..workflow import JobFailed, ResultWorkflow
-from .protocol import (HEARTBEAT_TOPIC, RESULT_FILE, TRAIN_TASK, ProtocolError, check_host, check_ranks,
-                                  check_site_reply, natural_key, train_task_data)
+from .protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, check_host, check_ranks, check_site_reply,
+                       natural_key, train_task_data)
 
+RESULT_FILE = "xgb_result.json"
 POLL_S = 0.2
 ABORT_SETTLE_S = 3.0  # after an abort, heartbeats still arriving for this long tell which site went silent
 

@@ -26,8 +26,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 
 from ...data.errors import public_error
 from ...xgb.fedserver import ClientTLS, FederatedServerError, communicator_args, wait_reachable
-from .protocol import (HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, parse_train_task, short_error,
-                                  site_server_host)
+from .protocol import HEARTBEAT_TOPIC, TRAIN_TASK, ProtocolError, parse_train_task, short_error, site_server_host
 
 
 class XGBDirectExecutor(Executor):

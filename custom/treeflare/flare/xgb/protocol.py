@@ -19,7 +19,6 @@ from ...xgb.fedserver import MAX_PORT
 
 TRAIN_TASK = "xgb_direct_train"
 HEARTBEAT_TOPIC = "treeflare.xgb_direct.heartbeat"  # site -> server, every heartbeat interval while training
-RESULT_FILE = "xgb_result.json"
 SERVER_HOST_ENV = "TREEFLARE_XGB_SERVER_HOST"  # a site's own override of the server's host name
 MAX_WORLD = 1024
 _HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]{1,253})$")
