@@ -9,10 +9,10 @@ vectors in plaintext, with the job's adopt check on the sites' validation rows: 
 pairwise-masked, which the tests show gives the same sums; the masked round's time and bytes are measured
 separately (adult, up to 100 sites).
 
-Targets (issue 10), checked and printed:
+Targets, checked and printed:
   BEST:  refined accuracy >= the best local tree's in >= 80% of runs, and its mean over seeds >= the best
          local tree's mean in every IID and quantity cell;
-  REF:   mean refined accuracy >= the authors' reference global accuracy (issue 10's list, CART cells);
+  REF:   mean refined accuracy >= the authors' reference global accuracy (their published figures, CART cells);
   SIZE:  within the job's default budget in every run: leaves <= 2 x the largest selected local tree (at least 2 x
          the median local tree) and depth <= that max (or median) + 2;
   F1:    mean refined macro-F1 >= mean local macro-F1 in every cell;
@@ -47,7 +47,7 @@ ALGORITHMS = ["cart", "id3"]
 SITES = [5, 10]
 ROUNDS = 3
 MAX_DEPTH = 5
-# issue 10: the authors' reference code, mean global accuracy over seeds (CART)
+# the ICDTA4FL authors' reference code, mean global accuracy over seeds (CART)
 REFERENCE = {("nursery", "iid", 5): .8897, ("nursery", "iid", 10): .8885, ("nursery", "quantity", 5): .8837,
              ("car", "iid", 5): .8584, ("car", "quantity", 10): .8584, ("adult", "iid", 5): .8492,
              ("adult", "iid", 10): .8464, ("adult", "quantity", 5): .8483, ("default_credit_card", "iid", 5): .8167,

@@ -13,7 +13,7 @@ CART (depth 5, the union of the sites' training rows), of a centralized CART wit
 budget, and of the refined tree for ``--refine-objective accuracy``, ``balanced`` and ``auto``; accuracy beside them;
 the leaf budget now (2 x the largest selected tree, floored by the median local tree) and before (selected only).
 
-Target (issue 19 item 4), marked per objective: mean refined macro-F1 >= mean local macro-F1 and >= the
+Target (imbalanced data must not collapse to the majority), marked per objective: mean refined macro-F1 >= mean local macro-F1 and >= the
 same-budget centralized CART's minus 0.02.
 
     nice -n 10 python scripts/bench_icdta4fl_imbalanced.py [--quick] [--seeds 0 1 2 3 4]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How many sites can the FLARE simulator run on this machine? (issue 14 item 16)
+"""How many sites can the FLARE simulator run on this machine?
 
 Runs ``jobs/icdta4fl/job.py`` (CART, IID) in the simulator for growing site counts, as a user would, and samples
 the whole process tree it starts (the simulator gives every site a process of its own) every 0.5 s: peak memory

@@ -55,7 +55,7 @@ from treeflare.crypto import PaillierKeyHolder, SlotLayout  # noqa: E402
 from treeflare.reporting import bench_settings, write_json_atomic, write_bench_block, write_text_atomic  # noqa: E402
 from treeflare.vertical import VerticalData, VerticalParams  # noqa: E402
 
-LEGACY_REF = "9a11737"        # the vertical code before issue 12 round 2 (the "today's code" of the issue)
+LEGACY_REF = "9a11737"        # the vertical code before the packed-gradient rewrite: the "before" arm the tables compare against
 RUNNER = REPO / "scripts" / "vertical_bench_runner.py"
 PACK_ARMS = {"a": ("oracle (mock cipher)", dict(scheme="mock", workers=1)),
              "b": ("unpacked", dict(packing=False, compress=False)),

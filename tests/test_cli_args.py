@@ -1,4 +1,4 @@
-"""Issue 14 item 15: one argument check (treeflare.cli.check_args), shared by the three job scripts and
+"""One argument check (treeflare.cli.check_args), shared by the three job scripts and
 prepare_data.py, refuses every bad numeric or choice argument before anything is written or FLARE starts; the
 error names the argument."""
 

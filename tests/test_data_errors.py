@@ -1,4 +1,4 @@
-"""Every bad input of issue 2 gets a DataError naming the file/column/line or site/field, and nothing is
+"""Every bad input the data layer knows of gets a DataError naming the file/column/line or site/field, and nothing is
 half-written."""
 
 import argparse

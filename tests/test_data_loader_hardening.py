@@ -1,4 +1,4 @@
-"""Issue 14 items 7-13: CSV files the loader used to misread, or fail on with a traceback. Each is now read
+"""CSV files the loader used to misread, or fail on with a traceback. Each is now read
 correctly or refused with a DataError naming the file, column and line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19 item 9: one-hot names that cannot collide and split back to the right column (rules, --explain); a
+"""One-hot names that cannot collide and split back to the right column (rules, --explain); a
 CSV's bad byte named by its line and real file offset (also far into a file and across a chunk boundary); a label
 column that is also the id column refused wherever the two are given."""
 

@@ -1,4 +1,4 @@
-"""Ordinal features (issue 10 item 4, the data layer): a third feature kind with ordered levels. Codes follow
+"""Ordinal features (the data layer): a third feature kind with ordered levels. Codes follow
 the declared order, the one-hot matrix keeps an ordinal column as one numeric column of its codes, a value that
 is not a level is refused with its column and line, and the schema travels as JSON."""
 

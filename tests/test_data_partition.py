@@ -295,7 +295,7 @@ def test_vertical_federation(tmp_path, n_passive):
     assert back1.train.y.tolist() == active.train.y.tolist()
 
 
-# -- issue 14 item 16: every site gets training and test rows ---------------------------------------
+# -- every site gets training and test rows, however many sites ---------------------------------------
 @pytest.mark.parametrize("kind, alpha", [("iid", None), ("quantity", 0.5), ("label", 5.0)])
 def test_site_count_that_starves_a_site_is_refused(car, kind, alpha):
     with pytest.raises(DataError, match=r"--sites 1000: the 1382 rows .* fewer than 2 rows .* at most 691 sites"):

@@ -1,4 +1,4 @@
-"""Issue 14 item 5: a site's error reply names the file (base name), column, line and the kind of problem, never
+"""A site's error reply names the file (base name), column, line and the kind of problem, never
 the cell value or a local path; the full message stays in the site's own log. In process, for the three site
 executors (ICDTA4FL, vertical, the XGBoost data loader). The simulator run is in test_hostile_sim.py."""
 

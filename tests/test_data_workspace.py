@@ -1,4 +1,4 @@
-"""Issue 14 item 4: the job scripts and prepare_data never delete a user's files. A federation folder is
+"""The job scripts and prepare_data never delete a user's files. A federation folder is
 replaced only when treeflare wrote it (its marker file lists what it wrote) and it holds nothing else; the
 embedded data/ folder is never written over, even with --workspace . at the repository root."""
 

@@ -93,7 +93,7 @@ def test_icdta4fl_through_poc(poc):
     g = report["global"]
     assert 0.75 < g["accuracy"] <= 1.0 and g["n_leaves"] >= 2
     assert set(report["baselines"]) == {"centralized", "mean_local", "best_local"}
-    # the POC's startup kits sign every site's masking key, and every site checked every certificate (issue 19)
+    # the POC's startup kits sign every site's masking key, and every site checked every certificate
     assert report["refinement"]["key_authentication"].startswith("certificates"), report["refinement"]
     assert len(report["refinement"]["adoption"]) == 1
     for name in ("global_tree.json", "rules.txt", "global_tree.png"):

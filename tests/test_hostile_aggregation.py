@@ -1,4 +1,4 @@
-"""Hostile trees that used to end the whole ICDTA4FL job (issue 14, items 1-3 and 6), now checked against the
+"""Hostile trees that used to end the whole ICDTA4FL job, now checked against the
 server's own schema, bounded before aggregation, and, if still unusable, dropping only their site."""
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Real simulator runs with misbehaving sites, sharing one ID3 run (seven sites, in a workspace whose path holds a
-space, issue 14 item 14):
+space):
 
 * site-3 is hostile: it trains, then sends the server a tree with a NaN threshold;
-* site-4 holds a social-security-like value ``123-45-6789`` in a numeric column of its train.csv (issue 14
-  item 5): it is dropped with a reason naming the column and line, and neither the value nor the site's local
+* site-4 holds a social-security-like value ``123-45-6789`` in a numeric column of its train.csv: it is
+  dropped with a reason naming the column and line, and neither the value nor the site's local
   path reaches the server's log, its result file or report.json. The site's own log keeps the whole message;
-* site-5 sends a categorical code of 2**63 with no declared category counts (issue 14 item 1, which used to end
+* site-5 sends a categorical code of 2**63 with no declared category counts (which used to end
   the job): dropped at training by the server's own schema;
-* site-6 declares 10,000 categories per column (issue 14 item 2, which used to turn ~60 rules into ~230,000):
+* site-6 declares 10,000 categories per column (which used to turn ~60 rules into ~230,000):
   the server ignores the declaration, its tree costs what an honest one does, and it stays;
-* site-7 forges its refinement counts (issue 19 item 2: every row relabelled to class 0, x 43). The four remaining
+* site-7 forges its refinement counts (every row relabelled to class 0, x 43). The four remaining
   sites mask and sum their counts through FLARE's messaging (unauthenticated keys: the simulator has no startup
   kits, and report.json says so); the sum holds far more rows than the sites declared, the round is refused, and
   the previous tree stays.

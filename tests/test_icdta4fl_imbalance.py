@@ -1,4 +1,4 @@
-"""Issue 19 item 4: the global tree's size budget comes from every valid local tree, not only the selected ones
+"""Imbalanced classes: the global tree's size budget comes from every valid local tree, not only the selected ones
 (one weak selected tree no longer caps the global tree at a handful of leaves), and the refinement's objective
 can weigh classes (``balanced``), so an imbalanced set does not collapse to the majority class."""
 

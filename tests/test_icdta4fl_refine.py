@@ -365,7 +365,7 @@ def test_a_site_without_a_valid_key_is_left_out_before_masking(car_federation, t
 
 
 class _Relabelling(ICDTA4FLExecutor):
-    """Issue 19 item 2's attack: a site relabels all its counts to class 0 and multiplies them (test only)."""
+    """The forged-counts attack: a site relabels all its counts to class 0 and multiplies them (test only)."""
 
     def __init__(self, factor, **kw):
         super().__init__(**kw)
@@ -456,7 +456,7 @@ def test_in_process_refinement_applies_the_same_adopt_check(nursery):
 
 
 def test_credit_case_no_longer_collapses_to_two_leaves(tmp_path):
-    """Issue 10: credit, CART, 5 IID sites, seed 0, percentile 25 merged 4 trees into the rule cap and returned a
+    """A regression case: credit, CART, 5 IID sites, seed 0, percentile 25 merged 4 trees into the rule cap and returned a
     2-leaf tree with macro-F1 below the mean local tree's. The capped merge now falls back to the best selected
     local tree, which the refinement then grows on all sites' counts."""
     fed = prepare_federation(load_dataset("default_credit_card"), n_sites=5, kind="iid", seed=0)

@@ -1,4 +1,4 @@
-"""scripts/predict.py on hostile model files (issue 19 item 7): a valid global_tree.json and model.json mutated in
+"""scripts/predict.py on hostile model files: a valid global_tree.json and model.json mutated in
 many ways (wrong types, NaN and infinity, huge integers, negative, cyclic and out-of-range indices, missing keys,
 a BOM, binary UBJSON) are each refused with exit 2 and one ``error:`` line, never a traceback or a crash.
 

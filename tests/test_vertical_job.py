@@ -68,7 +68,7 @@ def test_vertical_job_end_to_end(tmp_path):
     server = json.loads(next((ws / "flare").rglob("vertical_result.json")).read_text())
     assert server["status"] == "completed" and '"nodes"' not in json.dumps(server)
 
-    # predictions on new rows: a federated job in which each party loads only its own part (issue 13); here the
+    # predictions on new rows: a federated job in which each party loads only its own part; here the
     # training CSV's rows, which hold the training run's test rows
     wp = tmp_path / "wp"
     proc = run_script("jobs/vertical_tree/job.py", ["--predict", str(ws), "--csv", str(csv), "--workspace",

@@ -1,4 +1,4 @@
-"""Prediction-only runs of a vertical model (issue 13): every party loads only its own model part, rows are joined
+"""Prediction-only runs of a vertical model: every party loads only its own model part, rows are joined
 on ids, the predictions equal those made at the end of training, passive thresholds never travel, and the passive
 party's checks hold for a prediction run."""
 from __future__ import annotations

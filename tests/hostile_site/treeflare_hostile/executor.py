@@ -41,6 +41,6 @@ class HostileExecutor(ICDTA4FLExecutor):
 
     def _counts(self, tree, candidates, plan, X, y):
         counts = super()._counts(tree, candidates, plan, X, y)
-        if self.mode == "forged_counts":  # issue 19 item 2: every row relabelled to class 0, then x 43
+        if self.mode == "forged_counts":  # the forged-counts attack: every row relabelled to class 0, then x 43
             counts = super()._counts(tree, candidates, plan, X, np.zeros_like(y)) * 43
         return counts
