@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 # The whole suite (the README's `python -m pytest -q`, which pyproject's addopts turn into `-n auto --dist loadgroup`)
-# runs on this many worker processes: it mostly waits on FLARE runs, so two workers on two cores roughly halve it.
+# runs on this many worker processes: much of its time is FLARE runs starting, polling and stopping, which overlap well
+# on two cores (a clean-clone run on a busy 2-core machine: 15:37 in one process, 11:00 on two workers).
 SUITE_WORKERS = 2
 LOCK_GROUP = "flare_lock"
 
@@ -26,9 +27,10 @@ def pytest_xdist_auto_num_workers(config):
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """With ``--dist loadgroup``: the tests of a module that share a module fixture (often one FLARE run) go to one
-    worker, so that it is built once, and every module that imports ``flare_lock`` (its tests run POC, provisioned or
-    simulator systems under the machine-wide FLARE lock) goes to one and the same worker, first: those runs cannot
-    overlap anyway, so a second worker never sits waiting on the lock, and the longest chain starts at once."""
+    worker, so that it is built once, and every module that imports ``flare_lock`` (its tests run POC or provisioned
+    systems, or a simulator run that must not overlap them, under the machine-wide FLARE lock) goes to one and the same
+    worker, first: those runs cannot overlap anyway, so a second worker never sits waiting on the lock, and the longest
+    chain starts at once. Simulator runs without the lock pick their own ports and run beside anything."""
     if not getattr(config.option, "loadgroup", False):  # what xdist sets on its workers for --dist loadgroup
         return
     rank = {}
