@@ -125,6 +125,7 @@ def test_export_runs_without_installed_package(tmp_path):
     assert '"treeflare.flare.icdta4fl.executor.ICDTA4FLExecutor"' in client_cfg.read_text()
     custom = next(job.glob("app*/custom"))
     assert (custom / "treeflare" / "icdta4fl" / "payloads.py").is_file()
+    assert (custom / "treeflare" / "crypto" / "native" / "fixed_base.c").is_file()  # package data travels too
     # -S: no site-packages .pth processing, so the editable install of treeflare is invisible.
     site_packages = sysconfig.get_paths()["purelib"]
     code = (f"import sys; sys.path.append({site_packages!r}); sys.path.insert(0, {str(custom)!r}); "

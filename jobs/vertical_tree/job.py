@@ -86,7 +86,7 @@ def parse_args(argv=None):
     c = p.add_argument_group("encryption")
     c.add_argument("--key-bits", type=int, default=2048,
                    help="Paillier modulus bits: 2048 (default, ~112-bit security), 3072 (~128-bit, about 2.5x slower "
-                        "encryption), 4096 (about 5x slower; key generation 1-3 minutes); README has measured costs")
+                        "encryption), 4096 (about 5x slower; key generation 1-3 minutes); docs/vertical.md has measured costs")
     c.add_argument("--precision", type=int, default=53, help="gbdt fixed-point bits (default 53)")
     c.add_argument("--packing", type=on_off, default=True, help="on|off: pack a row's values in one plaintext")
     c.add_argument("--compress", type=on_off, default=True, help="on|off: several results per returned ciphertext")
