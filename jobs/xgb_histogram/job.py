@@ -51,7 +51,7 @@ from treeflare.xgb.params import DEFAULT_ETA, DEFAULT_MAX_DEPTH, DEFAULT_ROUNDS
 JOB = "xgb_histogram"
 BASELINES = ("centralized", "native_distributed")
 # One FLARE aux message per XGBoost collective operation (per_msg_timeout == tx_timeout makes ReliableMessage
-# send a plain request/reply instead of request + ack + separate reply + query: a quarter of the round trips).
+# send a plain request/reply instead of request + ack + separate reply + query: two messages instead of four).
 PER_MSG_TIMEOUT = 600.0
 
 
