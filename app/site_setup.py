@@ -3,12 +3,16 @@
 
     python app/site_setup.py provision --project configs/project.yml --workspace WS [--server H] [--port P]
                                        [--sites N] [--data-dir DIR] [--install-package]
-    python app/site_setup.py bind KIT --data-dir DIR [--label-column C] [--id-column C] [--train F] [--test F]
-                                  [--min-category-rows K] [--predict F] [--vertical-model PATH]
+    python app/site_setup.py bind KIT --data-dir DIR [--name NAME] [--replace] [--label-column C] [--id-column C]
+                                  [--train F] [--test F] [--min-category-rows K] [--categorical-allowed C ...]
+                                  [--predict F] [--vertical-model PATH]
     python app/site_setup.py allow-package KIT [--prefix treeflare.]
 
 ``bind`` writes ``KIT/local/treeflare_site.json``: where this site's CSV files are and what its label/id
-columns are called (read by the site's executors; the job cannot override it).
+columns are called (read by the site's executors; the job cannot override it). ``--name NAME`` writes a named
+binding, ``KIT/local/treeflare_site.NAME.json``, read only by jobs run with ``--binding NAME`` (a site in both a
+horizontal and a vertical job keeps one of each). A binding that exists with other contents is kept unless
+``--replace`` is given.
 ``allow-package`` writes ``KIT/local/resources.json`` = the kit's ``resources.json.default`` with ``treeflare.``
 added to ``class_allow_list``: needed only when sites pip-install treeflare and jobs are submitted without their
 ``app/custom/`` folder (non-BYOC).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +32,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SITE_FILE = "treeflare_site.json"
 PACKAGE_PREFIX = "treeflare."
+# the same rule as treeflare.flare.site_config.check_binding_name (this script runs without treeflare installed)
+BINDING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+
+
+def binding_file(name: str = "") -> str:
+    """The file in a kit's local/ folder of the binding ``name`` ("" is the default binding)."""
+    if name and not BINDING_NAME.fullmatch(name):
+        raise SystemExit(f"error: --name {name!r}: a binding name is a letter followed by up to 63 letters, "
+                         "digits, '_' or '-'")
+    return f"treeflare_site.{name}.json" if name else SITE_FILE
 
 
 def _write_json_atomic(path: Path, data) -> None:
@@ -36,7 +51,9 @@ def _write_json_atomic(path: Path, data) -> None:
 
 
 def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None, test=None,
-         min_category_rows=None, predict=None, vertical_model=None) -> Path:
+         min_category_rows=None, predict=None, vertical_model=None, categorical_allowed=None, name: str = "",
+         replace: bool = False) -> Path:
+    out_name = binding_file(name)
     local = Path(kit) / "local"
     if not local.is_dir():
         raise SystemExit(f"error: {kit} is not a startup kit (no local/ folder)")
@@ -49,7 +66,21 @@ def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None
         if min_category_rows < 1:
             raise SystemExit("error: --min-category-rows must be >= 1")
         binding["min_category_rows"] = int(min_category_rows)
-    out = local / SITE_FILE
+    if categorical_allowed:
+        columns = [c.strip() for c in categorical_allowed]
+        if not all(columns):
+            raise SystemExit("error: --categorical-allowed: an empty column name")
+        binding["categorical_allowed"] = columns
+    out = local / out_name
+    if out.exists() and not replace:
+        try:
+            same = json.loads(out.read_text()) == binding
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            what = f"binding {name!r}" if name else "the default binding"
+            raise SystemExit(f"error: {out} already holds {what} with other contents; keep it and write another "
+                             "with --name NAME (a job reads it with --binding NAME), or overwrite it with --replace")
     _write_json_atomic(out, binding)
     return out
 
@@ -99,7 +130,7 @@ def provision(project: Path, workspace: Path, server=None, port=None, sites=None
         kit = prod / p["name"]
         if p.get("type") == "client":
             if data_dir:
-                bind(kit, str(Path(data_dir).resolve() / p["name"]))
+                bind(kit, str(Path(data_dir).resolve() / p["name"]), replace=True)
             else:
                 shutil.copyfile(HERE / "treeflare_site.example.json", kit / "local" / (SITE_FILE + ".example"))
         if install_package and p.get("type") in ("client", "server"):
@@ -130,9 +161,12 @@ def main(argv=None) -> int:
     pr.add_argument("--sites", type=int)
     pr.add_argument("--data-dir")
     pr.add_argument("--install-package", action="store_true")
-    b = sub.add_parser("bind", help="write a site's local/treeflare_site.json")
+    b = sub.add_parser("bind", help="write a site's local/treeflare_site.json (or a named binding)")
     b.add_argument("kit", type=Path)
     b.add_argument("--data-dir", required=True, help="folder with this site's train.csv/test.csv")
+    b.add_argument("--name", default="", help="write the named binding local/treeflare_site.NAME.json, read by "
+                                              "jobs run with --binding NAME (default: the default binding)")
+    b.add_argument("--replace", action="store_true", help="overwrite a binding that exists with other contents")
     b.add_argument("--label-column")
     b.add_argument("--id-column")
     b.add_argument("--train")
@@ -140,6 +174,9 @@ def main(argv=None) -> int:
     b.add_argument("--min-category-rows", type=int,
                    help="schema discovery: report a category value only if this many of the site's rows hold it "
                         "(a floor: a job asking for more gets more)")
+    b.add_argument("--categorical-allowed", nargs="+", metavar="COLUMN",
+                   help="schema discovery: columns this site reads as numbers that a job may declare categorical "
+                        "or ordinal (a job declaring any other numeric column so is refused)")
     b.add_argument("--predict", help="vertical prediction runs: this site's file of new rows in --data-dir "
                                      "(default predict.csv)")
     b.add_argument("--vertical-model", help="vertical prediction runs: this site's part of the model, the "
@@ -154,7 +191,8 @@ def main(argv=None) -> int:
                   args.install_package)
     elif args.cmd == "bind":
         print(bind(args.kit, args.data_dir, args.label_column, args.id_column, args.train, args.test,
-                   args.min_category_rows, args.predict, args.vertical_model))
+                   args.min_category_rows, args.predict, args.vertical_model, args.categorical_allowed,
+                   args.name, args.replace))
     else:
         print(allow_package(args.kit, args.prefix))
     return 0

@@ -24,12 +24,18 @@ Where the executor looks, first match wins:
 2. ``<site workspace>/local/treeflare_site.json``;
 3. ``$TREEFLARE_DATA_ROOT``: files in ``$TREEFLARE_DATA_ROOT/<site>/``;
 4. the job's ``data_root`` argument: files in ``<data_root>/<site>/`` (simulator and POC runs on one machine).
+
+A site may hold several named bindings besides this default one (say one for a horizontal and one for a
+vertical job): ``local/treeflare_site.<name>.json``, written by ``app/site_setup.py bind --name <name>``. A job
+that names a binding (its ``--binding`` option) reads only that file, and a site without it refuses the job:
+it never falls back to the default binding or a data root, whose files would be another job's data.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +52,26 @@ _FILE_KEYS = ("train", "test", "predict")
 _STRING_KEYS = _KEYS - {"comment", "min_category_rows", "categorical_allowed"}
 MAX_ALLOWED_COLUMNS = 5_000
 MAX_CONFIG_BYTES = 64 * 1024
+DEFAULT_BINDING = ""  # the unnamed binding, local/treeflare_site.json
+# a binding name becomes part of a file name: a plain identifier, never a path (app/site_setup.py checks the same)
+_BINDING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+
+
+def check_binding_name(name: str) -> str:
+    """``name`` if it may name a binding (a letter, then up to 63 letters, digits, ``_`` or ``-``); "" is the
+    default binding. Raises DataError otherwise (the name arrives in a job, so it is never trusted as a path)."""
+    if name == DEFAULT_BINDING:
+        return name
+    if not isinstance(name, str) or not _BINDING_NAME.fullmatch(name):
+        raise DataError("binding name must be a letter followed by up to 63 letters, digits, '_' or '-'",
+                        problem="bad binding name")
+    return name
+
+
+def binding_file_name(name: str = DEFAULT_BINDING) -> str:
+    """The file in a kit's ``local/`` folder that holds the binding ``name``."""
+    name = check_binding_name(name)
+    return f"treeflare_site.{name}.json" if name else SITE_CONFIG_FILE
 
 
 @dataclass(frozen=True)
@@ -162,10 +188,23 @@ def parse_binding(data: object, source: str) -> SiteBinding:
                        min_category_rows=k, categorical_allowed=tuple(c.strip() for c in allowed), source=source)
 
 
-def load_binding(site: str, fl_ctx=None, job_data_root: str = "", config_dir=None) -> SiteBinding:
+def _named_binding_path(site: str, name: str, fl_ctx, config_dir) -> Path:
+    local = Path(config_dir) if config_dir else site_config_dir(fl_ctx)
+    path = local / binding_file_name(name) if local is not None else None
+    if path is None or not path.is_file():
+        raise DataError(f"{site}: the job reads binding {name!r}, which this site does not hold "
+                        f"(write it with: app/site_setup.py bind <kit> --name {name} ...)", site=site,
+                        problem=f"the site holds no binding named {name!r}")
+    return path
+
+
+def load_binding(site: str, fl_ctx=None, job_data_root: str = "", config_dir=None,
+                 name: str = DEFAULT_BINDING) -> SiteBinding:
     """This site's data binding (see the module doc for the order); ``config_dir``: the kit's ``local/`` folder
-    when there is no ``fl_ctx`` at hand (see :func:`site_config_dir`)."""
-    path = _site_config_path(fl_ctx, config_dir)
+    when there is no ``fl_ctx`` at hand (see :func:`site_config_dir`); ``name``: a named binding the job asks
+    for (only ``local/treeflare_site.<name>.json``; "" is the default binding)."""
+    name = check_binding_name(name)
+    path = _named_binding_path(site, name, fl_ctx, config_dir) if name else _site_config_path(fl_ctx, config_dir)
     if path is not None:
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:

@@ -1,0 +1,78 @@
+"""Named site bindings: ``app/site_setup.py bind --name`` writes them, ``site_config.load_binding`` reads the one a
+job names, an existing binding is never overwritten silently, and a binding name is never a path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from treeflare.data import DataError
+from treeflare.flare.site_config import SITE_CONFIG_ENV, DATA_ROOT_ENV, binding_file_name, load_binding
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("site_setup", REPO / "app" / "site_setup.py")
+site_setup = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(site_setup)
+
+BAD_NAMES = ["../x", "a/b", "..", ".hidden", "a.b", "1st", "a b", "x" * 65, "\u00e9t\u00e9"]
+
+
+@pytest.fixture
+def kit(tmp_path, monkeypatch):
+    for var in (SITE_CONFIG_ENV, DATA_ROOT_ENV):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "kit" / "local").mkdir(parents=True)
+    return tmp_path / "kit"
+
+
+def test_named_bindings_sit_beside_the_default_one(kit, tmp_path):
+    site_setup.bind(kit, str(tmp_path / "h"), label_column="y")
+    site_setup.bind(kit, str(tmp_path / "v"), id_column="pid", name="vertical", categorical_allowed=["zip"])
+    local = kit / "local"
+    assert sorted(p.name for p in local.iterdir()) == ["treeflare_site.json", "treeflare_site.vertical.json"]
+    default = load_binding("site-1", config_dir=local, job_data_root="/elsewhere")
+    vertical = load_binding("site-1", config_dir=local, job_data_root="/elsewhere", name="vertical")
+    assert (default.data_dir, default.label_column, default.id_column) == (tmp_path / "h", "y", None)
+    assert (vertical.data_dir, vertical.id_column, vertical.categorical_allowed) == (tmp_path / "v", "pid", ("zip",))
+
+
+def test_a_named_binding_the_site_lacks_refuses_the_job(kit, tmp_path, monkeypatch):
+    site_setup.bind(kit, str(tmp_path / "h"))
+    monkeypatch.setenv(DATA_ROOT_ENV, str(tmp_path / "root"))
+    # neither the default binding nor a data root stands in for it: those are another job's files
+    with pytest.raises(DataError, match="does not hold") as err:
+        load_binding("site-1", config_dir=kit / "local", job_data_root="/elsewhere", name="vertical")
+    assert str(kit) not in err.value.redacted()
+
+
+def test_rebinding_with_other_contents_is_refused_unless_replaced(kit, tmp_path):
+    out = site_setup.bind(kit, str(tmp_path / "h"), label_column="y")
+    assert site_setup.bind(kit, str(tmp_path / "h"), label_column="y") == out  # the same binding again: a no-op
+    with pytest.raises(SystemExit, match="already holds the default binding.*--replace"):
+        site_setup.bind(kit, str(tmp_path / "v"))
+    assert json.loads(out.read_text())["data_dir"] == str(tmp_path / "h")
+    site_setup.bind(kit, str(tmp_path / "v"), replace=True)
+    assert json.loads(out.read_text()) == {"data_dir": str(tmp_path / "v")}
+    site_setup.bind(kit, str(tmp_path / "a"), name="vertical")
+    with pytest.raises(SystemExit, match="already holds binding 'vertical'"):
+        site_setup.main(["bind", str(kit), "--name", "vertical", "--data-dir", str(tmp_path / "b")])
+
+
+def test_categorical_allowed_from_the_command_line(kit, tmp_path):
+    assert site_setup.main(["bind", str(kit), "--data-dir", str(tmp_path), "--categorical-allowed", "zip",
+                            "region"]) == 0
+    assert load_binding("site-1", config_dir=kit / "local").categorical_allowed == ("zip", "region")
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_a_binding_name_is_never_a_path(kit, tmp_path, name):
+    with pytest.raises(SystemExit, match="binding name"):
+        site_setup.bind(kit, str(tmp_path), name=name)
+    with pytest.raises(DataError, match="binding name"):
+        load_binding("site-1", config_dir=kit / "local", name=name)
+    with pytest.raises(DataError, match="binding name"):
+        binding_file_name(name)
+    assert list((kit / "local").iterdir()) == []
