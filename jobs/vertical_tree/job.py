@@ -214,6 +214,29 @@ def compare_with_oracle(models: dict, pred: dict, data, params, sites) -> dict:
             "same_predictions": bool(same_pred), "oracle_seconds": float(a.timings.get("total", 0.0))}
 
 
+def oracle_unchecked_reason(skipped: bool, data_here: bool, files: dict, sites: list[str]) -> str | None:
+    """Why the plaintext-oracle comparison cannot run here (None: it can). It replays the protocol on every
+    party's data and compares every party's model part, so it needs all of them on this machine: a run whose data
+    this script split (simulation, or a POC on this machine), never a run on real sites."""
+    if skipped:
+        return "skipped (--no-oracle)"
+    if not data_here:
+        return ("not checked: the comparison needs every party's data and model files, so it runs only where this "
+                "script split the data (simulation, or a POC with --csv/--dataset); the sites hold their own")
+    missing = [s for s in sites if s not in files] + ([] if "_pred" in files else [f"{sites[0]}'s test predictions"])
+    if missing:
+        return ("not checked: the comparison needs every party's model files, and these are not on this machine: "
+                + ", ".join(missing))
+    return None
+
+
+def oracle_line(report: dict) -> str:
+    """The summary's line on the oracle comparison: its result, or why there is none."""
+    if report["identical_to_oracle"] is not None:
+        return f"identical to the plaintext oracle: {report['identical_to_oracle']}"
+    return f"plaintext oracle: {report['oracle']['reason']}"
+
+
 def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
     """Copy each party's model (and the active site's test predictions) out of the site run folders."""
     from treeflare.flare.runner import find_site_file
@@ -284,7 +307,8 @@ def main(argv=None) -> int:
     files = collect_site_files(run_dir, sites, workspace / "models")
     oracle = baseline = None
     data = None
-    if not args.no_oracle and data_dir is not None and all(s in files for s in sites) and "_pred" in files:
+    unchecked = oracle_unchecked_reason(args.no_oracle, data_dir is not None, files, sites)
+    if unchecked is None:
         t = time.perf_counter()
         data = vertical_data(data_dir, sites, params)
         oracle = compare_with_oracle(files, files["_pred"], data, params, sites)
@@ -304,7 +328,7 @@ def main(argv=None) -> int:
         "global": server["global"],
         "baseline_xgboost": baseline,
         "identical_to_oracle": None if oracle is None else oracle["identical"],
-        "oracle": oracle,
+        "oracle": oracle if oracle is not None else {"checked": False, "reason": unchecked},
         "crypto": crypto, "layout": server.get("layout"),
         "n_train": server.get("n_train"), "n_test": server.get("n_test"), "n_trees": server.get("n_trees"),
         "n_splits": server.get("n_splits"),
@@ -329,7 +353,7 @@ def main(argv=None) -> int:
     print(f"encryptions {crypto['encryptions']}, decryptions {crypto['decryptions']}, "
           f"ciphertexts to passive {crypto['ciphertexts_to_passive']}, to active {crypto['ciphertexts_to_active']}, "
           f"values per ciphertext {crypto['values_per_ciphertext']}")
-    print(f"identical to the plaintext oracle: {report['identical_to_oracle']}")
+    print(oracle_line(report))
     print(f"\nreport: {workspace / 'report.json'}")
     return 0
 
