@@ -30,13 +30,49 @@ class Stream(io.StringIO):
 def test_options_quiet_progress_and_terminal():
     p = argparse.ArgumentParser()
     add_progress_args(p)
-    assert progress_wanted(p.parse_args([]), Stream(tty=True))
-    assert not progress_wanted(p.parse_args([]), Stream(tty=False))  # piped or captured: silent unless asked
-    assert progress_wanted(p.parse_args(["--progress"]), Stream(tty=False))
-    assert not progress_wanted(p.parse_args(["--quiet"]), Stream(tty=True))
+    assert progress_wanted(p.parse_args([])) and not progress_wanted(p.parse_args(["--quiet"]))
     assert printer_for(p.parse_args(["--quiet"]), Stream(tty=True)) is None
+    assert printer_for(p.parse_args(["--quiet"]), Stream(tty=False)) is None
     with pytest.raises(SystemExit):
         p.parse_args(["--quiet", "--progress"])
+
+
+def printed(options, tty, records) -> list[str]:
+    """What a job script prints of ``records`` (the server's lines, in order) with these options."""
+    p = argparse.ArgumentParser()
+    add_progress_args(p)
+    out = Stream(tty=tty)
+    printer = printer_for(p.parse_args(options), out)
+    if printer is None:
+        return []
+    for r in records:  # one poll per line: held-back lines must come out at the right moment, not only at the end
+        printer.show([r])
+    printer.finish()
+    return out.getvalue().splitlines()
+
+
+def numbered(lines: list[dict]) -> list[dict]:
+    return [{"seq": i + 1, "t": 0.0, **r} for i, r in enumerate(lines)]
+
+
+def test_a_log_gets_one_line_per_phase_or_per_tenth_a_terminal_every_line():
+    xgb = numbered([{"text": f"round {k}/50", "done": k, "total": 50} for k in range(1, 51)])
+    assert printed([], False, xgb) == [f"round {k}/50" for k in (1, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50)]
+    assert printed([], True, xgb) == printed(["--progress"], False, xgb) == [r["text"] for r in xgb]
+    assert printed(["--quiet"], False, xgb) == printed(["--quiet"], True, xgb) == []
+    layers = numbered([{"text": f"layer {k}/4", "done": k, "total": 4} for k in range(1, 5)])
+    assert printed([], False, layers) == ["layer 1/4", "layer 2/4", "layer 3/4", "layer 4/4"]  # each is 25%
+    icdta4fl = numbered([{"text": "local training: 1/3 sites replied", "phase": "local training"},
+                         {"text": "local training: 2/3 sites replied", "phase": "local training"},
+                         {"text": "local training: 3/3 sites replied", "phase": "local training"},
+                         {"text": "peer scoring: 1/3 sites replied", "phase": "peer scoring"},
+                         {"text": "peer scoring: 2/3 sites replied", "phase": "peer scoring"},  # a site dropped
+                         {"text": "aggregation: 2 of 3 trees merged"},
+                         {"text": "global evaluation: 1/3 sites replied", "phase": "global evaluation"},
+                         {"text": "global evaluation: 2/3 sites replied", "phase": "global evaluation"}])
+    assert printed([], False, icdta4fl) == ["local training: 3/3 sites replied", "peer scoring: 2/3 sites replied",
+                                            "aggregation: 2 of 3 trees merged", "global evaluation: 2/3 sites replied"]
+    assert printed([], True, icdta4fl) == [r["text"] for r in icdta4fl]
 
 
 def test_log_and_printer_each_line_once_in_order(tmp_path):

@@ -20,7 +20,11 @@ id=PROGRESS_ID)``), and in the controller emit through it::
 
 then call ``add_progress_args(parser)`` in the job script and pass ``progress=printer_for(args)`` to
 ``run_job``. Lines are text the server composed from values it checked; a site's strings are never printed.
-Nothing is printed with ``--quiet``, or when stdout is not a terminal unless ``--progress`` is given.
+
+How many lines: every line on a terminal or with ``--progress``, none with ``--quiet``. Otherwise (a log, a CI
+run) fewer, chosen by the fields a line carries: ``done``/``total`` (counted work: rounds, layers) print the first,
+the last and one per 10% of the work; ``phase`` (steps of one phase: "k/n sites replied") print the phase's last
+line; a line with neither (a phase's summary) always prints.
 """
 
 from __future__ import annotations
@@ -50,12 +54,16 @@ def add_progress_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--quiet", action="store_true", help="print no progress lines while the job runs")
     g.add_argument("--progress", action="store_true",
-                   help="print progress lines even when stdout is not a terminal (default: only on a terminal)")
+                   help="print every progress line (default: every line on a terminal; otherwise one per phase "
+                        "or per 10%% of the work)")
 
 
-def progress_wanted(args, stream=None) -> bool:
-    if getattr(args, "quiet", False):
-        return False
+def progress_wanted(args) -> bool:
+    return not getattr(args, "quiet", False)
+
+
+def every_line_wanted(args, stream=None) -> bool:
+    """Every line with ``--progress`` or on a terminal; fewer lines in a log."""
     if getattr(args, "progress", False):
         return True
     stream = sys.stdout if stream is None else stream
@@ -63,8 +71,8 @@ def progress_wanted(args, stream=None) -> bool:
 
 
 def printer_for(args, stream=None) -> "ProgressPrinter | None":
-    """The printer the job's options ask for, or None."""
-    return ProgressPrinter(stream) if progress_wanted(args, stream) else None
+    """The printer the job's options ask for, or None (``--quiet``)."""
+    return ProgressPrinter(stream, every_line=every_line_wanted(args, stream)) if progress_wanted(args) else None
 
 
 # -- server side -----------------------------------------------------------------------------------
@@ -153,14 +161,50 @@ def remaining(elapsed_since_first: float, done: int, total: int) -> float | None
 
 # -- job-script side -------------------------------------------------------------------------------
 class ProgressPrinter:
-    """Prints each progress line once, in order, whatever source it came from."""
+    """Prints each progress line once, in order, whatever source it came from; with ``every_line=False`` only
+    the lines the module's docstring names (call :meth:`finish` after the job's last lines)."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, every_line: bool = True):
         self.stream = sys.stdout if stream is None else stream
+        self.every_line = every_line
         self.last_seq = 0
         self.started = time.time()
         self.printed: list[str] = []
         self._lock = threading.Lock()
+        self._pending: dict | None = None  # the latest step of the current phase, not printed yet
+        self._tenth = -1  # the last 10% of counted work printed
+
+    def _pick(self, record) -> list[dict]:
+        """The records to print now, given the next one."""
+        if self.every_line:
+            return [record]
+        before = [self._pending] if self._pending is not None else []
+        done, total = record.get("done"), record.get("total")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (done, total)) and total > 0:
+            tenth = min(10, done * 10 // total)
+            if done <= 1 or done >= total or tenth > self._tenth:
+                self._tenth, self._pending = max(self._tenth, tenth), None
+                return [*before, record]
+            return []
+        if isinstance(record.get("phase"), str):
+            if before and before[0].get("phase") == record["phase"]:
+                before = []
+            self._pending = record  # printed when the next phase starts (or at the end)
+            return before
+        self._pending = None
+        return [*before, record]
+
+    def _print(self, record) -> None:
+        text = str(record.get("text", ""))[:MAX_TEXT]
+        self.printed.append(text)
+        print(text, file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        """Print the last phase's line still held back (fewer lines mode); the job has ended."""
+        with self._lock:
+            if self._pending is not None:
+                self._print(self._pending)
+                self._pending = None
 
     def show(self, records, since: float | None = None) -> None:
         """Print the records not printed yet (``since``: only those stamped at or after it)."""
@@ -172,9 +216,8 @@ class ProgressPrinter:
                 if r["seq"] <= self.last_seq or stale:
                     continue
                 self.last_seq = r["seq"]
-                text = str(r.get("text", ""))[:MAX_TEXT]
-                self.printed.append(text)
-                print(text, file=self.stream, flush=True)
+                for picked in self._pick(r):
+                    self._print(picked)
 
     def show_file(self, path, fresh_only: bool = False) -> None:
         """``fresh_only``: skip lines older than this printer (a file an earlier run left in a reused folder; the

@@ -157,6 +157,7 @@ def run_job(job, args, sites: list[str], progress=None) -> Path:
                         env.deploy(job)
                     if progress:
                         progress.show_file(server_file, fresh_only=True)  # the lines since the last poll
+                        progress.finish()
                 except RuntimeError as exc:
                     if interrupted_by():  # NVFlare caught our KeyboardInterrupt and reported a failed run
                         raise KeyboardInterrupt from None
@@ -186,6 +187,8 @@ def _submit(job, args, workspace: Path, admin_kit: Path, site_dirs: dict, progre
     outcome = submit_and_collect(admin_kit, job_dir, out, timeout=args.timeout, site_dirs=site_dirs, watch=watch)
     if progress and outcome.server_dir is not None:
         progress.show_file(Path(outcome.server_dir) / PROGRESS_FILE)  # the lines after the last poll
+    if progress:
+        progress.finish()
     print(f"job {outcome.job_id}: {outcome.status}; server result in {outcome.server_dir}", flush=True)
     if not outcome.ok:
         print(f"warning: job {outcome.job_id} ended {outcome.status}: {STATUS_HELP.get(outcome.status, '')} "

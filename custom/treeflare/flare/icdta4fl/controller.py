@@ -365,12 +365,13 @@ class ICDTA4FLController(ResultWorkflow):
                                      for i, s in enumerate(sites)},
         }
 
-    def _progress(self, fl_ctx, text: str) -> None:
-        """A progress line for the job script (when the job has a progress reporter)."""
+    def _progress(self, fl_ctx, text: str, phase: str | None = None) -> None:
+        """A progress line for the job script (when the job has a progress reporter); ``phase``: the line is one
+        step of that phase (a log shows only the phase's last)."""
         engine = fl_ctx.get_engine() if fl_ctx is not None else None
         reporter = getattr(engine, "get_component", lambda _id: None)(PROGRESS_ID)
         if reporter is not None:
-            reporter.emit(text)
+            reporter.emit(text, **({"phase": phase} if phase else {}))
 
     def _ask(self, name, data, sites, result, abort_signal, fl_ctx, check, required=None, phase=None) -> dict:
         """Broadcast one task, keep the valid replies, record why the others were dropped."""
@@ -382,7 +383,7 @@ class ICDTA4FLController(ResultWorkflow):
         def received(client_task, fl_ctx):  # NVFlare calls it with these keywords; it must never raise
             try:
                 replies.append(client_task.client.name)
-                self._progress(fl_ctx, f"{phase}: {len(replies)}/{len(sites)} sites replied")
+                self._progress(fl_ctx, f"{phase}: {len(replies)}/{len(sites)} sites replied", phase=phase)
             except Exception as exc:  # noqa: BLE001 - progress is never worth a result
                 self.log_warning(fl_ctx, f"progress line not written: {exc}")
 

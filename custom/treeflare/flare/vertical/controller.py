@@ -135,7 +135,8 @@ class VerticalController(ResultWorkflow):
         elapsed = time.perf_counter() - t0
         left = remaining(time.perf_counter() - getattr(self, "_first_layer_at", t0), done, total)
         eta = "" if left is None else f", ~{format_duration(left)} left"
-        reporter.emit(f"tree {tree + 1}/{trees}, layer {depth + 1}/{max_depth}  elapsed {format_duration(elapsed)}{eta}")
+        text = f"tree {tree + 1}/{trees}, layer {depth + 1}/{max_depth}  elapsed {format_duration(elapsed)}{eta}"
+        reporter.emit(text, done=done + 1, total=total)  # the layer started counts: a log shows first and last
 
     def _check(self, task_name, site, reply):
         if reply is None:

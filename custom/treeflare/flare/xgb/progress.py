@@ -79,5 +79,5 @@ class XGBRoundProgress(ProgressReporter):
             self._last = step
             done = step + 1
             left = remaining(now - self._first_at, done, self.rounds)
-            self.emit(round_line(done, self.rounds, self.metric, float(value), self.elapsed(), left), round=done,
-                      rounds=self.rounds, metric=self.metric, value=float(value))
+            self.emit(round_line(done, self.rounds, self.metric, float(value), self.elapsed(), left), done=done,
+                      total=self.rounds, metric=self.metric, value=float(value))
