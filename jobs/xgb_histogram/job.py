@@ -17,7 +17,8 @@ TreeflareXGBDataLoader; ship the treeflare package as custom code; run it (simul
 system); then score the global model on the server's test set, compute the centralized and XGBoost-native
 distributed baselines, and write report.json, model.json (with the training schema inside, for
 scripts/predict.py) and tb_events/. While FLARE runs, one progress line per boosting round (rank 0's eval metric,
-elapsed time, an estimate of what is left) is printed on a terminal (--progress: always; --quiet: never).
+elapsed time, an estimate of what is left) is printed (on a terminal or with --progress: every round; otherwise
+one per 10% of the rounds; --quiet: none).
 
 (Over 400 lines: one script for both transports and both split modes, as the design card asks for one job
 script per job; the FLARE components it wires live in ``treeflare.flare``.)
