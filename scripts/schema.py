@@ -85,14 +85,17 @@ def _check_out(args) -> Path:
     return out
 
 
-def describe(schema: Schema) -> str:
+def describe(schema: Schema, parties: dict | None = None) -> str:
+    """The schema as a table; ``parties`` (vertical): the party holding each column, in a column of its own."""
     rows = []
     for f in schema.features:
         levels = " < ".join(f.categories) if f.kind == "ordinal" else ", ".join(f.categories)
-        rows.append([f.name, f.kind, len(f.categories) if f.categories else "", _short(levels)])
+        rows.append([f.name, *([parties[f.name]] if parties else []), f.kind,
+                     len(f.categories) if f.categories else "", _short(levels)])
     head = (f"label {schema.label!r}: {len(schema.classes)} classes ({_short(', '.join(schema.classes))})"
             + (f"; id column {schema.id_column!r}" if schema.id_column else ""))
-    return head + "\n" + format_table(["column", "kind", "values", "categories / levels"], rows)
+    return head + "\n" + format_table(["column", *(["party"] if parties else []), "kind", "values",
+                                        "categories / levels"], rows)
 
 
 def _short(text: str, n: int = 60) -> str:
@@ -103,10 +106,10 @@ def _short(text: str, n: int = 60) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
-        from treeflare.flare.discovery.job import read_schema_file
+        from treeflare.flare.discovery.job import read_schema_file, schema_file_parties
 
         schema = read_schema_file(args.file)
-        print(describe(schema))
+        print(describe(schema, schema_file_parties(args.file, schema)))
         print(f"\n{args.file}: a valid schema; use it with --schema {args.file}")
         return 0
     out = _check_out(args)
@@ -127,8 +130,8 @@ def main(argv=None) -> int:
     sites = [site_name(i) for i in range(args.sites)]
     Path(args.workspace).mkdir(parents=True, exist_ok=True)
     with one_poc(args, sites):
-        schema, _ = discover(args, sites, data_root=args.data_root or "", vertical=args.vertical, out=out)
-    print(describe(schema))
+        schema, summary = discover(args, sites, data_root=args.data_root or "", vertical=args.vertical, out=out)
+    print(describe(schema, summary["parties"]))
     print(f"\nreview {out}; an ordinal column's levels are not discovered: set \"kind\": \"ordinal\" and list its "
           f"\"categories\" lowest first (or pass --ordinal); then run a job with --schema {out}")
     return 0

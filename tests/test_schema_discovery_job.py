@@ -18,7 +18,7 @@ from icdta4fl_inprocess import InProcessRun
 from treeflare.data import DataError, Schema
 from treeflare.flare.discovery.controller import RESULT_FILE, SCHEMA_FILE, SchemaDiscoveryController
 from treeflare.flare.discovery.executor import SchemaDiscoveryExecutor, profile_site
-from treeflare.flare.discovery.job import read_schema_file
+from treeflare.flare.discovery.job import read_schema_file, schema_file_parties
 from treeflare.flare.site_config import SiteBinding, parse_binding
 
 RARE = "violet-0917"
@@ -141,6 +141,13 @@ def test_vertical_parties_and_declarations(tmp_path):
     schema = Schema.from_dict(result["schema"])
     assert schema.feature_names == ["a", "size"] and schema.id_column == "uid"
     assert schema.feature("size").kind == "ordinal" and schema.feature("size").categories == ("S", "M", "L")
+    # who holds which column: recorded by the server from which reply listed it, written for the reviewer,
+    # and read back with the schema (issue 21)
+    assert result["parties"] == {"a": "site-1", "size": "site-2"}
+    saved = tmp_path / "run" / SCHEMA_FILE
+    assert [f["party"] for f in json.loads(saved.read_text())["features"]] == ["site-1", "site-2"]
+    assert read_schema_file(saved) == schema
+    assert schema_file_parties(saved, schema, SITES[:2]) == {"a": "site-1", "size": "site-2"}
 
 
 def test_site_binding_names_and_its_own_k(tmp_path):

@@ -13,6 +13,9 @@ Each site turns its bound training file into a *profile* (:func:`site_profile`),
 * the class labels (all of them: a row whose class the schema lacks could not be read), and the row count;
 * which column it holds as the label and as the id (the job's names, or the names in the site's binding).
 
+In a vertical federation the server also records which party holds each column (:func:`column_parties`, from
+which site's reply listed it), so a reviewer of ``schema.json`` sees who holds what.
+
 The server checks each profile against fixed bounds (:func:`check_profile`: a hostile site cannot make it
 allocate or loop without limit) and merges them (:func:`merge_profiles`): category lists are the union of the
 reported values, sorted, so row order, category order and rare values at any site do not change the schema.
@@ -398,6 +401,15 @@ def _names(sites: list[str]) -> str:
     return ", ".join(sites)
 
 
+def column_parties(profiles: dict[str, dict], schema: Schema) -> dict[str, str]:
+    """Vertical: which party holds each feature column of ``schema``, in schema order. ``profiles`` are the
+    checked profiles keyed by the site that sent each (the server's name for the reply's sender, never a field of
+    the reply), so a site can only claim the columns its own profile lists; :func:`merge_profiles` has already
+    refused a column listed by two parties."""
+    holder = {c["name"]: s for s, p in profiles.items() for c in p["columns"]}
+    return {f.name: holder[f.name] for f in schema.features}
+
+
 def discovery_summary(profiles: dict[str, dict], schema: Schema) -> dict:
     """What schema.json records about the discovery (no values): per site its rows and columns, and k."""
     return {"min_category_rows": max(p["min_category_rows"] for p in profiles.values()),
@@ -407,4 +419,4 @@ def discovery_summary(profiles: dict[str, dict], schema: Schema) -> dict:
 
 
 __all__ = ["DEFAULT_MIN_CATEGORY_ROWS", "SchemaConflict", "check_min_category_rows", "check_profile",
-           "discovery_summary", "merge_profiles", "site_min_category_rows", "site_profile"]
+           "column_parties", "discovery_summary", "merge_profiles", "site_min_category_rows", "site_profile"]

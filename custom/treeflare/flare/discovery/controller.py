@@ -11,7 +11,7 @@ from nvflare.apis.shareable import Shareable
 
 from ...data import DataError, Schema
 from ...data.discovery import (DEFAULT_MIN_CATEGORY_ROWS, SchemaConflict, check_min_category_rows, check_profile,
-                               discovery_summary, merge_profiles)
+                               column_parties, discovery_summary, merge_profiles)
 from ...reporting import write_json_atomic
 from ..workflow import JobFailed, ResultWorkflow
 from .protocol import TASK
@@ -84,12 +84,17 @@ class SchemaDiscoveryController(ResultWorkflow):
             raise JobFailed(str(exc)) from None
         result["schema"] = schema.to_dict()
         result["discovery"] = discovery_summary(profiles, schema)
-        write_json_atomic(run_dir / SCHEMA_FILE, schema_file(schema, result["discovery"]))
+        result["parties"] = column_parties(profiles, schema) if self.vertical else None
+        write_json_atomic(run_dir / SCHEMA_FILE, schema_file(schema, result["discovery"], result["parties"]))
 
 
-def schema_file(schema: Schema, discovery: dict | None = None) -> dict:
-    """The contents of a ``schema.json`` (a :class:`Schema` as JSON, with how it was made beside it)."""
+def schema_file(schema: Schema, discovery: dict | None = None, parties: dict | None = None) -> dict:
+    """The contents of a ``schema.json`` (a :class:`Schema` as JSON, with how it was made beside it). ``parties``
+    (vertical): the party holding each column, written as each feature's ``"party"`` for a reviewer (a job reads
+    the columns a party holds from that party's own data; ``Schema.from_dict`` ignores the field)."""
     out = schema.to_dict()
+    if parties:
+        out["features"] = [{**f, "party": parties[f["name"]]} for f in out["features"]]
     if discovery is not None:
         out["discovery"] = discovery
     return out

@@ -70,17 +70,53 @@ def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = Fa
     if server is None:
         raise SystemExit(1)
     schema = Schema.from_dict(server["schema"])
+    parties = check_parties(server.get("parties"), schema, sites, "the server's discovery result") if vertical else None
     target = Path(out) if out is not None else workspace / SCHEMA_FILE
-    write_json_atomic(target, schema_file(schema, server["discovery"]))
+    write_json_atomic(target, schema_file(schema, server["discovery"], parties))
     rows = ", ".join(f"{s} {info['n_rows']}" for s, info in server["discovery"]["sites"].items())
+    held = ("; columns held: " + ", ".join(f"{s} {sum(p == s for p in parties.values())}" for s in sites)
+            if parties else "")
     print(f"schema: {len(schema.features)} features ({len(schema.categorical)} categorical, {len(schema.ordinal)} "
-          f"ordinal), label {schema.label!r} with {len(schema.classes)} classes; rows: {rows}\n"
+          f"ordinal), label {schema.label!r} with {len(schema.classes)} classes; rows: {rows}{held}\n"
           f"written to {target}", flush=True)
-    return schema, server["discovery"]
+    return schema, {**server["discovery"], "parties": parties}
 
 
 def _strip(value):
     return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def check_parties(parties, schema: Schema, sites: list[str] | None, source: str) -> dict[str, str]:
+    """``parties`` (column -> the party holding it, as a vertical ``schema.json`` or the discovery result records
+    them) checked against ``schema`` and, when given, the job's ``sites``; returns it in schema order. Raises
+    DataError naming ``source`` and the column."""
+    if not isinstance(parties, dict):
+        raise DataError(f"{source}: expected which party holds each column")
+    out = {}
+    for name in schema.feature_names:
+        party = parties.get(name)
+        if not isinstance(party, str) or not party.strip():
+            raise DataError(f"{source}: column {name!r}: no party named (set its \"party\" to the site holding it)")
+        if sites is not None and party not in sites:
+            raise DataError(f"{source}: column {name!r}: party {party[:60]!r} is not one of this job's sites "
+                            f"({', '.join(sites)})")
+        out[name] = party
+    if set(parties) - set(out):
+        raise DataError(f"{source}: a party is named for a column that is not a feature")
+    return out
+
+
+def schema_file_parties(path, schema: Schema, sites: list[str] | None = None) -> dict[str, str] | None:
+    """The party of each column in a reviewed ``schema.json`` (each feature's ``"party"``; written by a vertical
+    discovery), None when the file names none (a horizontal schema, an older file): checked by
+    :func:`check_parties`. The job itself reads each party's columns from that party's data; this is for the
+    reviewer's table and to catch a file written for other sites."""
+    import json
+
+    doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    doc = doc["schema"] if isinstance(doc.get("schema"), dict) else doc
+    named = {f["name"]: f["party"] for f in doc["features"] if "party" in f}
+    return check_parties(named, schema, sites, str(path)) if named else None
 
 
 def read_schema_file(path) -> Schema:
@@ -104,9 +140,12 @@ def sites_schema(args, sites: list[str], *, data_root: str = "", vertical: bool 
         schema, summary = discover(args, sites, data_root=data_root, vertical=vertical)
         return schema, {"schema": "discovered", "schema_file": str(Path(args.workspace).resolve() / SCHEMA_FILE),
                         "site_rows": {s: v["n_rows"] for s, v in summary["sites"].items()},
-                        "min_category_rows": summary["min_category_rows"]}
+                        "min_category_rows": summary["min_category_rows"],
+                        **({"parties": summary["parties"]} if summary["parties"] else {})}
     schema = read_schema_file(args.schema)
     if vertical and not schema.id_column:
         raise DataError(f"--schema {args.schema}: a vertical job joins the parties on an id column; the file names "
                         "none (set \"id_column\")")
-    return schema, {"schema": "file", "schema_file": str(Path(args.schema).resolve())}
+    parties = schema_file_parties(args.schema, schema, sites) if vertical else None
+    return schema, {"schema": "file", "schema_file": str(Path(args.schema).resolve()),
+                    **({"parties": parties} if parties else {})}
