@@ -34,7 +34,7 @@ import threading
 import warnings
 
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
-from .data.csv_io import check_levels
+from .data.csv_io import check_levels, check_separator
 from .data.discovery import DEFAULT_MIN_CATEGORY_ROWS
 from .icdta4fl.refine_counts import MAX_REFINE_ROUNDS
 
@@ -62,6 +62,9 @@ def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | Non
     g.add_argument("--ordinal", metavar="COL=a<b<c", action="append", default=None,
                    help="an --csv column whose values are ordered, with its levels lowest first (repeatable); "
                         "trees split it by threshold on that order; a value not listed is an error")
+    g.add_argument("--sep", metavar="CHAR", default=None,
+                   help="--csv field separator, e.g. ';' or '\\t' (default: detected from the first lines among "
+                        "',', ';', tab and '|')")
     parser.set_defaults(_default_dataset=default_dataset)
     return g
 
@@ -139,7 +142,7 @@ def load_table(args: argparse.Namespace) -> Table:
     dataset, csv = getattr(args, "dataset", None), getattr(args, "csv", None)
     label, categorical, id_column = getattr(args, "label", None), getattr(args, "categorical", None), \
         getattr(args, "id", None)
-    ordinal = getattr(args, "ordinal", None)
+    ordinal, sep = getattr(args, "ordinal", None), getattr(args, "sep", None)
     if dataset and csv:
         raise DataError("give either --dataset or --csv, not both")
     if not dataset and not csv:
@@ -148,7 +151,7 @@ def load_table(args: argparse.Namespace) -> Table:
             raise DataError(f"give --dataset NAME (one of {', '.join(DATASETS)}) or --csv PATH --label COL")
     if dataset:
         given = [opt for opt, v in (("--label", label), ("--categorical", categorical), ("--id", id_column),
-                                    ("--ordinal", ordinal)) if v]
+                                    ("--ordinal", ordinal), ("--sep", sep)) if v]
         if given:
             raise DataError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to --csv; "
                             f"embedded dataset {dataset!r} has its own label and column types")
@@ -156,7 +159,8 @@ def load_table(args: argparse.Namespace) -> Table:
     if not label:
         raise DataError(f"--csv {csv}: --label COL is required (the name of the label column)")
     return load_csv(csv, label=label.strip(), categorical=parse_categorical(categorical),
-                    id_column=id_column.strip() if id_column else None, ordinal=parse_ordinal(ordinal))
+                    id_column=id_column.strip() if id_column else None, ordinal=parse_ordinal(ordinal),
+                    sep=check_separator(sep))
 
 
 # -- partitioning --------------------------------------------------------------------------------
@@ -182,7 +186,8 @@ def add_vertical_args(parser: argparse.ArgumentParser, *, flag: bool = True, pas
     if flag:
         parser.add_argument("--vertical", action="store_true",
                             help="split columns instead of rows: site-1 is the active party (label + some "
-                                 "columns), site-2.. are passive; needs an id column (--id)")
+                                 "columns), site-2.. are passive; all joined on the id column (--id), or on a "
+                                 "row_id column of row numbers added when the data has none")
     else:
         parser.set_defaults(vertical=True)
     parser.add_argument("--passive", type=int, default=passive, metavar="P",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import warnings
 from pathlib import Path
@@ -21,13 +22,93 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 _MOSTLY_NUMERIC = 0.9
 
 
-def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipinitialspace=False, opener=None):
-    """Read every cell as a string. Raises DataError for a missing or empty file."""
+# The separators detect_separator chooses from (--sep may name any other one character).
+SEPARATORS = (",", ";", "\t", "|")
+_SEP_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
+_SNIFF_CHARS = 64 * 1024
+_SNIFF_RECORDS = 50
+
+
+def check_separator(text: str | None) -> str | None:
+    """A --sep value as the reader takes it: None (or "auto") detects; ``\\t``/"tab" is a tab; otherwise one
+    character that is not a quote, a line break or a space."""
+    if text is None or text == "auto":
+        return None
+    sep = {"\\t": "\t", "tab": "\t"}.get(text, text)
+    if len(sep) != 1 or sep in "\"\r\n " or sep.isalnum():
+        raise DataError(f"--sep {text!r}: give one separator character (',', ';', '\\t' or 'tab', '|'), or "
+                        "'auto' to detect it")
+    return sep
+
+
+def detect_separator(path, opener=None) -> str:
+    """The field separator of a CSV, from its first records (up to 50, read by the CSV reader, so a quoted value
+    may hold any separator): among ``,;\\t|``, the one that splits the header into the most columns and reads
+    every one of those records with as many fields; if none reads them all, "," if it splits the header, else
+    the one splitting it most. A one-column header is read as ","."""
+    if opener is not None:
+        with opener() as fh:
+            sample = fh.read(_SNIFF_CHARS)
+    else:
+        with Path(path).open("rb") as fh:
+            sample = fh.read(_SNIFF_CHARS)
+    if isinstance(sample, bytes):  # a bad byte is reported by the full read, with its line
+        sample = sample.decode("utf-8", errors="replace")
+    sample = sample.lstrip("\ufeff")
+    truncated = len(sample) >= _SNIFF_CHARS
+    widths, consistent = {}, {}
+    for sep in SEPARATORS:
+        try:
+            records = [r for r in csv.reader(io.StringIO(sample, newline=""), delimiter=sep) if r]
+        except csv.Error:
+            continue
+        if truncated and len(records) > 1:
+            records = records[:-1]  # cut by the sample's end
+        records = records[:_SNIFF_RECORDS]
+        if records and len(records[0]) > 1:
+            widths[sep] = len(records[0])
+            consistent[sep] = all(len(r) == widths[sep] for r in records)
+    if not widths:
+        return ","
+    fitting = [s for s in widths if consistent[s]]
+    if fitting:
+        return max(fitting, key=lambda s: (widths[s], -SEPARATORS.index(s)))
+    return "," if "," in widths else max(widths, key=lambda s: (widths[s], -SEPARATORS.index(s)))
+
+
+def separator_hint(columns) -> str:
+    """For an error about a missing column: a header read as one column that holds another separator is most
+    likely a file with that separator read with the wrong one. "" otherwise."""
+    columns = list(columns)
+    if len(columns) != 1:
+        return ""
+    for sep in SEPARATORS[1:]:
+        if sep in str(columns[0]):
+            shown = "\\t" if sep == "\t" else sep
+            return (f"; the header is one column holding '{shown}': is the file {_SEP_NAMES[sep]}-separated? "
+                    f"use --sep '{shown}'")
+    return ""
+
+
+def _first_record(path, opener, sep) -> list[str]:
+    """The first record of a CSV as ``sep`` splits it ([] if it cannot be read)."""
+    try:
+        with (opener() if opener else Path(path).open(newline="", encoding="utf-8-sig", errors="replace")) as fh:
+            return next(csv.reader(io.StringIO(fh.read(_SNIFF_CHARS), newline=""), delimiter=sep), [])
+    except (OSError, csv.Error):
+        return []
+
+
+def read_raw(path, *, sep=None, header=True, names=None, skiprows=None, skipinitialspace=False, opener=None):
+    """Read every cell as a string; ``sep=None`` detects the separator (:func:`detect_separator`). Raises
+    DataError for a missing or empty file."""
     path = Path(path)
     if opener is None and not path.is_file():
         raise DataError(f"{path}: file not found", problem="file not found", file=path)
     if opener is None and path.stat().st_size == 0:
         raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
+    if sep is None:
+        sep = detect_separator(path, opener)
     try:
         source = opener() if opener else path
         # The header is read as a row of its own: pandas would silently rename a second "x" to "x.1".
@@ -38,7 +119,9 @@ def read_raw(path, *, sep=",", header=True, names=None, skiprows=None, skipiniti
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: file is empty", problem="file is empty", file=path) from None
     except pd.errors.ParserError as exc:
-        raise DataError(f"{path}: cannot parse as CSV ({exc})", problem="cannot parse as CSV", file=path) from None
+        hint = separator_hint(_first_record(path, opener, sep))
+        raise DataError(f"{path}: cannot parse as CSV ({str(exc).strip()}){hint}", problem=f"cannot parse as CSV{hint}",
+                        file=path) from None
     except UnicodeDecodeError as exc:
         # pandas decodes in chunks and reports the offset inside its chunk: find the bad byte in the file itself
         found = _first_bad_utf8(opener() if opener else path.open("rb"))
@@ -100,14 +183,17 @@ def check_column_names(names: list[str], file) -> list[str]:
     return names
 
 
-def read_header(path) -> list[str]:
-    """The column names of a CSV file's first line, read by the CSV reader (a quoted name may hold a comma)."""
+def read_header(path, sep=None) -> list[str]:
+    """The column names of a CSV file's first line, read by the CSV reader (a quoted name may hold a comma);
+    ``sep=None`` detects the separator."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found", problem="file not found", file=path)
+    if sep is None:
+        sep = detect_separator(path)
     with path.open(newline="", encoding="utf-8-sig") as fh:
         try:
-            first = next(csv.reader(fh), None)
+            first = next(csv.reader(fh, delimiter=sep), None)
         except (csv.Error, UnicodeDecodeError) as exc:
             raise DataError(f"{path}: cannot read the header ({exc})", problem="cannot read the header",
                             file=path) from None
@@ -179,9 +265,9 @@ def infer_schema(frame: pd.DataFrame, *, label: str, categorical=None, id_column
     maps a column to its ordered levels (lowest first), which its values are then checked against."""
     columns = list(frame.columns)
     if label not in columns:
-        raise DataError(f"{file}: label column {label!r} not found; columns are {columns}")
+        raise DataError(f"{file}: label column {label!r} not found; columns are {columns}{separator_hint(columns)}")
     if id_column is not None and id_column not in columns:
-        raise DataError(f"{file}: id column {id_column!r} not found; columns are {columns}")
+        raise DataError(f"{file}: id column {id_column!r} not found; columns are {columns}{separator_hint(columns)}")
     if id_column is not None and id_column == label:
         raise DataError(f"{file}: --label and --id both name column {label!r}; an id names a row and is never a "
                         "class: give the label column and the id column each its own")
@@ -273,8 +359,9 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     present = set(frame.columns)
     missing = [c for c in expected if c not in present]
     if missing:
-        raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema",
-                        problem=f"missing column(s) {missing} expected by the schema", file=file, site=site)
+        hint = separator_hint(frame.columns)
+        raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema{hint}",
+                        problem=f"missing column(s) {missing} expected by the schema{hint}", file=file, site=site)
     allowed = set(expected) | {schema.label} | ({schema.id_column} if schema.id_column else set())
     extra = [c for c in frame.columns if c not in allowed]
     if extra and strict_columns:
@@ -311,8 +398,9 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
                                 f"known classes are {list(schema.classes)}", problem="unknown class",
                                 file=file, column=schema.label, line=i + 2, site=site)
     elif require_label:
-        raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found",
-                        problem=f"label column {schema.label!r} not found", file=file, site=site)
+        hint = separator_hint(frame.columns)
+        raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found{hint}",
+                        problem=f"label column {schema.label!r} not found{hint}", file=file, site=site)
     ids = None
     if schema.id_column:
         if schema.id_column not in frame.columns:
@@ -358,9 +446,9 @@ def party_rows_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=N
 
 
 def load_csv(path, label: str, categorical=None, id_column=None, schema: Schema | None = None,
-             sep=",", name: str | None = None, ordinal: dict | None = None) -> Table:
-    """Load your own CSV (with a header row). Kinds are inferred unless a schema is given; ``ordinal`` maps a
-    column to its ordered levels, lowest first."""
+             sep=None, name: str | None = None, ordinal: dict | None = None) -> Table:
+    """Load your own CSV (with a header row; ``sep=None`` detects the separator). Kinds are inferred unless a
+    schema is given; ``ordinal`` maps a column to its ordered levels, lowest first."""
     raw = read_raw(path, sep=sep)
     if schema is None:
         raw, dropped = drop_empty_columns(raw, keep=(label, id_column), file=str(path))

@@ -66,6 +66,7 @@ def _file(name: str, filename: str) -> Path:
 
 def _raw(name, filename, **kw):
     path = _file(name, filename)
+    kw.setdefault("sep", ",")  # the embedded files' own separators are known
     return read_raw(path, opener=lambda: gzip.open(path, "rt", newline=""), **kw), str(path)
 
 
