@@ -36,6 +36,7 @@ from treeflare.reporting import format_table, write_json_atomic
 
 def build_parser() -> argparse.ArgumentParser:
     from treeflare.flare.runner import add_run_args
+    from treeflare.flare.site_config import add_binding_arg
 
     parser = argparse.ArgumentParser(prog="schema.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (<DIR>/<site>/train.csv), when they have no "
                         "binding of their own (simulator, POC)")
+    add_binding_arg(g)
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has to answer")
     _add_out(disc)
     add_run_args(disc)

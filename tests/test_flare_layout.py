@@ -61,12 +61,12 @@ def test_no_controller_imports_an_executor_anywhere_in_the_glue():
 
 
 EXPORTS = {
-    "xgb_histogram": (["--dataset", "car", "--sites", "2"],
+    "xgb_histogram": (["--dataset", "car", "--sites", "2", "--binding", "vertical"],
                       {"treeflare.flare.xgb.controller.XGBDirectController",
                        "treeflare.flare.xgb.executor.XGBDirectExecutor",
                        "treeflare.flare.xgb.data_loader.TreeflareXGBDataLoader",
                        "treeflare.flare.xgb.progress.XGBRoundProgress"}),
-    "vertical_tree": (["--dataset", "car", "--passive", "1"],
+    "vertical_tree": (["--dataset", "car", "--passive", "1", "--binding", "vertical"],
                       {"treeflare.flare.vertical.controller.VerticalController",
                        "treeflare.flare.vertical.executor.VerticalExecutor",
                        "treeflare.flare.progress.ProgressReporter"}),
@@ -74,8 +74,8 @@ EXPORTS = {
 
 
 def test_exported_jobs_name_the_job_folders_and_carry_them(tmp_path, monkeypatch):
-    """Exported with today's layout, each job's configurations name the job folder's modules, and every class they
-    name imports from the app's own custom/ alone (the editable install hidden), as on a site without treeflare."""
+    """Exported with today's layout, each job's configurations name the job folder's modules (and hand the sites
+    the job's --binding), and every class they name imports from the app's own custom/ alone (the editable install hidden), as on a site without treeflare."""
     monkeypatch.chdir(tmp_path)
     checks = []
     for job, (argv, expected) in EXPORTS.items():
@@ -88,6 +88,8 @@ def test_exported_jobs_name_the_job_folders_and_carry_them(tmp_path, monkeypatch
             paths = set()
             for cfg in app.glob("config/config_fed_*.json"):
                 paths.update(p for p in _paths(json.loads(cfg.read_text())) if p.startswith("treeflare."))
+            for cfg in app.glob("config/config_fed_client.json"):  # --binding reaches the sites' readers
+                assert '"binding": "vertical"' in cfg.read_text(), (job, cfg)
             checks.append((str(app / "custom"), sorted(paths)))
         named = set().union(*(set(p) for c, p in checks if f"export_{job}" in c))
         assert named == expected, (job, sorted(named))

@@ -76,3 +76,49 @@ def test_a_binding_name_is_never_a_path(kit, tmp_path, name):
     with pytest.raises(DataError, match="binding name"):
         binding_file_name(name)
     assert list((kit / "local").iterdir()) == []
+
+
+class _Ctx:
+    """Just enough of an FLContext for the binding lookup: the site's local/ folder."""
+
+    def __init__(self, local: Path):
+        self.local = local
+
+    def get_engine(self):
+        return self
+
+    def get_workspace(self):
+        return self
+
+    def get_site_config_dir(self):
+        return str(self.local)
+
+
+def test_the_discovery_executor_reads_the_binding_the_job_names(kit, tmp_path):
+    from treeflare.flare.discovery.executor import SchemaDiscoveryExecutor
+
+    for name, rows in (("", "x,y\n1,a\n2,b\n"), ("vertical", "row_id,z\n1,3\n2,4\n3,5\n")):
+        folder = tmp_path / (name or "default")
+        folder.mkdir()
+        (folder / "train.csv").write_text(rows)
+        site_setup.bind(kit, str(folder), name=name)
+    task = {"request": {"vertical": True, "id_column": "row_id"}}
+    executor = SchemaDiscoveryExecutor(binding="vertical")
+    executor.log_info = lambda *args: None  # FLARE's logging wants a whole FLContext
+    reply = executor._profile("site-1", task, _Ctx(kit / "local"))
+    assert reply["profile"]["n_rows"] == 3 and "z" in json.dumps(reply["profile"])
+
+
+def test_the_icdta4fl_job_hands_its_binding_to_the_sites(tmp_path, monkeypatch):
+    from flare_helpers import load_script
+    from treeflare.data import Feature, Schema
+
+    monkeypatch.chdir(tmp_path)
+    schema = Schema((Feature("age", "numeric"),), "y", ("no", "yes"))
+    (tmp_path / "schema.json").write_text(json.dumps(schema.to_dict()))
+    with pytest.raises(SystemExit) as done:
+        load_script("jobs/icdta4fl/job.py", "export_icdta4fl_binding").main(
+            ["--schema", "schema.json", "--binding", "vertical", "--workspace", "ws", "--export", "out"])
+    assert done.value.code == 0
+    client = json.loads(next((tmp_path / "out").rglob("config_fed_client.json")).read_text())
+    assert '"binding": "vertical"' in json.dumps(client)

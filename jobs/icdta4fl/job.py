@@ -38,6 +38,7 @@ ARTIFACTS = ("global_tree.json", "rules.txt", "global_tree.png", "global_tree_on
 
 def parse_args(argv=None):
     from treeflare.flare.runner import add_run_args
+    from treeflare.flare.site_config import add_binding_arg
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p)
@@ -72,6 +73,7 @@ def parse_args(argv=None):
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has per task")
     g.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
+    add_binding_arg(g)
     add_run_args(p)
     add_progress_args(p)
     return check_args(p.parse_args(argv))
@@ -106,7 +108,7 @@ def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str])
                        "objective": args.refine_objective},
     ), id="icdta4fl_controller")
     job.to_server(ProgressReporter(), id=PROGRESS_ID)  # phase lines the job script prints while FLARE runs
-    job.to_clients(ICDTA4FLExecutor(data_root=str(data_root) if data_root else ""), tasks=TASKS)
+    job.to_clients(ICDTA4FLExecutor(data_root=str(data_root) if data_root else "", binding=args.binding), tasks=TASKS)
     ship_package(job)
     return job
 

@@ -60,6 +60,7 @@ def on_off(v: str) -> bool:
 
 def parse_args(argv=None):
     from treeflare.flare.runner import add_run_args
+    from treeflare.flare.site_config import add_binding_arg
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,6 +101,7 @@ def parse_args(argv=None):
     c.add_argument("--task-timeout", type=int, default=3600, help="seconds a site has for one message")
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
+    add_binding_arg(c)
     p.add_argument("--predict", metavar="MODEL_DIR", type=Path, default=None,
                    help="predict on new rows with a trained model instead of training: MODEL_DIR is the training "
                         "run's --workspace. New rows: --csv (split by columns like training; simulator/POC; "
@@ -176,7 +178,7 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
     min_bits = args.key_bits if args.allow_insecure_key else 2048
     job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.workers,
                                     min_key_bits=min_bits, min_node_rows=min(args.min_rows_node, 10),
-                                    schema=None if schema is None else schema.to_dict()),
+                                    schema=None if schema is None else schema.to_dict(), binding=args.binding),
                    tasks=[STEP, MSG])
     ship_package(job)
     return job

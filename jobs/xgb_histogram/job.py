@@ -39,6 +39,7 @@ from treeflare.cli import schema_source
 from treeflare.data import site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.flare.runner import add_run_args, one_poc, recipe_job, run_job, ship_package
+from treeflare.flare.site_config import add_binding_arg
 from treeflare.flare.xgb.protocol import job_ranks
 from treeflare.flare.xgb.progress import XGBRoundProgress
 from treeflare.reporting import format_table, write_json_atomic
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it, <DIR>/<site>/{train,test}.csv (default: the "
                         "folder this script prepares; a site's own binding, local/treeflare_site.json, wins)")
+    add_binding_arg(g)
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has for schema discovery")
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     add_run_args(p)
@@ -156,7 +158,8 @@ def data_loader(folder: str, schema, args, vertical: bool):
     from treeflare.flare.xgb.data_loader import TreeflareXGBDataLoader
 
     timing = str(args.timing_dir.resolve()) if args.timing_dir else None
-    return TreeflareXGBDataLoader(folder=folder, schema=schema.to_dict(), vertical=vertical, timing_dir=timing)
+    return TreeflareXGBDataLoader(folder=folder, schema=schema.to_dict(), vertical=vertical, timing_dir=timing,
+                                  binding=args.binding)
 
 
 def build_direct_job(folder: str, schema, params: dict, args, sites: list[str]):

@@ -68,6 +68,22 @@ def check_binding_name(name: str) -> str:
     return name
 
 
+def add_binding_arg(group) -> None:
+    """The job scripts' ``--binding NAME`` (an argparse parser or group): which site binding the sites read."""
+    import argparse
+
+    def name(value: str) -> str:
+        try:
+            return check_binding_name(value)
+        except DataError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    group.add_argument("--binding", type=name, default=DEFAULT_BINDING, metavar="NAME",
+                       help="the sites read their named binding NAME, local/treeflare_site.NAME.json (written by "
+                            "app/site_setup.py bind --name NAME), instead of the default one; a site without it "
+                            "refuses the job")
+
+
 def binding_file_name(name: str = DEFAULT_BINDING) -> str:
     """The file in a kit's ``local/`` folder that holds the binding ``name``."""
     name = check_binding_name(name)

@@ -17,15 +17,17 @@ class SchemaDiscoveryExecutor(SiteExecutor):
     else ``<data_root>/<site>/``) and replies with its profile. The site sets its floor for ``k`` (its binding's
     ``min_category_rows``, default 5): a job may ask for a higher ``k``, never a lower one."""
 
-    def __init__(self, data_root: str = ""):
+    def __init__(self, data_root: str = "", binding: str = ""):
+        """``binding``: the name of the site binding to read ("" the default one; see site_config)."""
         super().__init__()
         self.data_root = data_root
+        self.binding = binding
 
     def handlers(self) -> dict:
         return {TASK: self._profile}
 
     def _profile(self, site: str, task: Shareable, fl_ctx) -> Shareable:
-        binding = load_binding(site, fl_ctx, self.data_root)
+        binding = load_binding(site, fl_ctx, self.data_root, name=self.binding)
         self.log_info(fl_ctx, f"{site} describes {binding.path('train')} ({binding.source})")
         reply = make_reply(ReturnCode.OK)
         reply["profile"] = profile_site(binding, site, dict(task.get("request") or {}))

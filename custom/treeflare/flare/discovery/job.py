@@ -28,7 +28,7 @@ from .protocol import TASK
 
 def build_discovery_job(sites: list[str], data_root: str = "", *, label=None, id_column=None, categorical=None,
                         ordinal=None, min_category_rows: int = DEFAULT_MIN_CATEGORY_ROWS, vertical=False,
-                        task_timeout: int = 300):
+                        task_timeout: int = 300, binding: str = ""):
     from nvflare.job_config.api import FedJob
 
     from ..runner import ship_package
@@ -37,7 +37,7 @@ def build_discovery_job(sites: list[str], data_root: str = "", *, label=None, id
     job.to_server(SchemaDiscoveryController(sites=sites, label=label, id_column=id_column, categorical=categorical,
                                             ordinal=ordinal, min_category_rows=min_category_rows, vertical=vertical,
                                             task_timeout=task_timeout), id="schema_discovery")
-    job.to_clients(SchemaDiscoveryExecutor(data_root=data_root or ""), tasks=[TASK])
+    job.to_clients(SchemaDiscoveryExecutor(data_root=data_root or "", binding=binding), tasks=[TASK])
     ship_package(job)
     return job
 
@@ -61,7 +61,8 @@ def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = Fa
                               id_column=_strip(getattr(args, "id", None)),
                               categorical=parse_categorical(getattr(args, "categorical", None)),
                               ordinal=parse_ordinal(getattr(args, "ordinal", None)), min_category_rows=k,
-                              vertical=vertical, task_timeout=int(getattr(args, "task_timeout", 300) or 300))
+                              vertical=vertical, task_timeout=int(getattr(args, "task_timeout", 300) or 300),
+                              binding=getattr(args, "binding", "") or "")
     sub = argparse.Namespace(**{**vars(args), "workspace": workspace / "discovery"})
     print(f"schema discovery on {', '.join(sites)} (a site reports a category value only if {k} of its rows or "
           "more hold it, or its own floor if that is higher)", flush=True)

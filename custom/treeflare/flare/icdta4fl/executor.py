@@ -57,11 +57,13 @@ def site_identity(fl_ctx, site: str):
 class ICDTA4FLExecutor(SiteExecutor):
     PUBLIC_ERRORS = (PayloadError, secagg.SecAggError)
 
-    def __init__(self, data_root: str = ""):
+    def __init__(self, data_root: str = "", binding: str = ""):
         """``data_root``: folder holding ``<site>/train.csv``; a site's own binding (its
-        ``local/treeflare_site.json`` or ``$TREEFLARE_DATA_ROOT``) overrides it."""
+        ``local/treeflare_site.json`` or ``$TREEFLARE_DATA_ROOT``) overrides it. ``binding``: the name of the
+        site binding to read instead ("" the default one; see site_config)."""
         super().__init__()
         self.data_root = data_root
+        self.binding = binding
         self._test = None  # (X_test, y_test) kept between tasks of one run
         self._train_data = None  # (X_train, y_train, feature kinds): for refinement rounds
         # announced with the training task, the site's own plan: a round is answered once, none beyond, with
@@ -81,7 +83,7 @@ class ICDTA4FLExecutor(SiteExecutor):
         schema = Schema.from_dict(task["schema"])
         algorithm = str(task["algorithm"])
         params = dict(task.get("params") or {})
-        binding = load_binding(site, fl_ctx, self.data_root)
+        binding = load_binding(site, fl_ctx, self.data_root, name=self.binding)
         if fl_ctx is not None:
             self.log_info(fl_ctx, f"{site} reads {binding.path('train')} and {binding.path('test')} ({binding.source})")
         train = binding.read("train", schema, site)

@@ -61,9 +61,9 @@ PREDICTIONS = "vertical_predictions.csv"    # a prediction run's output, at the 
 MAX_MODEL_BYTES = 512 * 1024 * 1024
 
 
-def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=None):
+def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=None, binding_name: str = ""):
     if schema is not None:  # this party's columns of the job's schema, from its own binding
-        binding = load_binding(site, fl_ctx, data_root)
+        binding = load_binding(site, fl_ctx, data_root, name=binding_name)
         schema = Schema.from_dict(schema)
         return tuple(binding.read(which, schema, site, own_columns=True) for which in ("train", "test"))
     root = os.environ.get(DATA_ROOT_ENV) or data_root
@@ -79,10 +79,11 @@ class VerticalExecutor(SiteExecutor):
     def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
                  allow_mock: bool = False, min_node_rows: int = DEFAULT_MIN_ROWS_NODE,
                  max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH, schema: dict | None = None,
-                 max_predict_rows: int = MAX_PREDICT_ROWS):
+                 max_predict_rows: int = MAX_PREDICT_ROWS, binding: str = ""):
         """
         Args:
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
+            binding: the name of the site binding to read ("" the default one; see site_config).
             schema: the job's schema (``Schema.to_dict()``); each party reads the columns its files hold.
             workers: processes for the crypto at this site (0 = all cores).
             min_key_bits: a passive site refuses a public key shorter than this
@@ -97,6 +98,7 @@ class VerticalExecutor(SiteExecutor):
         """
         super().__init__()
         self.data_root = data_root
+        self.binding = binding
         self.workers = int(workers)
         self.min_key_bits = int(min_key_bits)
         self.allow_mock = bool(allow_mock)
@@ -139,7 +141,7 @@ class VerticalExecutor(SiteExecutor):
                 if self.workers:
                     params.workers = self.workers
                 passives = [str(p) for p in task["passives"]]
-                train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
+                train, test = _site_tables(self.data_root, site, self.schema, fl_ctx, self.binding)
                 X, names, _ = train.codes()
                 Xt, _, _ = test.codes()
                 y, self.active_test_y, n_classes = labels_for(params, train, test)
@@ -188,7 +190,7 @@ class VerticalExecutor(SiteExecutor):
     def _prediction_part(self, site, fl_ctx, default_name, check):
         """(model part, features, ids) of this site for a prediction run: its model part and its new rows, both
         from its own binding (``vertical_model``, ``predict``; see site_config). Nothing of either is sent."""
-        binding = load_binding(site, fl_ctx, self.data_root)
+        binding = load_binding(site, fl_ctx, self.data_root, name=self.binding)
         path = binding.model_path(default_name)
         if not path.is_file():
             raise DataError(f"{site}: {path}: this site's part of the vertical model not found (put the training "
@@ -245,7 +247,7 @@ class VerticalExecutor(SiteExecutor):
             self.passive.close()
             self.passive = None
         if msg.get("type") == "setup":
-            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx)
+            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx, self.binding)
             if train.y is not None:
                 raise ProtocolError(f"{site} holds labels: it is the active site, not a passive one")
             X, names, _ = train.codes()

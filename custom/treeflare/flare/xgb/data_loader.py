@@ -29,7 +29,7 @@ _log = logging.getLogger(__name__)
 
 class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
     def __init__(self, folder: str, schema: dict | None = None, vertical: bool = False,
-                 timing_dir: str | None = None):
+                 timing_dir: str | None = None, binding: str = ""):
         """
         Args:
             folder: the federation folder (absolute path on the site).
@@ -37,12 +37,14 @@ class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
                 ``<folder>`` with its ``partition.json``.
             vertical: column split; rows are aligned on the id column.
             timing_dir: if set, write ``<timing_dir>/<site>.json`` with data-loading timestamps (benchmarks).
+            binding: the name of the site binding to read ("" the default one; see site_config).
         """
         FLComponent.__init__(self)
         self.folder = folder
         self.schema = schema
         self.vertical = vertical
         self.timing_dir = timing_dir
+        self.binding = binding
         self._config_dir = None  # the kit's local/ folder, where the site's binding lives
 
     def handle_event(self, event_type: str, fl_ctx):
@@ -53,7 +55,7 @@ class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
         if self.schema is None:
             return load_site(self.folder, self.client_id, None, vertical=self.vertical)
         schema = Schema.from_dict(self.schema)
-        binding = load_binding(self.client_id, None, self.folder, config_dir=self._config_dir)
+        binding = load_binding(self.client_id, None, self.folder, config_dir=self._config_dir, name=self.binding)
         _log.info("%s reads %s and %s (%s)", self.client_id, binding.path("train"), binding.path("test"),
                   binding.source)
         return tuple(table_arrays(binding.read(which, schema, self.client_id, own_columns=self.vertical),
