@@ -86,6 +86,15 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join([line, sep] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body])
 
 
+def outputs_text(files: dict) -> str:
+    """The end of a job's output: what it wrote and where, one line per output that exists (``{label: path}``)."""
+    present = [(label, Path(path)) for label, path in files.items() if path and Path(path).exists()]
+    if not present:
+        return ""
+    width = max(len(label) for label, _ in present)
+    return "\noutputs:\n" + "\n".join(f"  {label.ljust(width)}  {path}" for label, path in present)
+
+
 def bench_settings(**extra) -> dict:
     """What a benchmark figure depends on, recorded beside it: load average, cores, time, commit, plus ``extra``
     (seeds, randomness, repeats)."""

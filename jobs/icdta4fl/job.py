@@ -29,11 +29,13 @@ from treeflare.data import Schema, read_site, read_site_csv, site_name, write_fe
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space
-from treeflare.reporting import format_table, write_json_atomic
+from treeflare.reporting import format_table, outputs_text, write_json_atomic
 from treeflare.trees.tree import Tree
 
 JOB_NAME = "icdta4fl"
 ARTIFACTS = ("global_tree.json", "rules.txt", "global_tree.png", "global_tree_one_round.json")
+SITE_HELD = "site-held"  # the partition kind of the sites' own data
+VALIDATION_ROWS = "each site's validation rows (its test.csv)"
 
 
 def parse_args(argv=None):
@@ -135,12 +137,15 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "job": JOB_NAME,
         "algorithm": args.algorithm,
         "dataset": fed_summary["dataset"],
-        "partition": {"kind": part["kind"], "alpha": part.get("alpha"), "seed": part["seed"]},
+        # the sites' own data: no split here, so no alpha or seed
+        "partition": ({"kind": part["kind"]} if part["kind"] == SITE_HELD else
+                      {"kind": part["kind"], "alpha": part.get("alpha"), "seed": part["seed"]}),
         "n_sites": server["n_sites"],
         "selected_sites": server["selected_sites"],
         "thresholds": server["thresholds"],
         "global": server["global"],
         "one_round": server.get("one_round"),
+        "validation": site_validation(server),
         "refinement": server.get("refinement"),
         "sites": {s: {k: v for k, v in info.items() if k in ("n_train", "n_test", "local", "global", "tree")}
                   for s, info in server["sites"].items()},
@@ -158,33 +163,70 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
     return report
 
 
-def print_summary(report: dict, workspace: Path) -> None:
+def site_validation(server: dict) -> dict | None:
+    """Each site's score of the final tree on its own validation rows (its test.csv; the controller checked every
+    reply), their mean over the sites, and the one-round tree's mean from refinement's check; None if no site
+    scored."""
+    sites = {s: {"accuracy": g["accuracy"], "macro_f1": g["macro_f1"], "n_test": info.get("n_test")}
+             for s, info in server["sites"].items() if (g := info.get("global"))}
+    if not sites:
+        return None
+    one = ((server.get("refinement") or {}).get("validation") or {}).get("one_round")
+    return {"rows": VALIDATION_ROWS,
+            "final_tree": {"sites": sites, "mean": {m: float(np.mean([v[m] for v in sites.values()]))
+                                                    for m in ("accuracy", "macro_f1")}},
+            # -1: no site scored the one-round tree (the controller's placeholder)
+            "one_round_tree": {"mean": one} if one and min(one.values()) >= 0 else None}
+
+
+def summary_rows(report: dict) -> tuple[str, list[list]]:
+    """The summary table's heading and rows: on the global test set when there is one, else on each site's
+    validation rows."""
     refined = report.get("refinement")
     done = (refined or {}).get("rounds_done", 0)
     name = f"global (ICDTA4FL, refined {done} round{'s' * (done != 1)})" if refined else "global (ICDTA4FL)"
-    rows = [[name, report["global"].get("accuracy"), report["global"].get("macro_f1"),
-             report["global"]["n_leaves"], report["global"]["depth"]]]
-    one = report.get("one_round")
+    g, one = report["global"], report.get("one_round")
+    validation = report.get("validation")
+    if g.get("accuracy") is None and validation:  # no global test set here: what the sites' own rows say
+        final = validation["final_tree"]
+        rows = [[f"{name}, mean of the sites", final["mean"]["accuracy"], final["mean"]["macro_f1"], g["n_leaves"],
+                 g["depth"]]]
+        rows += [[f"  {s} ({v['n_test']} rows)", v["accuracy"], v["macro_f1"], "", ""]
+                 for s, v in final["sites"].items()]
+        one_mean = (validation.get("one_round_tree") or {}).get("mean")
+        if refined and one and one_mean:
+            rows.append(["one-round tree (the paper's), mean of the sites", one_mean["accuracy"],
+                         one_mean["macro_f1"], one["n_leaves"], one["depth"]])
+        return "model (each site's validation rows)", rows
+    rows = [[name, g.get("accuracy"), g.get("macro_f1"), g["n_leaves"], g["depth"]]]
     if refined and one:
         rows.append(["one-round tree (the paper's)", one.get("accuracy"), one.get("macro_f1"), one["n_leaves"],
                      one["depth"]])
-    if report["global"].get("accuracy") is None:  # no global test set here: each site's own test file
-        rows += [[f"global, {s}'s test set", g.get("accuracy"), g.get("macro_f1"), "", ""]
-                 for s, info in report["sites"].items() if (g := info.get("global"))]
     for key in ("centralized", "mean_local", "best_local"):
         b = report["baselines"].get(key)
         if b:
             rows.append([key.replace("_", " "), b["accuracy"], b["macro_f1"], b.get("n_leaves", ""), b.get("depth", "")])
+    return "model (global test set)", rows
+
+
+def print_summary(report: dict, workspace: Path) -> None:
+    refined = report.get("refinement")
+    heading, rows = summary_rows(report)
     print(f"\nICDTA4FL-{report['algorithm'].upper()} on {report['dataset']}, {report['n_sites']} sites "
           f"({report['partition']['kind']}), selected {len(report['selected_sites'])}: "
           f"{', '.join(report['selected_sites'])}")
-    print(format_table(["model (global test set)", "accuracy", "macro_f1", "leaves", "depth"], rows))
+    print(format_table([heading, "accuracy", "macro_f1", "leaves", "depth"], rows))
     if refined:
         noise = "" if refined.get("epsilon") is None else f", epsilon {refined['epsilon']} per round"
         print(f"refinement: started from the {refined.get('start')}; {refined.get('status')}{noise}")
     if report["dropped_sites"]:
         print(f"dropped sites: {report['dropped_sites']}")
-    print(f"\nreport: {workspace / 'report.json'}\nrules:  {workspace / 'rules.txt'}\ntree:   {workspace / 'global_tree.png'}")
+    source = report.get("schema_source") or {}
+    print(outputs_text({"report": workspace / "report.json", "global tree": workspace / "global_tree.json",
+                        "rules": workspace / "rules.txt", "picture": workspace / "global_tree.png",
+                        "one-round tree": workspace / "global_tree_one_round.json" if refined else None,
+                        "schema (discovered)": source.get("schema_file") if source.get("schema") == "discovered"
+                        else None}))
 
 
 @main_guard
@@ -215,7 +257,7 @@ def main(argv=None) -> int:
             schema, source = sites_schema(args, sites, data_root=args.data_root or "")
             timings["schema_discovery"] = time.perf_counter() - t
             summary = {"schema": schema.to_dict(), "dataset": "the sites' own data",
-                       "partition": {"kind": "site-held", "alpha": None, "seed": None},
+                       "partition": {"kind": SITE_HELD, "alpha": None, "seed": None},
                        "schema_source": source}
         job = build_job(args, summary, data_root, sites)
         t = time.perf_counter()

@@ -42,9 +42,10 @@ from treeflare.flare.runner import add_run_args, one_poc, recipe_job, run_job, s
 from treeflare.flare.site_config import add_binding_arg
 from treeflare.flare.xgb.protocol import job_ranks
 from treeflare.flare.xgb.progress import XGBRoundProgress
-from treeflare.reporting import format_table, write_json_atomic
+from treeflare.reporting import format_table, outputs_text, write_json_atomic
 from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build, make_params, metric_keys
 from treeflare.xgb.encoding import global_test
+from treeflare.xgb.eval_log import eval_metric_names, last_round_eval
 from treeflare.xgb.metrics import metric_diffs, score_booster
 from treeflare.xgb.model import save_with_schema
 from treeflare.xgb.fedserver import DEFAULT_XGB_PORT, MAX_PORT, FederatedServerError, check_port
@@ -52,6 +53,9 @@ from treeflare.xgb.params import DEFAULT_ETA, DEFAULT_MAX_DEPTH, DEFAULT_ROUNDS
 
 JOB = "xgb_histogram"
 BASELINES = ("centralized", "native_distributed")
+# whose rows XGBoost's per-round eval covers (each site's test.csv is its eval set; XGBoost evaluates collectively)
+VALIDATION_ROWS = {"horizontal": "every site's validation rows (test.csv), evaluated collectively",
+                   "vertical": "the sites' shared validation rows (test.csv), labelled by the label owner"}
 # One FLARE aux message per XGBoost collective operation (per_msg_timeout == tx_timeout makes ReliableMessage
 # send a plain request/reply instead of request + ack + separate reply + query: two messages instead of four).
 PER_MSG_TIMEOUT = 600.0
@@ -330,6 +334,10 @@ def run(args, table=None) -> dict:
     tb_src = Path(server_run_dir) / "tb_events"
     if tb_src.is_dir():
         shutil.copytree(tb_src, workspace / "tb_events", dirs_exist_ok=True)
+    # what the sites' validation rows say at the last round: the only metric when the sites hold the data
+    eval_metrics = eval_metric_names(params)
+    validation = {"rows": VALIDATION_ROWS[args.mode], "metrics": eval_metrics,
+                  "sites": last_round_eval(tb_src, sites, eval_metrics, args.rounds) if tb_src.is_dir() else {}}
 
     global_metrics, proba, test = None, None, None
     if fed_dir is not None:  # the global test set and the baselines need the rows this script partitioned
@@ -365,13 +373,14 @@ def run(args, table=None) -> dict:
         "n_sites": len(sites),
         "params": {"rounds": args.rounds, "max_depth": args.max_depth, "eta": args.eta, "nthread": args.nthread,
                    "early_stopping_rounds": args.early_stopping_rounds, "seed": args.seed,
-                   "partition": args.partition if args.mode == "horizontal" else "vertical",
-                   "alpha": args.alpha, "n_classes": n_classes, "classes": list(schema.classes),
+                   **partition_params(args, split_here=fed_dir is not None), "n_classes": n_classes,
+                   "classes": list(schema.classes),
                    "xgb_params": params, "env": args.env, "transport": args.transport,
                    **({"xgb_port": args.xgb_port, "xgb_server_host": args.xgb_server_host or None}
                       if args.transport == "direct" else {"messaging": args.messaging})},
         "transport": _transport_report(args, server),
         "global": global_metrics,
+        "validation": validation,
         "baselines": baselines,
         "comparison": comparison,
         "timings_s": timings,
@@ -382,7 +391,20 @@ def run(args, table=None) -> dict:
     }
     write_json_atomic(workspace / "report.json", report)
     print(summary_table(report))
+    print(outputs_text({"report": workspace / "report.json", "model": model_path,
+                        "per-round metrics (TensorBoard)": workspace / "tb_events", "federation": fed_dir,
+                        "FLARE run folder": server_run_dir}))
     return report
+
+
+def partition_params(args, split_here: bool) -> dict:
+    """How this script split the submitter's data among the sites (``split_here``); nothing when the sites hold
+    their own. ``alpha`` only for the Dirichlet partitions."""
+    if not split_here:
+        return {}
+    if args.mode == "vertical":
+        return {"partition": "vertical"}
+    return {"partition": args.partition, **({"alpha": args.alpha} if args.partition != "iid" else {})}
 
 
 def _transport_report(args, server: dict | None) -> dict:
@@ -404,12 +426,21 @@ def summary_table(report: dict) -> str:
     for name, m in report["baselines"].items():
         if m:
             rows.append([name, *[m[k] for k in keys]])
+    heading, note = "model", ""
+    validation = report.get("validation") or {}
+    if not report["global"]:  # no global test set: each site's eval at the last round, on the validation rows
+        rows = [[f"NVFlare {report['mode']} ({report['params']['transport']}), {site}'s eval, round {m['round']}",
+                 *[m.get(k) for k in keys]] for site, m in (validation.get("sites") or {}).items()]
+        heading = "model (each site's validation rows)"
+        whose = validation.get("rows") or "the sites' validation rows"
+        note = (f"\nno global test set here: the sites hold the data; eval = XGBoost's per-round metric on "
+                f"{whose} (every round: tb_events/)" if rows else
+                "\nno global test set here, and no site's eval metrics arrived (tb_events/ is empty)")
     t = report["timings_s"]
     times = ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if isinstance(v, (int, float)))
     return (f"{report['job']} on {report['dataset']} ({report['mode']}, {report['n_sites']} sites, "
-            f"{report['params']['rounds']} rounds)\n" + format_table(["model", *keys], rows) + f"\ntimings: {times}"
-            + ("" if report["global"] else "\nno global test set here: the sites hold the data (each site's "
-                                           "validation metrics per round are in tb_events/)"))
+            f"{report['params']['rounds']} rounds)\n" + format_table([heading, *keys], rows) + f"\ntimings: {times}"
+            + note)
 
 
 @main_guard
