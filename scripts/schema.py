@@ -10,7 +10,8 @@
 from-csv infers the schema from a CSV you hold (every value in it is listed). discover asks the sites: each
 describes its bound training file (names, kinds, category values seen in at least k of its rows, class labels,
 row count; k is --min-category-rows or the site's own floor, default 5, whichever is higher) and the server
-merges the descriptions, or names the sites and columns that disagree. A site refuses --categorical or
+merges the descriptions, or names the sites and columns that disagree (its FLARE folders in
+<workspace>/flare/, the schema in --out, default <workspace>/schema.json). A site refuses --categorical or
 --ordinal on a column it reads as numbers unless its binding lists it in "categorical_allowed". Discovery
 cannot know the order of an ordinal column's levels: declare it with --ordinal COL=low<mid<high, or edit
 schema.json (set "kind": "ordinal" and list "categories" lowest first, every level the sites hold). check
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "binding of their own (simulator, POC)")
     add_binding_arg(g)
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has to answer")
-    _add_out(disc)
+    _add_out(disc, default="<workspace>/schema.json")
     add_run_args(disc)
 
     chk = sub.add_parser("check", help="read a schema.json (e.g. after editing it) and print what a job would use")
@@ -73,13 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_out(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="the schema.json to write")
+def _add_out(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--out", required=default is None, type=Path, metavar="FILE",
+                   help="the schema.json to write" + (f" (default: {default})" if default else ""))
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
 
 def _check_out(args) -> Path:
-    out = Path(args.out)
+    out = Path(args.out) if args.out is not None else Path(args.workspace) / "schema.json"
     if out.exists() and not args.overwrite:
         raise DataError(f"--out {out}: already exists; choose another file or pass --overwrite")
     if out.exists() and not out.is_file():
@@ -132,7 +134,9 @@ def main(argv=None) -> int:
     sites = [site_name(i) for i in range(args.sites)]
     Path(args.workspace).mkdir(parents=True, exist_ok=True)
     with one_poc(args, sites):
-        schema, summary = discover(args, sites, data_root=args.data_root or "", vertical=args.vertical, out=out)
+        # this workspace is discovery's own: its FLARE folders in <workspace>/flare/, as every job's
+        schema, summary = discover(args, sites, data_root=args.data_root or "", vertical=args.vertical, out=out,
+                                   own_workspace=True)
     print(describe(schema, summary["parties"]))
     print(f"\nreview {out}; an ordinal column's levels are not discovered: set \"kind\": \"ordinal\" and list its "
           f"\"categories\" lowest first (or pass --ordinal); then run a job with --schema {out}")

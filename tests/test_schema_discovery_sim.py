@@ -1,6 +1,7 @@
 """Schema discovery in the FLARE simulator (one run of scripts/schema.py discover): three sites whose CSVs differ in
 row order, column order, category order and a rare value agree on the schema the pooled data would give, less the
-rare value, which reaches neither the server's files nor schema.json."""
+rare value, which reaches neither the server's files nor schema.json. site-3's file is semicolon-separated (the
+separator is detected); the workspace holds the FLARE folders in flare/ and, with no --out, schema.json."""
 
 from __future__ import annotations
 
@@ -20,17 +21,21 @@ def test_discovery_in_the_simulator(tmp_path):
     import pandas as pd
 
     data = site_folders(tmp_path / "data")
-    out = tmp_path / "schema.json"
+    site3 = tmp_path / "data" / "site-3" / "train.csv"
+    pd.read_csv(site3, dtype=str, keep_default_na=False).to_csv(site3, sep=";", index=False)
+    assert site3.read_text().splitlines()[0] == "y;grade;colour;x"
     ws = tmp_path / "ws"
+    out = ws / "schema.json"
     proc = run_script("scripts/schema.py", ["discover", "--env", "sim", "--sites", "3", "--label", "y",
-                                            "--data-root", str(tmp_path / "data"), "--workspace", str(ws),
-                                            "--out", str(out)], tmp_path, timeout=240)
+                                            "--data-root", str(tmp_path / "data"), "--workspace", str(ws)],
+                      tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     schema = Schema.from_dict(json.loads(out.read_text()))
     assert schema == infer_schema(pd.DataFrame(data), label="y")
     assert json.loads(out.read_text())["discovery"]["sites"]["site-2"]["n_rows"] == 80
     assert "site-1 80, site-2 80, site-3 80" in proc.stdout and "colour" in proc.stdout
-    server = ws / "discovery" / "flare" / "schema_discovery" / "server"
+    assert not (ws / "discovery").exists()  # the workspace is discovery's own: no folder nested in it
+    server = ws / "flare" / "schema_discovery" / "server"
     assert (server / "simulate_job" / "schema_discovery_result.json").is_file()
     for f in server.rglob("*"):
         if f.is_file():

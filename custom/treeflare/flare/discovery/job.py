@@ -42,11 +42,12 @@ def build_discovery_job(sites: list[str], data_root: str = "", *, label=None, id
     return job
 
 
-def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = False, out: Path | None = None
-             ) -> tuple[Schema, dict]:
-    """Run the discovery job where ``args.env`` says (its FLARE folders under ``<workspace>/discovery/``) and
-    return the sites' schema and the discovery summary; the schema is written to ``out`` (default
-    ``<workspace>/schema.json``). A failure or a conflict ends the command with the reason (exit 1), written to
+def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = False, out: Path | None = None,
+             own_workspace: bool = False) -> tuple[Schema, dict]:
+    """Run the discovery job where ``args.env`` says (its FLARE folders under ``<workspace>/discovery/``, or
+    ``<workspace>/`` itself with ``own_workspace``: a workspace of discovery alone) and return the sites' schema and
+    the discovery summary; the schema is written to ``out`` (default ``<workspace>/schema.json``). A failure or a
+    conflict ends the command with the reason (exit 1), written to
     ``<workspace>/report.json`` too."""
     from ...cli import parse_categorical, parse_ordinal
     from ..runner import read_server_result, run_job
@@ -63,7 +64,7 @@ def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = Fa
                               ordinal=parse_ordinal(getattr(args, "ordinal", None)), min_category_rows=k,
                               vertical=vertical, task_timeout=int(getattr(args, "task_timeout", 300) or 300),
                               binding=getattr(args, "binding", "") or "")
-    sub = argparse.Namespace(**{**vars(args), "workspace": workspace / "discovery"})
+    sub = argparse.Namespace(**{**vars(args), "workspace": workspace if own_workspace else workspace / "discovery"})
     print(f"schema discovery on {', '.join(sites)} (a site reports a category value only if {k} of its rows or "
           "more hold it, or its own floor if that is higher)", flush=True)
     run_dir = run_job(job, sub, sites)
