@@ -142,3 +142,24 @@ def test_prepare_data_reads_a_semicolon_file(prepare, tmp_path, capsys):
     with pytest.raises(SystemExit):
         prepare.main(["--dataset", "car", "--sep", ";", "--out", str(tmp_path / "o4")])
     assert "--sep applies only to --csv" in capsys.readouterr().err
+
+
+def test_rows_to_predict_read_with_their_separator(tmp_path):
+    """scripts/predict.py's reader: the same new rows, semicolon- or comma-separated, get the same predictions."""
+    xgb = pytest.importorskip("xgboost")
+    from treeflare.prediction import predict_csv
+    from treeflare.xgb.encoding import dmatrix, table_arrays
+    from treeflare.xgb.model import attach_schema
+    from treeflare.xgb.params import make_params
+
+    table = load_csv(write(tmp_path, "bank.csv", BANK), label="y")
+    booster = xgb.train(make_params(2, max_depth=2), dmatrix(table_arrays(table)), 3)
+    attach_schema(booster, table.schema, "horizontal", None)
+    booster.save_model(str(tmp_path / "model.json"))
+    semi = write(tmp_path, "new_semi.csv", BANK)
+    comma = write(tmp_path, "new_comma.csv", read_raw(semi).to_csv(index=False))
+    assert detect_separator(comma) == ","
+    a = predict_csv(tmp_path / "model.json", semi, tmp_path / "a.csv")
+    b = predict_csv(tmp_path / "model.json", comma, tmp_path / "b.csv")
+    assert a["rows"] == b["rows"] == 8
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
