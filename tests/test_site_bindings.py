@@ -40,8 +40,9 @@ def test_named_bindings_sit_beside_the_default_one(kit, tmp_path):
 
 
 def test_a_named_binding_the_site_lacks_refuses_the_job(kit, tmp_path, monkeypatch):
-    site_setup.bind(kit, str(tmp_path / "h"))
+    default = site_setup.bind(kit, str(tmp_path / "h"))
     monkeypatch.setenv(DATA_ROOT_ENV, str(tmp_path / "root"))
+    monkeypatch.setenv(SITE_CONFIG_ENV, str(default))
     # neither the default binding nor a data root stands in for it: those are another job's files
     with pytest.raises(DataError, match="does not hold") as err:
         load_binding("site-1", config_dir=kit / "local", job_data_root="/elsewhere", name="vertical")
