@@ -393,6 +393,8 @@ def run(args, table=None) -> dict:
     print(summary_table(report))
     print(outputs_text({"report": workspace / "report.json", "model": model_path,
                         "per-round metrics (TensorBoard)": workspace / "tb_events", "federation": fed_dir,
+                        "schema (discovered)": schema_info.get("schema_file")
+                        if schema_info.get("schema") == "discovered" else None,
                         "FLARE run folder": server_run_dir}))
     return report
 
