@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -79,20 +80,10 @@ def test_a_binding_name_is_never_a_path(kit, tmp_path, name):
     assert list((kit / "local").iterdir()) == []
 
 
-class _Ctx:
+def _site_ctx(local: Path):
     """Just enough of an FLContext for the binding lookup: the site's local/ folder."""
-
-    def __init__(self, local: Path):
-        self.local = local
-
-    def get_engine(self):
-        return self
-
-    def get_workspace(self):
-        return self
-
-    def get_site_config_dir(self):
-        return str(self.local)
+    workspace = SimpleNamespace(get_site_config_dir=lambda: str(local))
+    return SimpleNamespace(get_engine=lambda: SimpleNamespace(get_workspace=lambda: workspace))
 
 
 def test_the_discovery_executor_reads_the_binding_the_job_names(kit, tmp_path):
@@ -106,7 +97,7 @@ def test_the_discovery_executor_reads_the_binding_the_job_names(kit, tmp_path):
     task = {"request": {"vertical": True, "id_column": "row_id"}}
     executor = SchemaDiscoveryExecutor(binding="vertical")
     executor.log_info = lambda *args: None  # FLARE's logging wants a whole FLContext
-    reply = executor._profile("site-1", task, _Ctx(kit / "local"))
+    reply = executor._profile("site-1", task, _site_ctx(kit / "local"))
     assert reply["profile"]["n_rows"] == 3 and "z" in json.dumps(reply["profile"])
 
 
