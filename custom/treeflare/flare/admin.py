@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FINISHED_OK = "FINISHED:COMPLETED"
+NVFLARE_CONNECTING = "Connecting to FLARE ..."  # what NVFlare's admin API prints at every session it opens
 
 
 class DeployError(RuntimeError):
@@ -38,12 +39,31 @@ def admin_username(admin_kit: Path) -> str:
         return admin_kit.name
 
 
+def _without_connecting_line() -> None:
+    """NVFlare's admin API prints "Connecting to FLARE ..." each time a session opens (a job here opens three:
+    submit, wait, progress); :func:`submit_and_collect` says it once instead. Only that exact line is dropped:
+    every other message of the admin API (a failed download, a login error) still prints."""
+    from nvflare.fuel.hci.client import api
+
+    show = api._print_hci_message
+    if getattr(show, "treeflare_filter", False):
+        return
+
+    def without_connecting(msg):
+        if msg != NVFLARE_CONNECTING:
+            show(msg)
+
+    without_connecting.treeflare_filter = True
+    api._print_hci_message = without_connecting
+
+
 @contextmanager
 def admin_session(admin_kit: Path, timeout: float = 30.0):
     """A secure admin session with the server ``admin_kit`` belongs to, closed on the way out. A server that
     cannot be reached is a :class:`DeployError` that says what to check."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
+    _without_connecting_line()
     admin_kit = Path(admin_kit).resolve()
     try:
         sess = new_secure_session(admin_username(admin_kit), str(admin_kit), timeout=timeout)
@@ -139,6 +159,7 @@ def collect_job(admin_kit: Path, job_id: str, out_dir: Path, *, timeout: float =
 def submit_and_collect(admin_kit: Path, job_dir: Path, out_dir: Path, *, timeout: float = 3600.0,
                        site_dirs=None, watch=None) -> JobOutcome:
     """``watch(job_id)``: a context manager kept open while the job runs (e.g. printing its progress)."""
+    print(f"connecting to the FLARE server with the admin kit {Path(admin_kit).resolve()} ...", flush=True)
     job_id = submit_job(admin_kit, job_dir)
     print(f"submitted job {job_id} ({Path(job_dir).name}); waiting up to {timeout:.0f} s", flush=True)
     with (watch(job_id) if watch else nullcontext()):

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -29,10 +30,39 @@ TASK_REQUEST_INTERVAL = 0.2
 SIM_TMP_PREFIX = "tf-sim-"
 
 
+WORKSPACE_WHY = ("--workspace is needed with --export too: the data this script prepares (--dataset, --csv) is "
+                 "written under it, and the exported job points the sites at that folder unless --data-root says "
+                 "where theirs is")
+
+
+def _recipe_module_without_our_argv() -> None:
+    """NVFlare's ``nvflare.recipe.spec``, when first imported (the XGBoost job imports it through
+    ``nvflare.app_opt.xgboost``), takes ``--export``/``--export-dir`` out of ``sys.argv`` as its own recipe
+    options and warns (a UserWarning) that they are reserved. Our ``--export DIR`` is ours, parsed by our parser,
+    and we never export through a recipe: import the module once with no arguments in view, before our parser
+    runs, so NVFlare neither takes ours (whatever the import order) nor warns. No other warning is touched."""
+    if "nvflare.recipe.spec" in sys.modules:
+        return
+    saved = sys.argv[1:]
+    sys.argv[1:] = []
+    try:
+        import nvflare.recipe.spec  # noqa: F401
+    finally:
+        sys.argv[1:] = saved
+
+
 def add_run_args(parser: argparse.ArgumentParser) -> None:
+    _recipe_module_without_our_argv()
     g = parser.add_argument_group("where to run")
     g.add_argument("--workspace", required=True, type=Path,
-                   help="output folder: report.json, models and pictures land here")
+                   help="output folder: report.json, models and pictures land here; also needed with --export, "
+                        "which points the sites at the data prepared under it (unless --data-root)")
+    error = parser.error
+
+    def error_saying_why(message):  # argparse's own message names the option, not why it is needed
+        error(f"{message} ({WORKSPACE_WHY})" if "--workspace" in message and "required" in message else message)
+
+    parser.error = error_saying_why
     g.add_argument("--env", choices=["sim", "poc", "prod"], default="sim",
                    help="sim: FLARE simulator (default); poc: a local POC system; prod: provisioned sites")
     g.add_argument("--startup-kit", type=Path, help="admin startup kit folder (with --env prod)")
@@ -88,6 +118,18 @@ def export_job(job, export_dir: Path) -> Path:
     return out
 
 
+def export_hint(job_dir: Path, admin_kit=None) -> str:
+    """The commands that submit an exported job and fetch its result, as they run (NVFlare 2.9's ``nvflare job``
+    needs ``--startup-kit`` on each, or answers STARTUP_KIT_MISSING)."""
+    kit = shlex.quote(str(Path(admin_kit).resolve())) if admin_kit else "ADMIN_KIT"
+    lines = [f"job exported to {job_dir}", "submit it and fetch its result with"
+             + ("" if admin_kit else " (ADMIN_KIT: the admin's startup kit folder)") + ":",
+             f"  nvflare job submit -j {shlex.quote(str(job_dir))} --startup-kit {kit}",
+             f"  nvflare job wait <job_id> --timeout 3600 --startup-kit {kit}",
+             f"  nvflare job download <job_id> -o results --startup-kit {kit}   # results/<job_id>/workspace/"]
+    return "\n".join(lines)
+
+
 def _shell_unsafe(path) -> bool:
     # NVFlare's simulator joins its command lines as text and splits them with shlex.
     return any(c.isspace() or c in "'\"\\$`;&|<>()*?[]#~!" for c in str(path))
@@ -137,7 +179,7 @@ def run_job(job, args, sites: list[str], progress=None) -> Path:
     while the job runs (the job needs a ``ProgressReporter`` on the server), or None."""
     if getattr(args, "export", None):
         out = export_job(job, args.export)
-        print(f"job exported to {out}\nsubmit it with: nvflare job submit -j {out}")
+        print(export_hint(out, getattr(args, "startup_kit", None)))
         raise SystemExit(0)
     workspace = Path(args.workspace).resolve()
     if args.env == "sim":
