@@ -6,7 +6,9 @@
     python scripts/prepare_data.py --dataset default_credit_card --vertical --passive 2 --out out/credit_vfl
 
 Layout: DIR/site-N/train.csv, DIR/site-N/test.csv (each site's local 80/20 split), DIR/server/test.csv
-(a stratified 20% held out before partitioning) and DIR/partition.json. Bad input: ``error: ...``, exit 2.
+(a stratified 20% held out before partitioning) and DIR/partition.json, all comma-separated; --csv's separator is
+detected (',', ';', tab, '|') unless --sep gives it. --vertical joins the parties on --id, or on a row_id column of
+row numbers it adds. Bad input: ``error: ...``, exit 2.
 """
 
 from __future__ import annotations

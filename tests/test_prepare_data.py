@@ -129,6 +129,22 @@ def test_vertical_csv(tmp_path):
     assert json.loads((out / "partition.json").read_text())["partition"]["kind"] == "vertical"
 
 
+def test_vertical_csv_without_id_adds_row_id(tmp_path, capsys):
+    """--vertical needs no --id: the rows are numbered in a row_id column, as --help and docs/data.md say."""
+    script = load_script("scripts/prepare_data.py", "prepare_data_vertical_help")
+    with pytest.raises(SystemExit):
+        script.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "needs an id column" not in help_text and "row_id column of row numbers" in help_text
+    src = tmp_path / "customers.csv"
+    src.write_text("\n".join(line.split(",", 1)[1] for line in CSV.strip().splitlines()) + "\n")  # no id
+    assert script.main(["--csv", str(src), "--label", "churn", "--vertical", "--out", str(tmp_path / "vfl")]) == 0
+    out = tmp_path / "vfl"
+    assert (out / "site-1" / "train.csv").read_text().splitlines()[0].split(",")[0] == "row_id"
+    assert (out / "site-2" / "train.csv").read_text().splitlines()[0].split(",")[0] == "row_id"
+    assert json.loads((out / "partition.json").read_text())["schema"]["id_column"] == "row_id"
+
+
 def test_bad_input_exits_2_without_traceback(tmp_path):
     p = run("--csv", tmp_path / "missing.csv", "--label", "y", "--out", tmp_path / "out", cwd=tmp_path)
     assert p.returncode == 2
