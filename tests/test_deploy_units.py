@@ -90,3 +90,22 @@ def test_project_file_is_valid():
     assert cfg["api_version"] == 3 and kinds.count("server") == 1 and kinds.count("client") == 3
     admin = next(p for p in cfg["participants"] if p["type"] == "admin")
     assert admin["role"] == "project_admin"  # BYOC jobs need it (or lead)
+
+
+def test_poc_server_stages_site_logs_in_its_workspace_and_stop_removes_the_empty_folders(tmp_path):
+    """NVFlare's JobLogReceiver staged each job's streamed site logs in <system temp>/<job id>/<site>/ and left the
+    folders behind (issue 21): a prepared POC points it into its own workspace, and stop removes what is empty."""
+    poc = LocalPoc(tmp_path / "system")
+    poc.prepare(["site-1", "site-2"], port=18577)  # prepares files only; starts no process
+    for name in ("resources.json", "resources.json.default"):
+        doc = json.loads((poc.server_dir / "local" / name).read_text())
+        receivers = [c for c in doc["components"] if c["path"].endswith(".JobLogReceiver")]
+        assert receivers and all(c["args"]["dest_dir"] == str(poc.log_staging) for c in receivers)
+    assert poc.log_staging.is_relative_to(poc.workspace)
+    # what the receiver leaves once the job store took its files goes; a partial log stays
+    (poc.log_staging / "job-a" / "site-1").mkdir(parents=True)
+    (poc.log_staging / "job-b" / "site-2").mkdir(parents=True)
+    (poc.log_staging / "job-b" / "site-2" / "log.txt").write_text("partial")
+    poc.stop()  # nothing runs: it only tidies
+    assert sorted(str(p.relative_to(poc.log_staging)) for p in poc.log_staging.rglob("*")) == \
+        ["job-b", "job-b/site-2", "job-b/site-2/log.txt"]

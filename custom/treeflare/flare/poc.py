@@ -32,6 +32,7 @@ DEFAULT_ADMIN = "admin@nvidia.com"
 OUTCOME_WAIT_ENV = "NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT"
 POC_PORT_ENV = "TREEFLARE_POC_PORT"
 DEFAULT_POC_PORT = 8002
+LOG_STAGING = "log_staging"  # the server's live-log staging folder, inside the POC workspace
 
 
 @contextmanager
@@ -112,6 +113,10 @@ class LocalPoc:
     def server_dir(self) -> Path:
         return self.prod_dir / "server"
 
+    @property
+    def log_staging(self) -> Path:
+        return self.workspace / LOG_STAGING
+
     def site_dirs(self) -> dict:
         return local_site_dirs(self.admin_kit)
 
@@ -167,6 +172,7 @@ class LocalPoc:
             project_file = self.root / "poc_project.yml"  # must live outside the workspace prepare recreates
             project_file.write_text(yaml.safe_dump(project, sort_keys=False))
             self._cli("poc", "prepare", "-i", str(project_file), "--force")
+        stage_logs_in(self.server_dir, self.log_staging)
 
     def start(self, timeout: float = 180.0) -> None:
         _check_port_free(self.port)
@@ -189,6 +195,39 @@ class LocalPoc:
         doomed += processes_with_cmdline(str(self.workspace))
         send_signal(doomed + descendants(doomed))
         wait_gone(processes_with_cmdline(str(self.workspace)), timeout=10)
+        remove_empty_folders(self.log_staging)
+
+
+def stage_logs_in(server_dir: Path, folder: Path) -> None:
+    """Point the server's ``JobLogReceiver`` (a system component of every NVFlare server) at ``folder``: by default
+    it stages the logs the sites stream into ``<system temp>/<job id>/<site>/`` and hands each file to the job
+    store, which moves it away and leaves the two folders behind in the system temp folder for every job."""
+    for name in ("resources.json", "resources.json.default"):  # NVFlare reads the first that exists
+        path = server_dir / "local" / name
+        if not path.is_file():
+            continue
+        doc = json.loads(path.read_text())
+        for comp in doc.get("components", []):
+            if str(comp.get("path", "")).endswith(".JobLogReceiver"):
+                comp.setdefault("args", {})["dest_dir"] = str(folder)
+        path.write_text(json.dumps(doc, indent=4))
+
+
+def remove_empty_folders(root: Path) -> None:
+    """Remove the empty folders under ``root`` (deepest first), and ``root`` if it ends up empty: what the log
+    receiver leaves once the job store has taken its files. A partial log (a stream that broke) stays."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty
+            pass
+    try:
+        root.rmdir()
+    except OSError:
+        pass
 
 
 def _check_port_free(port: int) -> None:
