@@ -19,7 +19,7 @@ from pathlib import Path
 from nvflare.job_config.api import FedJob
 
 from ...data import DataError, load_dataset, site_name
-from ...data.csv_io import read_raw
+from ...data.csv_io import check_separator, read_raw
 from ...data.federation import write_marked_folder
 from ...reporting import write_json_atomic
 from ...vertical.model_parts import find_model_parts, model_sites, prediction_site_files
@@ -57,7 +57,8 @@ def predict_main(args, job_name: str) -> int:
                             "each site reads its own new rows and model part (its binding's 'predict' and "
                             "'vertical_model'): leave out --csv")
         if args.csv:
-            raw, new_rows = read_raw(args.csv), str(Path(args.csv).resolve())
+            raw = read_raw(args.csv, sep=check_separator(getattr(args, "sep", None)))
+            new_rows = str(Path(args.csv).resolve())
         else:  # an embedded dataset's rows, with the ids its training run gave them (a demonstration)
             text = load_dataset(args.dataset).with_row_ids().to_frame().to_csv(index=False)
             raw, new_rows = read_raw(args.dataset, opener=lambda: io.StringIO(text)), f"dataset {args.dataset}"
