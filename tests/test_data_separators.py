@@ -163,3 +163,16 @@ def test_rows_to_predict_read_with_their_separator(tmp_path):
     b = predict_csv(tmp_path / "model.json", comma, tmp_path / "b.csv")
     assert a["rows"] == b["rows"] == 8
     assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+
+
+def test_sep_without_csv_is_refused():
+    """--sep with the sites' data (--schema discover/FILE) would do nothing: each site detects its own files'."""
+    import argparse
+
+    from treeflare.cli import schema_source
+
+    for schema in ("discover", "schema.json"):
+        args = argparse.Namespace(schema=schema, dataset=None, csv=None, sep=";", env="poc")
+        with pytest.raises(DataError, match="--sep applies only to --csv"):
+            schema_source(args)
+    assert schema_source(argparse.Namespace(schema=None, dataset=None, csv="a.csv", sep=";", env="sim")) == "data"

@@ -97,6 +97,9 @@ def schema_source(args: argparse.Namespace) -> str:
         schema = "discover" if not has_data and getattr(args, "env", "sim") in ("poc", "prod") else None
         args.schema = schema
     source = "data" if schema is None else "discover" if schema == "discover" else "file"
+    if source != "data" and getattr(args, "sep", None) is not None:
+        raise DataError("--sep applies only to --csv: each site reads its own files with the separator detected "
+                        "in them")
     if source != "discover" and getattr(args, "min_category_rows", None) is not None:
         raise DataError("--min-category-rows applies only to --schema discover")
     if source == "file":
