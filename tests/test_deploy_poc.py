@@ -145,6 +145,14 @@ def test_icdta4fl_on_the_sites_own_data_discovers_the_schema(poc, tmp_path):
     assert report["schema_source"]["schema"] == "discovered" and report["baselines"]["centralized"] is None
     assert report["dropped_sites"] == {} and set(report["sites"]) == {"site-1", "site-2", "site-3"}
     assert 0.75 < report["global"]["accuracy"] <= 1.0  # the server's test set is in --data-root here
+    # the sites' own data: no partition settings; each site's score of the final tree on its validation rows
+    assert report["partition"] == {"kind": "site-held"}
+    scored = report["validation"]["final_tree"]["sites"]
+    assert set(scored) == set(report["sites"]) and all(0 < v["accuracy"] <= 1 for v in scored.values())
+    assert all(scored[s]["n_test"] == report["sites"][s]["n_test"] for s in scored)
+    outputs = proc.stdout[proc.stdout.index("\noutputs:\n"):]  # every output named with where it went
+    for name in ("report.json", "global_tree.json", "rules.txt", "global_tree.png", "schema.json"):
+        assert str(ws / name) in outputs, name
     assert sum(info["n_train"] for info in report["sites"].values()) == \
         sum(info["n_rows"] for info in schema["discovery"]["sites"].values())
     # the refinement round ran on POC (real mTLS messaging): encrypted counts from all three sites
