@@ -10,7 +10,7 @@ import pytest
 
 from flare_helpers import load_script
 from treeflare.data import DataError, load_csv, read_site_csv
-from treeflare.data import csv_io
+from treeflare.data import separators
 from treeflare.data.csv_io import check_separator, detect_separator, frame_to_table, read_header, read_raw
 
 # as the UCI file is published: every string quoted, ';' between fields, "unknown" as a category, a few empty cells
@@ -72,7 +72,7 @@ def test_one_column_file_is_read_as_one_column(tmp_path):
 def test_detection_reads_whole_records_only(tmp_path, monkeypatch):
     # a sample that ends inside a record must not count that record's fields
     path = write(tmp_path, "bank.csv", BANK)
-    monkeypatch.setattr(csv_io, "_SNIFF_CHARS", len(BANK.splitlines()[0]) + 20)
+    monkeypatch.setattr(separators, "_SNIFF_CHARS", len(BANK.splitlines()[0]) + 20)
     assert detect_separator(path) == ";"
 
 
