@@ -11,7 +11,8 @@ import pytest
 from flare_helpers import load_script
 from treeflare.data import DataError, load_csv, read_site_csv
 from treeflare.data import separators
-from treeflare.data.csv_io import check_separator, detect_separator, frame_to_table, read_header, read_raw
+from treeflare.data.csv_io import frame_to_table, read_header, read_raw
+from treeflare.data.separators import check_separator, detect_separator
 
 # as the UCI file is published: every string quoted, ';' between fields, "unknown" as a category, a few empty cells
 BANK = '''"age";"job";"marital";"balance";"housing";"y"

@@ -34,7 +34,8 @@ import threading
 import warnings
 
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
-from .data.csv_io import check_levels, check_separator
+from .data.csv_io import check_levels
+from .data.separators import check_separator
 from .data.discovery import DEFAULT_MIN_CATEGORY_ROWS
 from .icdta4fl.refine_counts import MAX_REFINE_ROUNDS
 

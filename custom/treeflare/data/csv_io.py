@@ -12,7 +12,7 @@ import pandas as pd
 
 from .errors import DataError, DataWarning, where
 from .schema import Feature, Schema
-from .separators import check_separator, detect_separator, first_record, separator_hint  # noqa: F401 (importers)
+from .separators import detect_separator, first_record, separator_hint
 from .table import Table
 
 MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "None")

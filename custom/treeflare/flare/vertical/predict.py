@@ -19,7 +19,8 @@ from pathlib import Path
 from nvflare.job_config.api import FedJob
 
 from ...data import DataError, load_dataset, site_name
-from ...data.csv_io import check_separator, read_raw
+from ...data.csv_io import read_raw
+from ...data.separators import check_separator
 from ...data.federation import write_marked_folder
 from ...reporting import write_json_atomic
 from ...vertical.model_parts import find_model_parts, model_sites, prediction_site_files
