@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import socket
 import sys
 import time
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from flare_helpers import REPO, flare_lock, free_port, isolated_env, kill_token, processes_with_token, run_cmd
+from flare_helpers import (REPO, flare_lock, free_port, isolated_env, kill_token, load_script, processes_with_token,
+                           run_cmd)
 
 pytestmark = pytest.mark.flare
 
@@ -200,6 +203,164 @@ def test_vertical_through_poc(poc, tmp_path):
     g = r["global"]
     assert 0.6 < g["accuracy"] <= 1 and 0.6 < g["auc"] <= 1
     assert r["crypto"]["scheme"] == "paillier" and r["crypto"]["key_bits"] == 512
+
+
+DEPLOY_MD = REPO / "docs" / "DEPLOY.md"
+
+
+def _hint_commands(text: str) -> list[str]:
+    """The ``nvflare job`` command lines an export hint (or a docs code block) writes, without their comments."""
+    return [" ".join(shlex.split(line, comments=True)) for line in text.splitlines()
+            if line.strip().startswith("nvflare job ")]
+
+
+def test_deploy_md_step_5_writes_the_export_hint_commands():
+    """docs/DEPLOY.md's by-hand commands are the ones the job scripts' --export hint prints (with ADMIN_KIT)."""
+    from treeflare.flare.runner import export_hint
+
+    docs = DEPLOY_MD.read_text()
+    step5 = docs[docs.index("5. **Train**"):docs.index("6. **Predict**")]
+    hint = _hint_commands(export_hint(Path("jobs_out/icdta4fl")))
+    assert len(hint) == 3 and all("--startup-kit ADMIN_KIT" in c for c in hint), hint
+    assert set(hint) <= set(_hint_commands(step5)), (hint, _hint_commands(step5))
+
+
+def _bind(env, kit: Path, data: Path, *extra) -> None:
+    proc = run_cmd([sys.executable, str(REPO / "app" / "site_setup.py"), "bind", str(kit), "--data-dir", str(data),
+                    *extra], env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _py(env, script: str, *args, cwd, timeout=240):
+    proc = run_cmd([sys.executable, str(REPO / script), *map(str, args)], env, timeout=timeout, cwd=cwd)
+    assert proc.returncode == 0, f"{script} {args}\n" + proc.stderr[-3000:] + proc.stdout[-3000:]
+    return proc
+
+
+def test_running_on_real_sites_as_docs_deploy_writes_it(poc, tmp_path):
+    """docs/DEPLOY.md "Running on real sites", steps 3-5, on the POC with data no other test uses: bank-marketing
+    shaped files as the UCI file is published (';'-separated, quoted, "unknown" and empty cells, y=yes ~12%), of a
+    different size at each site, bound with app/site_setup.py (a default binding, and a named one for the vertical
+    job's columns). Schema discovery; ICDTA4FL exported and run with the `nvflare job submit/wait/download` commands
+    its --export hint prints (with ADMIN_KIT and the job id filled in); XGBoost and the vertical job with
+    `--env poc` on the sites' own data, their printed per-site validation tables and output paths checked."""
+    from data_helpers import bank_marketing_like, write_bank_csv
+
+    xgb_validation_rows = load_script("jobs/xgb_histogram/job.py", "xgb_job_real_sites").VALIDATION_ROWS["horizontal"]
+
+    env = {**poc["env"], "PATH": f"{Path(sys.executable).parent}{os.pathsep}{poc['env'].get('PATH', '')}"}
+    kits = Path(env["TREEFLARE_POC_ROOT"]) / "poc" / "example_project" / "prod_00"  # where DEPLOY.md says
+    admin_kit, sites = kits / "admin@nvidia.com", ["site-1", "site-2", "site-3"]
+    assert admin_kit.is_dir() and all((kits / s).is_dir() for s in sites)
+    cols = bank_marketing_like(900, seed=21)
+    bounds = [0, 200, 320, 600]  # train rows 150, 90, 210 (three quarters of each share); the rest: validation
+    horizontal = tmp_path / "sites"
+    for i, site in enumerate(sites):
+        rows = range(bounds[i], bounds[i + 1])
+        cut = bounds[i] + 3 * len(rows) // 4
+        write_bank_csv(horizontal / site / "train.csv", cols, rows=range(bounds[i], cut))
+        write_bank_csv(horizontal / site / "test.csv", cols, rows=range(cut, bounds[i + 1]))
+    # vertical: the same 300 people at every party, in the same row order (training compares the parties' ordered
+    # id lists), each party its own columns
+    vertical, people = tmp_path / "vertical", range(600, 900)
+    cols["uid"] = [f"c{i:05d}" for i in range(len(cols["y"]))]
+    held = {"site-1": ["uid", "age", "balance", "duration", "y"],
+            "site-2": ["uid", "job", "marital", "education", "housing", "loan"],
+            "site-3": ["uid", "contact", "month", "campaign", "pdays", "poutcome"]}
+    for site, columns in held.items():
+        write_bank_csv(vertical / site / "train.csv", cols, rows=people[:225], columns=columns)
+        write_bank_csv(vertical / site / "test.csv", cols, rows=people[225:], columns=columns)
+    t0 = time.perf_counter()
+    try:
+        # step 3: bind each site's data (a default binding, and the named one the vertical job reads)
+        for site in sites:
+            _bind(env, kits / site, horizontal / site, "--label-column", "y")
+            _bind(env, kits / site, vertical / site, "--name", "vertical", "--id-column", "uid",
+                  *(["--label-column", "y"] if site == "site-1" else []))
+        # step 4: agree the schema (the separator detected at each site)
+        _py(env, "scripts/schema.py", "discover", "--sites", 3, "--label", "y", "--env", "poc", "--workspace",
+            "out/discovery", "--out", "schema.json", "--task-timeout", 60, cwd=tmp_path)
+        schema = json.loads((tmp_path / "schema.json").read_text())
+        assert schema["label"] == "y" and schema["classes"] == ["no", "yes"]
+        assert [f["name"] for f in schema["features"]] == list(cols)[:16]
+        kinds = {f["name"]: f["kind"] for f in schema["features"]}
+        assert kinds["duration"] == "numeric" and kinds["poutcome"] == "categorical"
+        poc["timings"]["real_sites_discovery"] = time.perf_counter() - t0
+
+        # step 5 by hand: export, then the commands the hint prints, as printed
+        t = time.perf_counter()
+        exported = _py(env, "jobs/icdta4fl/job.py", "--schema", "schema.json", "--sites", 3, "--workspace", "out/icd",
+                       "--export", "jobs_out", "--max-depth", 3, "--task-timeout", 60, cwd=tmp_path)
+        commands = _hint_commands(exported.stdout)
+        assert [c.split()[:3] for c in commands] == [["nvflare", "job", "submit"], ["nvflare", "job", "wait"],
+                                                     ["nvflare", "job", "download"]], exported.stdout
+        job_id = None
+        for command in commands:
+            argv = [a.replace("ADMIN_KIT", str(admin_kit)).replace("<job_id>", job_id or "<job_id>")
+                    for a in shlex.split(command)]
+            proc = run_cmd(argv, env, timeout=240, cwd=tmp_path)
+            assert proc.returncode == 0, f"{argv}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            if job_id is None:
+                found = re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", proc.stdout)
+                assert found, proc.stdout
+                job_id = found[-1]
+        assert "<job_id>" not in " ".join(commands[:1]) and job_id
+        run_dir = tmp_path / "results" / job_id / "workspace"  # where the hint says the result lands
+        result = json.loads((run_dir / "icdta4fl_result.json").read_text())
+        assert result["status"] == "completed" and result["dropped_sites"] == {}, result.get("error")
+        assert set(result["sites"]) == set(sites)
+        assert {s: info["n_train"] for s, info in result["sites"].items()} == {"site-1": 150, "site-2": 90,
+                                                                               "site-3": 210}
+        for info in result["sites"].values():  # each site's score of the final tree on its own validation rows
+            assert 0.5 < info["global"]["accuracy"] <= 1
+        assert json.loads((run_dir / "global_tree.json").read_text())
+        poc["timings"]["real_sites_icdta4fl_by_hand"] = time.perf_counter() - t
+
+        # step 5 in one step: XGBoost on the sites' own data
+        t = time.perf_counter()
+        xgb = _py(env, "jobs/xgb_histogram/job.py", "--schema", "schema.json", "--sites", 3, "--env", "poc",
+                  "--workspace", "out/xgb", "--rounds", 3, "--max-depth", 2,
+                  "--nthread", 1, "--baselines", "", "--xgb-port", free_port(), "--task-timeout", 60, cwd=tmp_path)
+        poc["timings"]["real_sites_xgb"] = time.perf_counter() - t
+        ws = tmp_path / "out" / "xgb"
+        report = json.loads((ws / "report.json").read_text())
+        # horizontal XGBoost evaluates every site's validation rows collectively: one eval, the first site's
+        validation = report["validation"]
+        assert validation["metrics"] == ["auc"] and validation["rows"] == xgb_validation_rows
+        assert set(validation["sites"]) == {"site-1"} and validation["sites"]["site-1"]["round"] == 3, validation
+        assert "partition" not in report["params"] and "alpha" not in report["params"]
+        lines = xgb.stdout.splitlines()
+        assert any(line.startswith("model (each site's validation rows)") for line in lines), xgb.stdout
+        row = next(line for line in lines if "site-1's eval, round 3" in line)
+        assert row.split()[-1] == f"{validation['sites']['site-1']['auc']:.4f}" and 0.5 < float(row.split()[-1]) <= 1
+        assert xgb_validation_rows in xgb.stdout
+        outputs = xgb.stdout[xgb.stdout.index("\noutputs:\n"):].splitlines()[2:]
+        named = {line.split()[0]: Path(line.split()[-1]) for line in outputs if line.strip()}
+        assert named["model"].is_file() and named["report"] == ws / "report.json", outputs
+        assert all(path.exists() for path in named.values()), outputs
+
+        # the vertical job on the parties' own columns (their named bindings)
+        t = time.perf_counter()
+        _py(env, "scripts/schema.py", "discover", "--sites", 3, "--vertical", "--label", "y", "--id", "uid",
+            "--binding", "vertical", "--env", "poc", "--workspace", "out/vdiscovery", "--out",
+            "vertical_schema.json", "--task-timeout", 60, cwd=tmp_path)
+        vschema = json.loads((tmp_path / "vertical_schema.json").read_text())
+        assert {f["name"]: f["party"] for f in vschema["features"]} == {
+            c: site for site, columns in held.items() for c in columns if c not in ("uid", "y")}
+        vt = _py(env, "jobs/vertical_tree/job.py", "--schema", "vertical_schema.json", "--passive", 2,
+                 "--binding", "vertical", "--env", "poc", "--workspace", "out/vt",
+                 "--model", "gbdt", "--trees", 1, "--max-depth", 2, "--bins", 8, "--key-bits", 512,
+                 "--allow-insecure-key", "--workers", 1, "--task-timeout", 120, cwd=tmp_path, timeout=300)
+        poc["timings"]["real_sites_vertical"] = time.perf_counter() - t
+        vreport = json.loads((tmp_path / "out" / "vt" / "report.json").read_text())
+        assert vreport["sites"] == {"active": "site-1", "passive": ["site-2", "site-3"]}
+        assert 0.5 < vreport["global"]["accuracy"] <= 1, vreport["global"]
+        assert "plaintext oracle: not checked" in vt.stdout and "oracle: None" not in vt.stdout
+    finally:
+        for site in sites:  # the module's other tests read --data-root, which a binding would override
+            for name in ("treeflare_site.json", "treeflare_site.vertical.json"):
+                (kits / site / "local" / name).unlink(missing_ok=True)
+    poc["timings"]["real_sites"] = time.perf_counter() - t0
 
 
 def test_run_without_poc_is_a_clear_error(tmp_path):
