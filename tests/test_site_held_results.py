@@ -46,7 +46,7 @@ def _icdta4fl_args(**kw):
     return argparse.Namespace(**{**defaults, **kw})
 
 
-SITE_HELD_SUMMARY = {"dataset": "the sites' own data", "partition": {"kind": "site-held", "alpha": None, "seed": None},
+SITE_HELD_SUMMARY = {"dataset": "the sites' own data", "partition": {"kind": "site-held"},
                      "schema_source": {"schema": "discovered", "schema_file": "ws/schema.json"}}
 
 

@@ -257,7 +257,7 @@ def main(argv=None) -> int:
             schema, source = sites_schema(args, sites, data_root=args.data_root or "")
             timings["schema_discovery"] = time.perf_counter() - t
             summary = {"schema": schema.to_dict(), "dataset": "the sites' own data",
-                       "partition": {"kind": SITE_HELD, "alpha": None, "seed": None},
+                       "partition": {"kind": SITE_HELD},
                        "schema_source": source}
         job = build_job(args, summary, data_root, sites)
         t = time.perf_counter()
