@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trees.impurity import entropy
+from ..trees.impurity import entropy, shares
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_header, check_int, check_list, check_number
 
@@ -90,9 +90,7 @@ class RuleSet:
     @property
     def dist(self) -> np.ndarray:
         """Class distribution of each rule (uniform where the mass is zero)."""
-        totals = self.mass.sum(axis=1, keepdims=True)
-        uniform = np.full_like(self.mass, 1.0 / max(self.n_classes, 1))
-        return np.where(totals > 0, self.mass / np.where(totals > 0, totals, 1.0), uniform)
+        return shares(self.mass, "uniform")
 
     def entropy(self) -> np.ndarray:
         """Entropy (nats) of each rule's class distribution; a rule without mass counts as uniform."""

@@ -13,7 +13,8 @@ import numpy as np
 __all__ = ["entropy", "gini", "impurity"]
 
 
-def _shares(weights: np.ndarray, empty: str) -> np.ndarray:
+def shares(weights: np.ndarray, empty: str) -> np.ndarray:
+    """Each row's distribution; an all-zero row is zeros (empty="zero") or uniform (empty="uniform")."""
     totals = weights.sum(axis=-1, keepdims=True)
     if empty == "zero":
         fill = 0.0
@@ -27,7 +28,7 @@ def _shares(weights: np.ndarray, empty: str) -> np.ndarray:
 def entropy(weights: np.ndarray, *, bits: bool = False, empty: str = "zero") -> np.ndarray:
     """Entropy of each row's distribution, in nats (``bits=True``: base 2); 0 log 0 is 0. An all-zero row is
     0 (``empty="zero"``) or log(n_classes) (``empty="uniform"``)."""
-    p = _shares(weights, empty)
+    p = shares(weights, empty)
     log = np.log2 if bits else np.log
     with np.errstate(divide="ignore", invalid="ignore"):
         return -np.sum(np.where(p > 0, p * log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
@@ -36,7 +37,7 @@ def entropy(weights: np.ndarray, *, bits: bool = False, empty: str = "zero") -> 
 def gini(weights: np.ndarray) -> np.ndarray:
     """Gini impurity 1 - sum p^2 of each row's distribution (0 for an all-zero row)."""
     totals = weights.sum(axis=-1, keepdims=True)
-    p = _shares(weights, "zero")
+    p = shares(weights, "zero")
     return np.where(totals[..., 0] > 0, 1.0 - np.sum(p * p, axis=-1), 0.0)
 
 
