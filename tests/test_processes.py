@@ -3,6 +3,7 @@ in a session of its own and ignores SIGTERM; piped children that end when their 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import uuid
@@ -34,8 +35,8 @@ def test_end_tree_ends_every_process_below_a_child_even_one_that_ignores_sigterm
         assert sorted(ended) == sorted([child.pid, grandchild])
         assert wait_gone([grandchild], timeout=5) and not alive(grandchild)
         assert child.wait(5) is not None and not processes_with_cmdline(token)
-    finally:
-        send_signal([child.pid])
+    finally:  # the grandchild too, should an assertion fail before end_tree
+        send_signal([child.pid, *processes_with_cmdline(token)], signal.SIGKILL)
         child.wait(5)
 
 
@@ -45,10 +46,13 @@ def test_close_and_wait_ends_piped_children_and_signals_only_one_that_hangs():
     hangs = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
                               "signal.SIG_IGN); print(flush=True); time.sleep(60)"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    hangs.stdout.readline()  # its SIGTERM handler is set
-    assert close_and_wait([reads, hangs], grace=0.5) is True
-    assert reads.returncode == 0  # ended by its stdin closing, no signal
-    assert hangs.returncode == -9  # SIGTERM ignored, then killed
-    assert reads.stdout.closed and hangs.stdout.closed and hangs.stdin.closed
-    assert close_and_wait([reads, hangs]) is True  # again: nothing to do
-    assert not alive(None) and not alive(hangs.pid)
+    try:
+        hangs.stdout.readline()  # its SIGTERM handler is set
+        assert close_and_wait([reads, hangs], grace=0.5) is True
+        assert reads.returncode == 0  # ended by its stdin closing, no signal
+        assert hangs.returncode == -9  # SIGTERM ignored, then killed
+        assert reads.stdout.closed and hangs.stdout.closed and hangs.stdin.closed
+        assert close_and_wait([reads, hangs]) is True  # again: nothing to do
+        assert not alive(None) and not alive(hangs.pid)
+    finally:  # nothing left behind should an assertion fail first
+        send_signal([p.pid for p in (reads, hangs) if p.poll() is None], signal.SIGKILL)
