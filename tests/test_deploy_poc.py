@@ -294,17 +294,20 @@ def test_running_on_real_sites_as_docs_deploy_writes_it(poc, tmp_path):
         commands = _hint_commands(exported.stdout)
         assert [c.split()[:3] for c in commands] == [["nvflare", "job", "submit"], ["nvflare", "job", "wait"],
                                                      ["nvflare", "job", "download"]], exported.stdout
-        job_id = None
+        job_id, ran = None, []
         for command in commands:
             argv = [a.replace("ADMIN_KIT", str(admin_kit)).replace("<job_id>", job_id or "<job_id>")
                     for a in shlex.split(command)]
+            ran.append(argv)
             proc = run_cmd(argv, env, timeout=240, cwd=tmp_path)
             assert proc.returncode == 0, f"{argv}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             if job_id is None:
                 found = re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", proc.stdout)
                 assert found, proc.stdout
                 job_id = found[-1]
-        assert "<job_id>" not in " ".join(commands[:1]) and job_id
+        # wait and download ran with the id submit printed, never the placeholder
+        assert job_id and all(job_id in argv for argv in ran[1:]), ran
+        assert not any("<job_id>" in a for argv in ran for a in argv), ran
         run_dir = tmp_path / "results" / job_id / "workspace"  # where the hint says the result lands
         result = json.loads((run_dir / "icdta4fl_result.json").read_text())
         assert result["status"] == "completed" and result["dropped_sites"] == {}, result.get("error")
