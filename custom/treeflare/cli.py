@@ -35,6 +35,7 @@ import warnings
 
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
 from .data.csv_io import check_levels
+from .data.partition import check_overlap
 from .data.separators import check_separator
 from .data.discovery import DEFAULT_MIN_CATEGORY_ROWS
 from .icdta4fl.refine_counts import MAX_REFINE_ROUNDS
@@ -196,13 +197,29 @@ def add_vertical_args(parser: argparse.ArgumentParser, *, flag: bool = True, pas
         parser.set_defaults(vertical=True)
     parser.add_argument("--passive", type=int, default=passive, metavar="P",
                         help=f"number of passive parties in a vertical split (default: {passive})")
+    add_overlap_arg(parser)
+
+
+def add_overlap_arg(parser) -> None:
+    """Add ``--overlap F`` (a vertical split whose parties hold different customers); checked by :func:`check_args`."""
+    parser.add_argument("--overlap", type=float, default=None, metavar="F",
+                        help="vertical split: each party's share of its own training rows that all parties hold, "
+                             "in (0, 1] (default 1: every party the same rows); below 1 every party, the label "
+                             "party too, also holds rows no other party has, in its own row order, with random "
+                             "ids when the data has no id column (docs/data.md)")
+
+
+def overlap_of(args: argparse.Namespace) -> float:
+    """The ``--overlap`` to prepare the data with (1.0 when not given)."""
+    overlap = getattr(args, "overlap", None)
+    return 1.0 if overlap is None else overlap
 
 
 def prepare_from_args(table: Table, args: argparse.Namespace):
     """``prepare_federation`` with the options of :func:`add_partition_args` (and :func:`add_vertical_args`)."""
     if getattr(args, "vertical", False):
         return prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True,
-                                  n_passive=args.passive)
+                                  n_passive=args.passive, overlap=overlap_of(args))
     alpha = None if args.partition == "iid" else args.alpha  # iid ignores alpha; don't record it
     return prepare_federation(table, n_sites=args.sites, kind=args.partition, alpha=alpha, seed=args.seed)
 
@@ -276,7 +293,23 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     sites, min_clients = getattr(args, "sites", None), getattr(args, "min_clients", None)
     if sites is not None and min_clients is not None and min_clients > sites:
         raise DataError(f"--min-clients {min_clients} is more than --sites {sites}: the job could never go on")
+    _check_overlap_args(args)
     return args
+
+
+def _check_overlap_args(args: argparse.Namespace) -> None:
+    """``--overlap``: a number in (0, 1], for a vertical split of data this script prepares."""
+    overlap = getattr(args, "overlap", None)
+    if overlap is None:
+        return
+    check_overlap(overlap)
+    if not (getattr(args, "vertical", False) or getattr(args, "mode", None) == "vertical"):
+        raise DataError("--overlap applies only to a vertical split (--vertical, or --mode vertical): horizontal "
+                        "sites hold different rows already")
+    has_data = bool(getattr(args, "dataset", None) or getattr(args, "csv", None))
+    if getattr(args, "schema", None) is not None or (not has_data and getattr(args, "env", "sim") in ("poc", "prod")):
+        raise DataError("--overlap splits data this script prepares (--dataset/--csv); the parties' own data "
+                        "overlaps as it does")
 
 
 # -- entry points --------------------------------------------------------------------------------

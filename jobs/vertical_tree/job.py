@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from treeflare.cli import add_data_args, add_schema_args, add_vertical_args, check_args, load_table, main_guard, \
-    schema_source
+    overlap_of, schema_source
 from treeflare.data import DataError, prepare_federation, read_site, site_name, write_federation
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.vertical.objectives import OBJECTIVES
@@ -280,7 +280,8 @@ def main(argv=None) -> int:
         table = load_table(args)  # the data layer gives it row ids if it has none
         objective = choose_objective(table.schema, args.model, args.objective)
         fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True,
-                                 n_passive=args.passive, stratify=objective != "squared_error" or args.model == "tree")
+                                 n_passive=args.passive, stratify=objective != "squared_error" or args.model == "tree",
+                                 overlap=overlap_of(args))
         data_dir = write_federation(fed, workspace / "data", overwrite=True)
         sites, schema, dataset = fed.site_names, fed.schema, fed.summary["dataset"]
     else:

@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from treeflare.cli import add_data_args, add_partition_args, add_schema_args, load_table, main_guard, prepare_from_args
+from treeflare.cli import add_data_args, add_overlap_arg, add_partition_args, add_schema_args, load_table, main_guard, \
+    prepare_from_args
 from treeflare.cli import check_args as shared_check_args
 from treeflare.cli import schema_source
 from treeflare.data import site_name, write_federation
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("XGBoost")
     g.add_argument("--mode", choices=["horizontal", "vertical"], default="horizontal",
                    help="horizontal: rows split among sites; vertical: columns split, site-1 holds the label")
+    add_overlap_arg(g)  # --mode vertical only
     g.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="boosting rounds")
     g.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH)
     g.add_argument("--eta", type=float, default=DEFAULT_ETA)

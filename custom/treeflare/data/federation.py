@@ -7,6 +7,13 @@ Layout written by :func:`write_federation` (and by ``scripts/prepare_data.py``):
     DIR/site-N/train.csv        the site's local 80% ...
     DIR/site-N/test.csv         ... and 20% (vertical: the site's columns of the global test rows)
 
+Vertical with ``overlap`` F < 1 (parties whose customers differ): F is each party's share of its own training
+rows that every party holds. Each party, the label party too, gets the shared rows plus rows no other party has
+(as many as makes the share F), in its own seeded order; every party gets its columns of all the global test
+rows, in its own order. Without an id column the ids are random 16-hex-digit tokens (not row numbers), so a
+party cannot guess the others' private ids from its own. F = 1 is the classic split: the same rows, in the same
+order, ids 0..n-1 when the data has none.
+
 The folder is written to a temporary sibling and renamed into place, so a failure never leaves a
 half-written federation. An existing folder is replaced only when asked and only when this module wrote it
 (a marker file, ``.treeflare-federation.json``, lists what it wrote) and it holds nothing else.
@@ -27,7 +34,8 @@ import numpy as np
 from .csv_io import read_header, read_site_csv
 from .embedded import REPO_DATA, data_root
 from .errors import DataError
-from .partition import partition_rows, stratified_split, vertical_columns
+from .partition import (check_overlap, overlap_rows, partition_rows, party_order, random_ids, stratified_split,
+                        vertical_columns)
 from .schema import Schema
 from .table import Table
 
@@ -66,13 +74,18 @@ def natural_key(name: str):
 
 def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: float | None = None, seed: int = 0,
                        *, vertical: bool = False, n_passive: int = 1, test_size: float = GLOBAL_TEST_SIZE,
-                       local_test_size: float = LOCAL_TEST_SIZE, stratify: bool = True) -> Federation:
+                       local_test_size: float = LOCAL_TEST_SIZE, stratify: bool = True,
+                       overlap: float = 1.0) -> Federation:
     """Hold out a global test set, then partition the rest among sites (rows, or columns if vertical).
 
     ``stratify=False`` holds out a plain random share instead of a per-class one (for a real-valued
-    label, whose "classes" are mostly single rows)."""
+    label, whose "classes" are mostly single rows). ``overlap`` (vertical only, in (0, 1]): each party's share
+    of its own training rows that all parties hold (see the module docstring); 1.0 = every party the same rows."""
+    overlap = check_overlap(overlap)
+    if overlap < 1 and not vertical:
+        raise DataError("--overlap applies only to a vertical split (parties holding columns)")
     if vertical:
-        table = table.with_row_ids()
+        table = _with_ids(table, seed, random=overlap < 1)
     y = table.y_codes()
     if len(table.schema.classes) < 2 or len(np.unique(y)) < 2:
         raise DataError(f"{table.name or 'data'}: the label has a single class; need at least 2")
@@ -82,8 +95,8 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
               "local_test_size": local_test_size}
     sites: dict[str, SiteData] = {}
     if vertical:
-        sites = _vertical_sites(rest, server_test, n_passive)
-        params["n_passive"] = n_passive
+        sites, n_shared = _vertical_sites(rest, server_test, n_passive, overlap, seed)
+        params.update(n_passive=n_passive, overlap=overlap, n_shared=n_shared)
         params.pop("alpha")
     else:
         for i, rows in enumerate(partition_rows(rest, n_sites, kind, alpha, seed)):
@@ -104,6 +117,7 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
                 "n_train": len(s.train), "n_test": len(s.test),
                 "columns": s.train.schema.feature_names,
                 "class_counts": s.train.class_counts(), "test_class_counts": s.test.class_counts(),
+                **({"n_private": len(s.train) - params["n_shared"]} if vertical else {}),
             }
             for name, s in sites.items()
         },
@@ -111,7 +125,21 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
     return Federation(table.schema, sites, server_test, summary)
 
 
-def _vertical_sites(rest: Table, server_test: Table, n_passive: int) -> dict[str, SiteData]:
+def _with_ids(table: Table, seed: int, *, random: bool) -> Table:
+    """``table`` with its own id column, else a ``row_id`` one: row numbers, or seeded random tokens."""
+    if table.schema.id_column and table.ids is not None:
+        return table
+    numbered = table.with_row_ids()
+    if not random:
+        return numbered
+    return Table(numbered.frame, numbered.y, numbered.schema, random_ids(len(numbered), seed), numbered.name)
+
+
+def _vertical_sites(rest: Table, server_test: Table, n_passive: int, overlap: float,
+                    seed: int) -> tuple[dict[str, SiteData], int]:
+    """Each party's columns: of all training rows (``overlap`` 1), else of the shared rows and its own private
+    ones in its own order; of all the global test rows (in its own order when ``overlap`` < 1). Also returns
+    how many training rows all parties hold."""
     schema = rest.schema
     if not schema.id_column:
         raise DataError("vertical split needs an id column shared by all parties (--id COL)")
@@ -120,12 +148,18 @@ def _vertical_sites(rest: Table, server_test: Table, n_passive: int) -> dict[str
         if dup.any():
             raise DataError(f"id column {schema.id_column!r} has duplicate ids; vertical parties join on it")
     groups = vertical_columns(schema.feature_names, n_passive)
+    if overlap == 1.0:
+        train_rows, n_shared = [np.arange(len(rest))] * len(groups), len(rest)
+        test_rows = [np.arange(len(server_test))] * len(groups)
+    else:
+        train_rows, n_shared = overlap_rows(len(rest), len(groups), overlap, seed)
+        test_rows = [party_order(len(server_test), i, seed) for i in range(len(groups))]
     sites = {}
     for i, cols in enumerate(groups):
         name, active = site_name(i), i == 0
-        sites[name] = SiteData(rest.columns(cols, keep_label=active, name=name),
-                               server_test.columns(cols, keep_label=active, name=name))
-    return sites
+        sites[name] = SiteData(rest.subset(train_rows[i]).columns(cols, keep_label=active, name=name),
+                               server_test.subset(test_rows[i]).columns(cols, keep_label=active, name=name))
+    return sites, n_shared
 
 
 def write_federation(fed: Federation, out_dir, *, overwrite: bool = False) -> Path:

@@ -117,3 +117,72 @@ def vertical_columns(columns: list[str], n_passive: int) -> list[list[str]]:
         raise DataError(f"--passive {n_passive}: {len(columns)} feature columns cannot be shared among "
                         f"{n_passive + 1} parties")
     return [list(map(str, g)) for g in np.array_split(np.array(columns, dtype=object), n_passive + 1)]
+
+
+# -- vertical parties whose customers differ ------------------------------------------------------------
+# Stream tags of the seeded generators below, so changing one never shifts another's draws.
+_OVERLAP_STREAM, _ORDER_STREAM, _TEST_ORDER_STREAM, _ID_STREAM = 2201, 2202, 2203, 2204
+# A random id: 16 hex digits (64 bits), so a party cannot guess the ids it does not hold from its own.
+_ID_HEX_DIGITS = 16
+
+
+def check_overlap(overlap) -> float:
+    """``overlap`` as a float in (0, 1], else a DataError naming ``--overlap``."""
+    ok = isinstance(overlap, (int, float, np.integer, np.floating)) and not isinstance(overlap, bool) \
+        and np.isfinite(overlap) and 0 < overlap <= 1
+    if not ok:
+        raise DataError(f"--overlap must be a number in (0, 1] (each party's share of its training rows that all "
+                        f"parties hold), got {overlap!r}")
+    return float(overlap)
+
+
+def overlap_sizes(n_rows: int, n_parties: int, overlap: float) -> tuple[int, int]:
+    """(shared, private per party) for ``n_rows`` rows dealt to ``n_parties`` parties at ``overlap`` F.
+
+    Every party holds the shared rows plus ``private`` rows no other party holds, so its own share of shared rows
+    is shared / (shared + private) = F. The rows are used up when shared + parties * private = n_rows, hence
+    shared = n_rows * F / (F + parties * (1 - F)), rounded down; a few rows may go to no party (rounding)."""
+    f = check_overlap(overlap)
+    if f == 1.0:
+        return n_rows, 0
+    shared = int(np.floor(n_rows * f / (f + n_parties * (1 - f))))
+    private = min(int(round(shared * (1 - f) / f)), (n_rows - shared) // n_parties) if shared else 0
+    if shared < 2:
+        raise DataError(f"--overlap {f:g}: {n_rows} training rows among {n_parties} parties leave {shared} row(s) "
+                        "that all parties hold; need at least 2: use a larger --overlap (or more data)")
+    return shared, private
+
+
+def overlap_rows(n_rows: int, n_parties: int, overlap: float, seed: int) -> tuple[list[np.ndarray], int]:
+    """Each party's rows (indices into ``n_rows``) in the party's own shuffled order, and the shared count.
+
+    The shared rows and each party's private rows are a seeded random draw; each party's order is its own seeded
+    shuffle, so row i of one party's file tells nothing about row i of another's."""
+    shared, private = overlap_sizes(n_rows, n_parties, overlap)
+    perm = np.random.default_rng([seed, _OVERLAP_STREAM]).permutation(n_rows)
+    common = perm[:shared]
+    parties = []
+    for i in range(n_parties):
+        own = perm[shared + i * private: shared + (i + 1) * private]
+        rows = np.concatenate([common, own])
+        parties.append(np.random.default_rng([seed, _ORDER_STREAM, i]).permutation(rows))
+    return parties, shared
+
+
+def party_order(n_rows: int, party: int, seed: int) -> np.ndarray:
+    """Party ``party``'s own seeded order of ``n_rows`` rows (the global test rows every party holds)."""
+    return np.random.default_rng([seed, _TEST_ORDER_STREAM, party]).permutation(n_rows)
+
+
+def random_ids(n_rows: int, seed: int) -> np.ndarray:
+    """``n_rows`` distinct random ids (16 hex digits each) from a seeded generator, as an object array."""
+    rng = np.random.default_rng([seed, _ID_STREAM])
+    ids: list[str] = []
+    seen: set[str] = set()
+    while len(ids) < n_rows:  # a repeat among 2**64 values is all but impossible; draw again if one happens
+        for v in rng.integers(0, 2**64, size=n_rows - len(ids), dtype=np.uint64).tolist():
+            text = f"{v:0{_ID_HEX_DIGITS}x}"
+            if text not in seen:
+                seen.add(text)
+                ids.append(text)
+    return np.array(ids, dtype=object)

@@ -8,6 +8,7 @@ id column, so row i is the same entity at every party.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,14 +88,27 @@ def is_vertical(root) -> bool:
 
 
 def hstack_parties(parts: list[Arrays]) -> Arrays:
-    """Join vertical parties' arrays (already id-sorted) side by side, in party order; label from whoever has it."""
-    ids = parts[0].ids
-    for p in parts[1:]:
-        if p.ids is None or len(p.ids) != len(ids) or not np.array_equal(p.ids.astype(str), ids.astype(str)):
-            raise DataError("vertical parties do not hold the same row ids; cannot align them")
-    ys = [p.y for p in parts if p.y is not None]
-    return Arrays(np.hstack([p.X for p in parts]), ys[0] if ys else None,
-                  [n for p in parts for n in p.feature_names], [t for p in parts for t in p.feature_types], ids)
+    """Join vertical parties' arrays side by side, in party order, on the ids they ALL hold, sorted by id (the
+    rows a private set intersection keeps, in the order every party derives: ``data.join_parties``' rule);
+    label from whoever has it."""
+    if any(p.ids is None for p in parts):
+        raise DataError("a vertical party's rows have no ids; cannot align them")
+    keys = [np.array([str(v).strip() for v in p.ids], dtype=str) for p in parts]
+    common = functools.reduce(np.intersect1d, keys)  # sorted, unique
+    if len(common) == 0:
+        raise DataError("vertical parties hold no row id in common; cannot align them")
+    aligned = []
+    for p, k in zip(parts, keys):
+        if len(np.unique(k)) != len(k):
+            raise DataError("a vertical party's row ids repeat; cannot align them")
+        order = np.argsort(k, kind="stable")
+        rows = order[np.isin(k[order], common)]
+        aligned.append(Arrays(p.X[rows], None if p.y is None else p.y[rows], p.feature_names, p.feature_types,
+                              p.ids[rows]))
+    ys = [p.y for p in aligned if p.y is not None]
+    return Arrays(np.ascontiguousarray(np.hstack([p.X for p in aligned])), ys[0] if ys else None,
+                  [n for p in aligned for n in p.feature_names], [t for p in aligned for t in p.feature_types],
+                  aligned[0].ids)
 
 
 def vstack_sites(parts: list[Arrays]) -> Arrays:
@@ -103,7 +117,8 @@ def vstack_sites(parts: list[Arrays]) -> Arrays:
 
 
 def union_train(root) -> Arrays:
-    """The centralized training set: horizontal = all sites' rows; vertical = all parties' columns joined on id."""
+    """The centralized training set: horizontal = all sites' rows; vertical = all parties' columns joined on the
+    ids every party holds, sorted by id (partial overlap: the intersection rows, as after PSI)."""
     schema = federation_schema(root)
     vertical = is_vertical(root)
     parts = [load_site(root, s, schema, vertical=vertical)[0] for s in federation_sites(root)]
@@ -118,11 +133,12 @@ def global_test(root) -> Arrays:
         return table_arrays(read_site_csv(root / "server" / "test.csv", schema, site="server"))
     labels = read_site_csv(root / "server" / "test.csv", schema.select([], keep_label=True), site="server")
     parts = [load_site(root, s, schema, vertical=True)[1] for s in federation_sites(root)]
-    joined = hstack_parties(parts)
-    order = id_order(labels.ids)
-    if not np.array_equal(labels.ids[order].astype(str), joined.ids.astype(str)):
-        raise DataError(f"{root}: server/test.csv ids differ from the parties' test ids")
-    joined.y = labels.y_codes()[order]
+    joined = hstack_parties(parts)  # the test rows all parties hold, sorted by id
+    position = {str(v).strip(): i for i, v in enumerate(labels.ids)}
+    rows = [position.get(str(v).strip(), -1) for v in joined.ids]
+    if -1 in rows:
+        raise DataError(f"{root}: {rows.count(-1)} of the test rows all parties hold are not in server/test.csv")
+    joined.y = labels.y_codes()[np.asarray(rows, dtype=np.int64)]
     return joined
 
 
