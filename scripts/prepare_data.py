@@ -4,11 +4,14 @@
     python scripts/prepare_data.py --dataset nursery --sites 5 --partition label --alpha 0.5 --seed 0 --out out/nursery
     python scripts/prepare_data.py --csv my.csv --label y [--categorical a,b] [--id id] --sites 3 --out out/mine
     python scripts/prepare_data.py --dataset default_credit_card --vertical --passive 2 --out out/credit_vfl
+    python scripts/prepare_data.py --dataset adult --vertical --passive 2 --overlap 0.7 --out out/adult_vfl
 
 Layout: DIR/site-N/train.csv, DIR/site-N/test.csv (each site's local 80/20 split), DIR/server/test.csv
 (a stratified 20% held out before partitioning) and DIR/partition.json, all comma-separated; --csv's separator is
 detected (',', ';', tab, '|') unless --sep gives it. --vertical joins the parties on --id, or on a row_id column of
-row numbers it adds. Bad input: ``error: ...``, exit 2.
+row numbers it adds. --vertical --overlap F gives the parties different customers: F of each party's training rows
+are held by every party, the rest by that party alone, each party in its own row order (the row_id column then
+holds random tokens, not row numbers; docs/data.md). Bad input: ``error: ...``, exit 2.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def summary_lines(summary: dict, out: Path) -> list[str]:
     for name, s in sites.items():
         if vertical:
             detail = f"{len(s['columns'])} features" + (" + label" if s["class_counts"] else "")
+            if s.get("n_private"):
+                detail += f"; {s['n_private']} training rows no other party holds"
         else:
             detail = " ".join(f"{c}={n}" for c, n in s["class_counts"].items())
         rows.append((name, str(s["n_train"]), str(s["n_test"]), detail))
