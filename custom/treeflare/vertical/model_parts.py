@@ -54,17 +54,25 @@ def model_sites(parts: dict) -> list[str] | None:
     return [active[0], *map(str, passives)]
 
 
-def prediction_site_files(raw, parts: dict, sites: list[str], source: str = "new rows") -> dict[str, str]:
+def prediction_site_files(raw, parts: dict, sites: list[str], source: str = "new rows", *, overlap: float = 1.0,
+                          seed: int = 0) -> dict[str, str]:
     """``{"<site>/predict.csv": text, "<site>/<its model part file>": text}``: the new rows ``raw`` (a frame of
     strings, as :func:`~treeflare.data.csv_io.read_raw` reads a CSV) split by columns (the id column and the party's
     own columns; the label and other columns left out) and each site's own model part, for a folder the sites read
-    as their data root (simulator, POC)."""
+    as their data root (simulator, POC). ``overlap`` < 1: each party gets the rows all hold plus rows of its own,
+    in its own order, as training's ``--overlap`` deals training rows (``data.partition.overlap_rows``), so the
+    prediction run's PSI phase has rows to leave out."""
     missing = [s for s in sites if s not in parts]
     if missing:
         raise DataError(f"no model part for {', '.join(missing)}: --csv needs every party's part in the model folder "
                         "(a simulator or POC training run); on real sites each site loads its own (leave out --csv)")
     csv = source
     files = {}
+    dealt = None
+    if overlap < 1:
+        from ..data.partition import overlap_rows
+
+        dealt, _shared = overlap_rows(len(raw), len(sites), overlap, seed)
     for i, site in enumerate(sites):
         part = parts[site]
         schema = part.get("schema")
@@ -77,6 +85,7 @@ def prediction_site_files(raw, parts: dict, sites: list[str], source: str = "new
             raise DataError(f"{csv}: column(s) {absent} missing: {site}'s part of the model needs the id column "
                             f"{id_col!r} and its columns {cols}; the file has {list(raw.columns)}", file=csv,
                             problem=f"column(s) {absent} missing")
-        files[f"{site}/{PREDICT_FILE}"] = raw[[id_col, *cols]].to_csv(index=False)
+        rows = raw if dealt is None else raw.iloc[dealt[i]]
+        files[f"{site}/{PREDICT_FILE}"] = rows[[id_col, *cols]].to_csv(index=False)
         files[f"{site}/{ACTIVE_MODEL if i == 0 else PASSIVE_MODEL}"] = json.dumps(part, indent=1)
     return files
