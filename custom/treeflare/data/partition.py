@@ -141,12 +141,13 @@ def overlap_sizes(n_rows: int, n_parties: int, overlap: float) -> tuple[int, int
 
     Every party holds the shared rows plus ``private`` rows no other party holds, so its own share of shared rows
     is shared / (shared + private) = F. The rows are used up when shared + parties * private = n_rows, hence
-    shared = n_rows * F / (F + parties * (1 - F)), rounded down; a few rows may go to no party (rounding)."""
+    shared = n_rows * F / (F + parties * (1 - F)), rounded down, and the other rows are dealt equally (fewer than
+    ``n_parties`` left over go to no party); the party's share is then F to within about 1 / its row count."""
     f = check_overlap(overlap)
     if f == 1.0:
         return n_rows, 0
     shared = int(np.floor(n_rows * f / (f + n_parties * (1 - f))))
-    private = min(int(round(shared * (1 - f) / f)), (n_rows - shared) // n_parties) if shared else 0
+    private = (n_rows - shared) // n_parties
     if shared < 2:
         raise DataError(f"--overlap {f:g}: {n_rows} training rows among {n_parties} parties leave {shared} row(s) "
                         "that all parties hold; need at least 2: use a larger --overlap (or more data)")
