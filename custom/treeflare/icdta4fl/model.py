@@ -112,6 +112,13 @@ class GlobalTree(ClassCodesClassifier):
     def get_n_leaves(self) -> int:
         return self.tree_.n_leaves
 
+    def to_sklearn(self, **kwargs):
+        """This tree as a fitted scikit-learn ``Pipeline`` (encoder, then a ``DecisionTreeClassifier`` carrying
+        exactly this tree) that predicts as this model on a DataFrame of raw values (``sklearn_export``)."""
+        from .sklearn_export import to_sklearn
+
+        return to_sklearn(self, **kwargs)
+
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         return json_safe({
