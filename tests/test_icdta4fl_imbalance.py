@@ -36,13 +36,13 @@ def test_one_weak_selected_tree_gets_a_budget_from_all_local_trees():
     trees = [weak, *strong]
     leaves = sorted(t.n_leaves for t in trees)
     assert weak.n_leaves == 2 and leaves[1] >= 8
-    _, stats = aggregate(trees, [0], classes=["0", "1"])
+    _, stats = aggregate(trees, [0], classes=["0", "1"], params={"max_leaves": "auto"})
     # the old budget was 2 x the selected tree's 2 leaves and its depth 1 + 2
     assert stats["max_leaves"] >= 2 * int(np.median(leaves)) > 4
     assert stats["max_depth"] >= int(np.median([t.depth for t in trees])) + 2 > 3
     # a malformed tree that is not selected is no site's evidence: skipped, not a crash
     bad = {**strong[0].to_dict(), "counts": [[float("nan"), 1.0]] * strong[0].n_nodes}
-    _, stats_bad = aggregate([weak, bad, *strong[1:]], [0], classes=["0", "1"])
+    _, stats_bad = aggregate([weak, bad, *strong[1:]], [0], classes=["0", "1"], params={"max_leaves": "auto"})
     assert stats_bad["max_leaves"] >= 4
     # an explicit budget still wins
     _, fixed = aggregate(trees, [0], classes=["0", "1"], params={"max_leaves": 3, "max_depth": 2})

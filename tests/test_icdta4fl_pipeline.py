@@ -9,6 +9,7 @@ from treeflare.icdta4fl import (GlobalTree, ModelPayloadError, aggregate, run_in
                                 select_trees, train_local_tree)
 from treeflare.icdta4fl.export import explain_row, export_text, plot_tree
 from treeflare.trees import Tree
+from treeflare.icdta4fl.pipeline import DEFAULT_MAX_LEAVES
 
 
 def make_sites(n_sites=4, n=400, seed=0):
@@ -44,7 +45,7 @@ def test_run_in_process_end_to_end(algorithm):
                          local_params={"max_depth": 4})
     model = out["model"]
     stats = out["stats"]
-    assert out["selected"] and stats["n_leaves"] <= stats["max_leaves"] == 2 * stats["local_max_leaves"]
+    assert out["selected"] and stats["n_leaves"] <= stats["max_leaves"] == DEFAULT_MAX_LEAVES
     assert model.get_depth() <= stats["local_max_depth"] + 2
     assert out["global"]["accuracy"] > 0.85
     assert out["global"]["macro_f1"] >= np.mean(out["local_on_global_test"]["macro_f1"]) - 0.02

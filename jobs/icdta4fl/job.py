@@ -9,7 +9,8 @@ On sites that hold their own data (no --dataset/--csv here), the schema comes fr
 
     python jobs/icdta4fl/job.py --schema discover --label outcome --sites 3 --env poc --workspace /tmp/icdta4fl
 
-Writes report.json, global_tree.json, rules.txt and global_tree.png (and global_tree_one_round.json) into
+Writes report.json, report.html (the same on one page, with the tree drawn), global_tree.json, rules.txt and
+global_tree.png (and global_tree_one_round.json) into
 --workspace (and schema.json with --schema discover).
 """
 
@@ -29,6 +30,7 @@ from treeflare.data import Schema, read_site, read_site_csv, site_name, write_fe
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space
+from treeflare.icdta4fl.report_html import write_report_html
 from treeflare.reporting import format_table, outputs_text, write_json_atomic
 from treeflare.trees.tree import Tree
 
@@ -54,8 +56,9 @@ def parse_args(argv=None):
                    help="how the peer-score thresholds are set (default percentile)")
     g.add_argument("--percentile", type=float, default=75.0, help="q for --statistic percentile (default 75)")
     g.add_argument("--max-leaves", type=int, default=None,
-                   help="global tree leaf budget (default: 2 x the largest selected local tree, at least 2 x the "
-                        "median local tree)")
+                   help=f"global tree leaf budget, for both learners (default {pipeline.DEFAULT_MAX_LEAVES}: a tree a "
+                        f"person reads, docs/icdta4fl.md#the-size-budget; the paper's method: --refine-rounds 0 with "
+                        f"a large --max-leaves)")
     g.add_argument("--global-max-depth", type=int, default=None,
                    help="global tree depth budget (default: --max-depth + 2)")
     r = p.add_argument_group("refinement (protected counts)")
@@ -222,11 +225,27 @@ def print_summary(report: dict, workspace: Path) -> None:
     if report["dropped_sites"]:
         print(f"dropped sites: {report['dropped_sites']}")
     source = report.get("schema_source") or {}
-    print(outputs_text({"report": workspace / "report.json", "global tree": workspace / "global_tree.json",
+    print(outputs_text({"report": workspace / "report.json", "report page": workspace / "report.html",
+                        "global tree": workspace / "global_tree.json",
                         "rules": workspace / "rules.txt", "picture": workspace / "global_tree.png",
                         "one-round tree": workspace / "global_tree_one_round.json" if refined else None,
                         "schema (discovered)": source.get("schema_file") if source.get("schema") == "discovered"
                         else None}))
+
+
+def write_html_report(report: dict, workspace: Path) -> None:
+    """report.html beside report.json, drawing workspace/global_tree.json. The run's results are saved by now, so a
+    page that cannot be written costs a warning, not the run (scripts/report_html.py writes it again)."""
+    from treeflare.icdta4fl.model import GlobalTree
+
+    try:
+        model_file = workspace / "global_tree.json"
+        model = GlobalTree.load_json(model_file) if model_file.is_file() else None
+        write_report_html(report, model, workspace / "report.html")
+    except Exception as exc:  # noqa: BLE001 -- see the docstring
+        (workspace / "report.html").unlink(missing_ok=True)  # never a previous run's page beside this report
+        print(f"warning: report.html not written ({type(exc).__name__}: {exc}); "
+              f"scripts/report_html.py --workspace {workspace} writes it", file=sys.stderr)
 
 
 @main_guard
@@ -277,6 +296,7 @@ def main(argv=None) -> int:
         timings["centralized_baseline"] = time.perf_counter() - t
     report = build_report(args, server, summary, centralized, timings)
     write_json_atomic(workspace / "report.json", report)
+    write_html_report(report, workspace)
     print_summary(report, workspace)
     return 0
 

@@ -33,7 +33,7 @@ from .simplify import collapse_same_class, onehot_groups_from_names, simplify_ru
 __all__ = [
     "train_local_tree", "score_trees", "select_trees", "aggregate", "check_aggregate_params", "run_in_process",
     "refine_in_process", "tree_digest",
-    "macro_f1", "DEFAULT_LOCAL_PARAMS", "DEFAULT_AGGREGATE_PARAMS", "UnusableTreeError",
+    "macro_f1", "DEFAULT_LOCAL_PARAMS", "DEFAULT_AGGREGATE_PARAMS", "DEFAULT_MAX_LEAVES", "UnusableTreeError",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,18 @@ DEFAULT_LOCAL_PARAMS = {
     "min_gain": 1e-7,           # ID3 only
 }
 
+# The global tree's default leaf budget, for both learners, in the in-process pipeline and the FLARE job alike: a
+# size a person reads, whatever the local trees grew to (local ID3 trees reach thousands of leaves). Chosen on the
+# accuracy-against-size front (scripts/bench_icdta4fl_front.py, budgets 8/16/32/64): see docs/icdta4fl.md.
+DEFAULT_MAX_LEAVES = 32
+
 DEFAULT_AGGREGATE_PARAMS = {
     "max_rules": DEFAULT_MAX_RULES,  # cap of the conjunction set
     "cap_by": "refine",              # cap by refining the most impure rules only ("entropy": the reference)
     "fallback_support": 1.0,         # pseudo-support of rules for categories unseen at a node
     "tree_weighting": "samples",     # "equal": every selected tree's class mass rescaled to one total
-    "max_leaves": "auto",            # 2 x the largest selected tree's leaves (or the local median's); None = no cap
+    "max_leaves": DEFAULT_MAX_LEAVES,  # "auto": 2 x the largest selected tree's leaves (or the local median's),
+                                       # the budget before issue 24; None = no cap
     "max_depth": "auto",             # the selected trees' max depth (at least the local median's) + 2; None = unlimited
     "criterion": "entropy",
     "weighting": "support",          # "uniform" = the reference's unweighted means
@@ -278,12 +284,13 @@ def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, 
 
     merged = {"accuracy": float(np.mean([np.mean(model.tree_.predict(s["X_test"]) == s["y_test"]) for s in sites])),
               "macro_f1": float(np.mean([macro_f1(s["y_test"], model.tree_.predict(s["X_test"])) for s in sites]))}
-    best, why = refine.choose_start(merged, acc, f1, selected, capped=bool(stats["capped_steps"]))
+    budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
+    fits = [j for j in selected if refine.within_budget(_as_tree(trees[j]), **budget)]
+    best, why = refine.choose_start(merged, acc, f1, selected, capped=bool(stats["capped_steps"]), fits=fits)
     tree = model.tree_ if best is None else _as_tree(trees[best])
     first = _as_tree(trees[0])
     candidates = refine.candidates_from_trees([_as_tree(t) for t in trees], feature_kinds=first.feature_kinds,
                                               n_categories=first.n_categories, bounds=bounds)
-    budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
     history, adoption = [], []
     weights = {i: len(s["y_test"]) for i, s in enumerate(sites)}
     previous = _validation_scores(tree, sites)
@@ -292,7 +299,7 @@ def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, 
         plan = refine.plan_round(tree, candidates, budget["max_depth"])
         summed = np.sum([refine.count_vector(tree, candidates, plan, s["X_train"], s["y_train"]) for s in sites],
                         axis=0)
-        grown = {o: refine.refine_tree(tree, candidates, plan, summed, **budget, objective=o)
+        grown = {o: refine.refine_tree(tree, candidates, plan, summed, **budget, objective=o, collapse=False)
                  for o in (refine.GROWN if objective == "auto" else (objective,))}  # "auto": both, from one sum
         scores = {o: _validation_scores(g, sites) for o, (g, _) in grown.items()}  # the job's adopt check
         won, verdict = refine.adopt_refined(scores, previous, weights, objective)
@@ -309,6 +316,8 @@ def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, 
             entry["accuracy"] = float(np.mean(pred == y_global_test))
             entry["macro_f1"] = macro_f1(y_global_test, pred)
         history.append(entry)
+    # collapsed once, at the end: a split whose children predict alike is what the next round grows from
+    tree = collapse_same_class(tree)
     return {"tree": tree, "start": "one_round" if best is None else int(best), "why": why, "history": history,
             "adoption": adoption}
 

@@ -32,6 +32,7 @@ from ...icdta4fl import pipeline, refine
 from ...icdta4fl.encoding import category_names, encode, feature_space, threshold_bounds, tree_limits
 from ...icdta4fl.export import export_text, plot_tree
 from ...icdta4fl.model import GlobalTree
+from ...icdta4fl.simplify import collapse_same_class
 from ...icdta4fl.payloads import (check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
                                   check_summed_rows, check_train_reply, feature_totals,
                                   histograms_agree)
@@ -191,7 +192,9 @@ class ICDTA4FLController(ResultWorkflow):
         common = [i for i, s in enumerate(scorers) if s in checked]
         merged = {m: float(np.mean([checked[scorers[i]][m] for i in common])) if common else -1.0
                   for m in ("accuracy", "macro_f1")}
-        best, why = refine.choose_start(merged, acc[common], f1[common], selected, capped=bool(stats["capped_steps"]))
+        fits = [j for j in selected if refine.within_budget(trees[j], stats["max_leaves"], stats["max_depth"])]
+        best, why = refine.choose_start(merged, acc[common], f1[common], selected, capped=bool(stats["capped_steps"]),
+                                        fits=fits)
         info["validation"] = {"one_round": merged}
         if best is None:
             start, info["start"] = one_round.tree_, f"one-round tree ({why})"
@@ -268,6 +271,9 @@ class ICDTA4FLController(ResultWorkflow):
                                    f"depth {entry['depth']}{acc_text} ({entry['seconds']:.1f} s)")
         info["rounds_done"] = len(info["history"])
         timings["refinement"] = sum(h["seconds"] for h in info["history"])
+        # collapsed once, at the end (refine_in_process does the same): a split whose children predict alike is
+        # what the next round grows from
+        tree = collapse_same_class(tree)
         return GlobalTree(tree, list(self._schema.classes), self.names, self.category_names,
                           info={"refinement_rounds": info["rounds_done"], "start": info["start"]},
                           data_schema=self._schema, encoding=self.algorithm)
@@ -312,7 +318,7 @@ class ICDTA4FLController(ResultWorkflow):
             raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
         t_counts = time.perf_counter() - t
         objective = self._refine["objective"]  # "auto": both trees from the one sum (no further release)
-        grown = {o: refine.refine_tree(tree, candidates, plan, values[:-1], **budget, objective=o)
+        grown = {o: refine.refine_tree(tree, candidates, plan, values[:-1], **budget, objective=o, collapse=False)
                  for o in (refine.GROWN if objective == "auto" else (objective,))}
         entry = {"round": r, "sites": len(contributors), "n_values": n_values, "bytes_per_site": 8 * n_values,
                  "site_mask_s_max": max(replies[s]["mask_s"] for s in contributors), "counts_s": t_counts,
