@@ -1,0 +1,199 @@
+"""Site side of the PSI phase: this party's ids, NVFlare's DH-PSI task handler with a meter, and our check/result
+tasks.
+
+* :class:`SiteIds` -- NVFlare's local ``PSI`` component: ``load_items()`` gives the ``"<kind>:<id>"`` items of
+  this site's ids (read from its binding or the job's data_root, as the vertical executor reads its tables, and
+  checked by ``data.intersection.check_ids``); ``save()`` keeps the intersection in the site's run folder
+  (``protocol.intersection_dir``), never anywhere else.
+* :class:`MeteredDhPSITaskHandler` -- NVFlare's ``DhPSITaskHandler``, counting the seconds this site spends in
+  PSI tasks and the bytes of the PSI messages it receives and sends.
+* :class:`PsiSiteExecutor` -- our tasks around DH-PSI: the check before it (so a duplicate id never reaches
+  NVFlare's own uniqueness check, whose error quotes the duplicates), the result after it, and the discard
+  when the phase fails after DH-PSI.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.app_common.psi.psi_spec import PSI
+from nvflare.app_opt.psi.dh_psi.dh_psi_task_handler import DhPSITaskHandler
+
+from ...data import DataError
+from ...data.federation import read_partition
+from ...data.intersection import INTERSECTION_FILE, check_ids, psi_items, read_intersection, write_intersection
+from ..site_config import load_binding
+from ..site_executor import SiteExecutor
+from .protocol import (TASK_CHECK, TASK_DISCARD, TASK_RESULT, PsiProtocolError, check_kinds, check_request,
+                       intersection_dir, result_reply)
+
+LOCAL_PSI_ID = "treeflare_local_psi"
+DH_PSI_ID = "treeflare_dh_psi"
+
+
+def run_dir_of(fl_ctx) -> Path:
+    return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+
+
+def _id_column(binding, schema: dict | None, site: str) -> str:
+    """The job's id column: the schema's, else the site binding's, else the federation's (``partition.json`` of a
+    folder ``prepare_data.py`` wrote)."""
+    if schema and schema.get("id_column"):
+        return str(schema["id_column"])
+    if binding.id_column:
+        return binding.id_column
+    if (binding.data_dir.parent / "partition.json").is_file():
+        named = (read_partition(binding.data_dir.parent).get("schema") or {}).get("id_column")
+        if named:
+            return str(named)
+    raise DataError(f"{site}: PSI needs an id column: the job's schema names none, nor does the site's binding "
+                    f"({binding.source})", problem="no id column named (job schema or site binding)", site=site)
+
+
+def site_ids(site: str, kinds, *, data_root: str = "", schema: dict | None = None, binding: str = "",
+             fl_ctx=None) -> dict[str, list[str]]:
+    """This site's ids of each kind (``train``/``test``/``predict``: its binding's file of that name), checked:
+    the file holds the id column, has rows, and no id is blank or repeats (DataError naming site, file, column,
+    line; never an id)."""
+    bound = load_binding(site, fl_ctx, data_root, name=binding)
+    column = _id_column(bound, schema, site)
+    out = {}
+    for kind in check_kinds(kinds):
+        path = bound.path(kind)
+        raw = bound.read_raw(kind, site, None, column)
+        if column not in raw.columns:
+            raise DataError(f"{site}: {path}: no id column {column!r}", problem="the id column is missing",
+                            file=path, column=column, site=site)
+        ids = [str(v).strip() for v in raw[column].tolist()]
+        check_ids(ids, site=site, kind=kind, file=str(path), column=column)
+        out[kind] = ids
+    return out
+
+
+class SiteIds(PSI):
+    """NVFlare's local PSI component for treeflare: this site's ids in, its intersection kept in its run folder."""
+
+    def __init__(self, kinds=("train", "test"), data_root: str = "", schema: dict | None = None, binding: str = ""):
+        super().__init__(psi_writer_id="")
+        self.kinds = check_kinds(list(kinds))
+        self.data_root = data_root
+        self.schema = schema
+        self.binding = binding
+        self._ids: dict[str, list[str]] | None = None
+
+    def initialize(self, fl_ctx):
+        self.fl_ctx = fl_ctx  # no PSIWriter: save() writes the party's own file, in its own format
+
+    def ids(self, fl_ctx=None) -> dict[str, list[str]]:
+        """The checked ids per kind (read once per run)."""
+        if self._ids is None:
+            ctx = fl_ctx or self.fl_ctx
+            self._ids = site_ids(ctx.get_identity_name(), self.kinds, data_root=self.data_root, schema=self.schema,
+                                 binding=self.binding, fl_ctx=ctx)
+        return self._ids
+
+    def load_items(self) -> list[str]:
+        return psi_items(self.ids())
+
+    def save(self, intersection):
+        # DH-PSI saves every pass's intersection; the last one, the intersection of all parties, stays
+        self.intersection = list(intersection)
+        site = self.fl_ctx.get_identity_name()
+        write_intersection(intersection_dir(run_dir_of(self.fl_ctx)), self.intersection, site=site)
+
+
+def payload_bytes(value) -> int:
+    """The bytes of the PSI messages in ``value`` (bytes and strings, in dicts, lists, sets: the protobufs and
+    their keys), not FLARE's framing."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(payload_bytes(v) for v in value)
+    return 0
+
+
+def psi_message_bytes(shareable) -> int:
+    if shareable is None:
+        return 0
+    return sum(payload_bytes(v) for k, v in shareable.items() if str(k).startswith("PSI_"))
+
+
+class MeteredDhPSITaskHandler(DhPSITaskHandler):
+    """NVFlare's DH-PSI task handler, metered: seconds in PSI tasks, bytes of PSI messages in and out."""
+
+    def __init__(self, local_psi_id: str = LOCAL_PSI_ID):
+        super().__init__(local_psi_id)
+        self.seconds = 0.0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def execute_task(self, task_name, shareable, fl_ctx, abort_signal):
+        start = time.perf_counter()
+        try:
+            self.bytes_received += psi_message_bytes(shareable)
+            result = super().execute_task(task_name, shareable, fl_ctx, abort_signal)
+            self.bytes_sent += psi_message_bytes(result)
+            return result
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+class PsiSiteExecutor(SiteExecutor):
+    """Our PSI tasks at a site: check (rows per kind, ids checked), result (rows kept, seconds, bytes), discard."""
+
+    PUBLIC_ERRORS = (PsiProtocolError,)
+
+    def __init__(self, local_psi_id: str = LOCAL_PSI_ID, dh_psi_id: str = DH_PSI_ID):
+        super().__init__()
+        self.local_psi_id = local_psi_id
+        self.dh_psi_id = dh_psi_id
+
+    def handlers(self) -> dict:
+        return {TASK_CHECK: self._check, TASK_RESULT: self._result, TASK_DISCARD: self._discard}
+
+    def _local(self, fl_ctx) -> SiteIds:
+        comp = fl_ctx.get_engine().get_component(self.local_psi_id)
+        if not isinstance(comp, SiteIds):
+            raise PsiProtocolError(f"the job has no treeflare PSI component {self.local_psi_id!r} at the site")
+        return comp
+
+    def _check(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        comp = self._local(fl_ctx)
+        check_request(task.get("request"), comp.kinds)
+        rows = {kind: len(ids) for kind, ids in comp.ids(fl_ctx).items()}
+        self.log_info(fl_ctx, f"{site}: ids checked for PSI: {rows}")
+        reply = make_reply(ReturnCode.OK)
+        reply["reply"] = {"rows": rows}
+        return reply
+
+    def _result(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        comp = self._local(fl_ctx)
+        kinds = check_request(task.get("request"), comp.kinds)
+        kept = read_intersection(intersection_dir(run_dir_of(fl_ctx)), site=site)
+        own = comp.ids(fl_ctx)
+        for kind, ids in kept.items():
+            if kind not in kinds or not set(ids) <= set(own[kind]):
+                raise DataError(f"{site}: its intersection names {kind} ids it does not hold",
+                                problem="the intersection names ids the party does not hold", site=site)
+        handler = fl_ctx.get_engine().get_component(self.dh_psi_id)
+        meter = handler if isinstance(handler, MeteredDhPSITaskHandler) else None
+        reply = make_reply(ReturnCode.OK)
+        reply["reply"] = result_reply({k: len(kept.get(k, [])) for k in kinds},
+                                      meter.seconds if meter else 0.0, meter.bytes_sent if meter else 0,
+                                      meter.bytes_received if meter else 0)
+        return reply
+
+    def _discard(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        folder = intersection_dir(run_dir_of(fl_ctx))
+        (folder / INTERSECTION_FILE).unlink(missing_ok=True)
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        self.log_info(fl_ctx, f"{site}: the PSI phase failed; its intersection is deleted")
+        return make_reply(ReturnCode.OK)

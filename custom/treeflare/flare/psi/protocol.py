@@ -1,0 +1,99 @@
+"""What the PSI phase's server and sites both name: our three tasks around NVFlare's DH-PSI task (``"PSI"``), where a
+party keeps its intersection, and the checks of the small dicts our tasks exchange (no NVFlare import here).
+
+* ``TASK_CHECK`` (before any PSI message): request ``{"kinds": [...]}``; reply ``{"rows": {kind: n}}`` -- the site
+  read and checked its ids (``data.intersection.check_ids``) or replied an error naming itself, never an id;
+* ``TASK_RESULT`` (after DH-PSI): request ``{"kinds": [...]}``; reply ``{"rows_after": {kind: n}, "seconds": s,
+  "bytes_sent": b, "bytes_received": b}`` -- what the site kept and what PSI cost it;
+* ``TASK_DISCARD`` (only when the phase fails after DH-PSI): the site deletes its intersection; reply empty.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ...data.intersection import KINDS
+
+TASK_CHECK = "treeflare_psi_check"
+TASK_RESULT = "treeflare_psi_result"
+TASK_DISCARD = "treeflare_psi_discard"
+PSI_TASK = "PSI"  # NVFlare's DH-PSI task (PSIConst.TASK), named here so the job needs no NVFlare constant
+RESULT_FILE = "psi_result.json"
+JOB_NAME = "psi"
+FOLDER = "psi"
+MAX_ROWS = 10**9  # a count above this is not a count a site could have sent honestly
+
+
+class PsiProtocolError(ValueError):
+    """A PSI message that breaks the protocol (the text names fields, never data)."""
+
+
+def intersection_dir(run_dir) -> Path:
+    """Where a party keeps its intersection: ``<the site's run folder of the job>/psi/`` (``intersection.json``)."""
+    return Path(run_dir) / FOLDER
+
+
+def check_kinds(kinds) -> list[str]:
+    """``kinds`` as a list: at least one of ``KINDS``, none twice."""
+    if isinstance(kinds, str) or not isinstance(kinds, (list, tuple)) or not kinds:
+        raise PsiProtocolError(f"kinds must be a non-empty list of {KINDS}")
+    out = [str(k) for k in kinds]
+    if any(k not in KINDS for k in out) or len(set(out)) != len(out):
+        raise PsiProtocolError(f"kinds must be distinct values of {KINDS}")
+    return out
+
+
+def request(kinds) -> dict:
+    return {"kinds": check_kinds(kinds)}
+
+
+def check_request(data, kinds) -> list[str]:
+    """A check/result request as a site reads it: its kinds must be the job's (``kinds``, the site's own config)."""
+    if not isinstance(data, dict):
+        raise PsiProtocolError("the PSI request is not a dict")
+    asked = check_kinds(data.get("kinds"))
+    if asked != check_kinds(kinds):
+        raise PsiProtocolError("the PSI request asks for other kinds of rows than the job configured at the site")
+    return asked
+
+
+def _count(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ROWS:
+        raise PsiProtocolError(f"{what} is not a row count")
+    return int(value)
+
+
+def check_counts(counts, kinds, what: str) -> dict[str, int]:
+    """``{kind: n}`` for exactly ``kinds``."""
+    if not isinstance(counts, dict) or set(counts) != set(kinds):
+        raise PsiProtocolError(f"{what} must give a row count for each of {list(kinds)}")
+    return {k: _count(counts[k], f"{what}[{k!r}]") for k in kinds}
+
+
+def check_reply(data, kinds) -> dict[str, int]:
+    """A site's reply to ``TASK_CHECK``: its rows per kind."""
+    if not isinstance(data, dict):
+        raise PsiProtocolError("the check reply is not a dict")
+    return check_counts(data.get("rows"), kinds, "rows")
+
+
+def result_reply(rows_after: dict, seconds: float, bytes_sent: int, bytes_received: int) -> dict:
+    return {"rows_after": dict(rows_after), "seconds": float(seconds), "bytes_sent": int(bytes_sent),
+            "bytes_received": int(bytes_received)}
+
+
+def check_result_reply(data, kinds) -> dict:
+    """A site's reply to ``TASK_RESULT``: rows kept per kind, PSI seconds and bytes at the site."""
+    if not isinstance(data, dict):
+        raise PsiProtocolError("the result reply is not a dict")
+    rows = check_counts(data.get("rows_after"), kinds, "rows_after")
+    seconds = data.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise PsiProtocolError("seconds is not a duration")
+    sent, received = data.get("bytes_sent"), data.get("bytes_received")
+    for name, value in (("bytes_sent", sent), ("bytes_received", received)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PsiProtocolError(f"{name} is not a byte count")
+    return {"rows_after": rows, "seconds": float(seconds), "bytes_sent": int(sent), "bytes_received": int(received)}
