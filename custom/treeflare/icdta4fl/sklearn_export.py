@@ -129,10 +129,10 @@ def _column_transformer(columns, snaps):
             step = Float32Snap(snaps[i]) if i in snaps else "passthrough"
         elif c["kind"] == "ordinal":
             step = OrdinalEncoder(categories=[c["categories"]], handle_unknown="use_encoded_value",
-                                  unknown_value=np.nan, encoded_missing_value=np.nan, dtype=np.float64)
+                                  unknown_value=np.nan, encoded_missing_value=np.nan, dtype=np.float32)
         else:
             step = OneHotEncoder(categories=[c["categories"]], handle_unknown="ignore", sparse_output=False,
-                                 dtype=np.float64)
+                                 dtype=np.float32)  # codes and 0/1: exact in float32, as the tree reads them
         steps.append((f"f{len(steps)}", step, [c["name"]]))
     ct = ColumnTransformer(steps, remainder="drop", verbose_feature_names_out=False)
     # The categories are given, so fitting learns nothing from the rows: one row of known values fixes the
@@ -282,7 +282,7 @@ def to_sklearn(model, *, criterion: str | None = None, portable: bool = False):
     exactly as ``model`` (a ``GlobalTree`` carrying its data schema) on a DataFrame of the schema's columns:
     numbers for numeric columns, the category names for categorical and ordinal ones, NaN or None for missing.
     ``criterion`` only labels the impurity shown in plots (default: entropy for ID3, gini for CART).
-    Numeric columns the tree splits go through :class:`Float32Snap` (exact for every float64 input);
+    Numeric columns go through :class:`Float32Snap` (exact for every float64 input);
     ``portable=True`` passes them through instead, for a pipeline of scikit-learn's classes only (loads without
     treeflare), exact where the numeric inputs are float32 values (e.g. integers below 2**24)."""
     from sklearn.pipeline import Pipeline
@@ -311,8 +311,8 @@ def to_sklearn(model, *, criterion: str | None = None, portable: bool = False):
     snaps = {}
     if not portable:  # our column j of a numeric feature -> its schema position
         schema_pos = _schema_positions(columns, encoding)
-        snaps = {schema_pos[j]: t for j, t in column_thresholds(tree).items()
-                 if columns[schema_pos[j]]["kind"] == "numeric"}
+        thresholds = {schema_pos[j]: t for j, t in column_thresholds(tree).items()}
+        snaps = {i: thresholds.get(i, []) for i, c in enumerate(columns) if c["kind"] == "numeric"}
     return Pipeline([("encode", _column_transformer(columns, snaps)), ("tree", clf)])
 
 

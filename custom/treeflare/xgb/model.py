@@ -218,6 +218,13 @@ class XGBModel(ClassCodesClassifier):
             return (p[:, 1] >= 0.5).astype(np.int64)
         return p.argmax(axis=1)
 
+    def to_onnx(self):
+        """The model as ONNX (``onnx.ModelProto``, through onnxmltools): one float input ``input``, the rows as
+        :meth:`encode_rows` builds them; refused for a model with categorical features (``onnx_export``)."""
+        from ..onnx_export import xgb_to_onnx
+
+        return xgb_to_onnx(self)
+
     def __repr__(self) -> str:
         return (f"XGBModel(mode={self.mode}, rounds={self.booster.num_boosted_rounds()}, "
                 f"classes={list(self.classes_)})")
