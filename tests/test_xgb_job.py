@@ -1,5 +1,6 @@
 """jobs/xgb_histogram end to end in the NVFlare simulator (small data, a few rounds, 3 sites): the direct transport
-(the default) horizontal binary, multiclass and vertical, the flare transport once, and bad --xgb-port values.
+(the default) horizontal binary and multiclass, the flare transport once, and bad --xgb-port values. Vertical mode,
+which now starts with a PSI phase: tests/test_xgb_vertical_psi.py.
 
 Each run is a subprocess with its own HOME, FLARE log level WARNING, and everything it started is killed
 afterwards (tests/flare_helpers.py). Results are checked from the files the run wrote, not from return codes.
@@ -94,6 +95,15 @@ def test_horizontal_binary_report_matches_centralized(tmp_path):
     assert "NVFlare horizontal (direct)" in proc.stdout  # the short table
     check_direct(report)
     assert report["transport"]["models_identical"] is True  # every rank ends with the same model
+    # horizontal sites hold different rows by design: no PSI phase ran, at the server or at any site
+    from treeflare.flare.psi.protocol import RESULT_FILE as PSI_RESULT_FILE
+
+    assert "psi" not in report and "psi_min_rows" not in report["params"]
+    flare_job = ws / "flare" / "xgb_histogram"
+    assert flare_job.is_dir() and not list(flare_job.rglob(PSI_RESULT_FILE))
+    assert not list(flare_job.rglob("intersection.json"))
+    configs = list(flare_job.rglob("config_fed_*.json"))
+    assert configs and not [c for c in configs if "treeflare.flare.psi" in c.read_text()]
     # progress from the server's side, one line per round, printed while FLARE ran (--progress: stdout is a pipe)
     rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
     assert [r.split()[1] for r in rounds] == [f"{i}/5" for i in range(1, 6)] and " eval auc 0." in rounds[-1]
@@ -125,28 +135,6 @@ def test_multiclass_car(tmp_path):
         assert report["global"][k] == pytest.approx(ref_metrics[k], abs=1e-3)
     assert report["global"]["accuracy"] > 0.75
     check_direct(report)
-
-
-@pytest.mark.flare
-def test_vertical_predictions_identical_to_centralized(tmp_path):
-    report, ws, _ = run_job(tmp_path, "--dataset", "car", "--mode", "vertical", "--rounds", "3", "--max-depth",
-                            "3", "--baselines", "centralized")
-    assert report["mode"] == "vertical"
-    part = json.loads((ws / "federation" / "partition.json").read_text())
-    assert "class" not in part["sites"]["site-2"]["columns"]
-    assert report["comparison"]["centralized"]["max_abs_pred_diff"] < 1e-6
-    assert set(report["global"]) == {"accuracy", "macro_f1", "mlogloss"}  # car: 4 classes
-    check_direct(report)  # site-1, the label owner, is rank 0
-    assert list((ws / "tb_events").rglob("events.out.tfevents.*"))
-    # every party holds the whole model (XGBoost's vertical mode): it predicts only on rows with every party's
-    # columns, and says so for the server's test set, which holds ids and labels only
-    from treeflare.data import DataError
-    from treeflare.prediction import load_model, predict_csv
-
-    model = load_model(ws)
-    assert model.model.mode == "vertical" and model.model.ranks == {"site-1": 0, "site-2": 1, "site-3": 2}
-    with pytest.raises(DataError, match="'doors' held by site-2 \\(rank 1\\)"):
-        predict_csv(model, ws / "federation" / "server" / "test.csv", tmp_path / "p.csv")
 
 
 @pytest.mark.flare

@@ -2,7 +2,7 @@
 """Federated XGBoost, histogram-based, horizontal or vertical, driven by NVFlare.
 
     python jobs/xgb_histogram/job.py --dataset adult --sites 3 --rounds 50 --workspace out/xgb_adult
-    python jobs/xgb_histogram/job.py --dataset nursery --mode vertical --sites 3 --workspace out/xgb_nv
+    python jobs/xgb_histogram/job.py --dataset nursery --mode vertical --overlap 0.8 --sites 3 --workspace out/xgb_nv
     python jobs/xgb_histogram/job.py --schema discover --label y --sites 3 --env poc --workspace out/xgb_sites
 
 Two transports for XGBoost's collective operations (--transport):
@@ -13,10 +13,12 @@ Two transports for XGBoost's collective operations (--transport):
                     messaging, for sites that can reach only the FL port.
 
 Steps: prepare the federation folder under --workspace with the data layer; build the job with our
-TreeflareXGBDataLoader; ship the treeflare package as custom code; run it (simulator, POC or a provisioned
-system); then score the global model on the server's test set, compute the centralized and XGBoost-native
-distributed baselines, and write report.json, model.json (with the training schema inside, for
-scripts/predict.py) and tb_events/. While FLARE runs, one progress line per boosting round (rank 0's eval metric,
+TreeflareXGBDataLoader (vertical: after a PSI phase, ``treeflare.flare.psi``, whose workflows run before training's,
+so every party trains on exactly the ids all parties hold, sorted by id; both transports); ship the treeflare
+package as custom code; run it (simulator, POC or a provisioned system); then score the global model on the
+server's test set, compute the centralized and XGBoost-native distributed baselines, and write report.json (with
+the PSI phase's sizes, seconds and bytes under "psi" in vertical mode), model.json (with the training schema inside,
+for scripts/predict.py) and tb_events/. While FLARE runs, one progress line per boosting round (rank 0's eval metric,
 elapsed time, an estimate of what is left) is printed (on a terminal or with --progress: every round; otherwise
 one per 10% of the rounds; --quiet: none).
 
@@ -36,8 +38,9 @@ from pathlib import Path
 from treeflare.cli import add_data_args, add_overlap_arg, add_partition_args, add_schema_args, load_table, main_guard, \
     prepare_from_args
 from treeflare.cli import check_args as shared_check_args
-from treeflare.cli import schema_source
+from treeflare.cli import overlap_of, schema_source
 from treeflare.data import site_name, write_federation
+from treeflare.data.intersection import DEFAULT_MIN_ROWS
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.flare.runner import add_run_args, one_poc, recipe_job, run_job, ship_package
 from treeflare.flare.site_config import add_binding_arg
@@ -107,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "folder this script prepares; a site's own binding, local/treeflare_site.json, wins)")
     add_binding_arg(g)
     g.add_argument("--task-timeout", type=int, default=300, help="seconds each site has for schema discovery")
+    g.add_argument("--psi-min-rows", type=int, default=DEFAULT_MIN_ROWS,
+                   help="vertical: the fewest training rows the parties' intersection (PSI) may hold; fewer fails "
+                        "the job before any training")
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     add_run_args(p)
     add_progress_args(p)
@@ -119,6 +125,8 @@ def check_args(args) -> None:
     shared_check_args(args)  # every numeric argument, as the other jobs check theirs (DataError: exit 2)
     if args.mode == "vertical" and args.sites < 2:
         raise SystemExit("error: --mode vertical needs --sites >= 2 (site-1 holds the label, the others columns)")
+    if args.psi_min_rows < 1:
+        raise SystemExit(f"error: --psi-min-rows must be >= 1, got {args.psi_min_rows}")
     if args.transport == "direct":
         if not 0 <= args.xgb_port <= MAX_PORT:
             raise SystemExit(f"error: --xgb-port must be a port number in 1..{MAX_PORT} (or 0 for any free port), "
@@ -164,8 +172,35 @@ def data_loader(folder: str, schema, args, vertical: bool):
     from treeflare.flare.xgb.data_loader import TreeflareXGBDataLoader
 
     timing = str(args.timing_dir.resolve()) if args.timing_dir else None
+    # vertical: the rows of the PSI phase's intersection only (the job adds that phase: add_psi_phase)
     return TreeflareXGBDataLoader(folder=folder, schema=schema.to_dict(), vertical=vertical, timing_dir=timing,
-                                  binding=args.binding)
+                                  binding=args.binding, psi=vertical)
+
+
+def add_psi_phase(job, folder: str, schema, args, sites: list[str]) -> None:
+    """Vertical mode: the PSI workflows on the server and PSI at every site, added to ``job`` before training's
+    controller (server workflows run in the order added). Each party reads its own ids (its binding or
+    ``folder``), keeps the intersection in its run folder, and the loader reads it there."""
+    from treeflare.flare.psi.job import add_psi
+
+    add_psi(_PerSiteApps(job, sites), sites, kinds=("train", "test"), data_root=folder, schema=schema,
+            binding=args.binding, min_rows=args.psi_min_rows, task_timeout=args.task_timeout)
+
+
+class _PerSiteApps:
+    """``job`` with ``to_clients(obj)`` made one ``to(obj, site)`` per site. This job has one client app per site
+    (our direct job's and NVFlare's recipes' layout), and a FedJob holding an all-clients app too exports only
+    that one, silently dropping every site's training executor."""
+
+    def __init__(self, job, sites):
+        self._job, self._sites = job, list(sites)
+
+    def to_clients(self, obj, **kwargs):
+        for site in self._sites:
+            self._job.to(obj, site, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._job, name)
 
 
 def build_direct_job(folder: str, schema, params: dict, args, sites: list[str]):
@@ -186,6 +221,8 @@ def build_direct_job(folder: str, schema, params: dict, args, sites: list[str]):
     # vertical mode, where site-1 holds the label and must be rank 0
     ranks = job_ranks(sites)
     job = FedJob(name=JOB, min_clients=len(sites))
+    if vertical:
+        add_psi_phase(job, folder, schema, args, sites)
     job.to_server(XGBDirectController(site_ranks=ranks, port=args.xgb_port, server_host=args.xgb_server_host,
                                       train_timeout=args.xgb_train_timeout,
                                       heartbeat_timeout=args.xgb_heartbeat_timeout), id="xgb_controller")
@@ -243,6 +280,11 @@ def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):
             if hasattr(wf.controller, "client_ranks"):
                 wf.controller.client_ranks = job_ranks(sites)
     set_per_site_config(recipe, {s: {"data_loader": data_loader(folder, schema, args, vertical)} for s in sites})
+    if vertical:
+        # The recipe adds its XGBFedController only when its client apps are prepared (runner.recipe_job), so the
+        # PSI workflows added to its job now run first, as in NVFlare's own vertical example (PSI, then XGBoost),
+        # but in one job.
+        add_psi_phase(recipe._job, folder, schema, args, sites)
     return recipe
 
 
@@ -315,9 +357,21 @@ def run(args, table=None) -> dict:
         server_run_dir = run_job(job, args, sites, progress=printer_for(args))  # exits here with --export
         timings["flare_run"] = time.perf_counter() - t
 
+    from treeflare.flare.runner import read_server_result
+
+    psi = None
+    if vertical:  # the PSI phase ran first: its failure (naming the site) is the report
+        from treeflare.flare.psi.protocol import RESULT_FILE as PSI_RESULT_FILE
+
+        psi = read_server_result(server_run_dir, PSI_RESULT_FILE, workspace, JOB)
+        if psi is None:
+            raise SystemExit(1)
+        # the phase's wall time as the server saw it (its workflows' seconds); each party's own PSI seconds are in
+        # report["psi"]["parties"]
+        phases = [v for v in (psi.get("timings_s") or {}).values() if isinstance(v, (int, float))]
+        timings["psi"] = sum(phases) if phases else None
     server = None
     if args.transport == "direct":
-        from treeflare.flare.runner import read_server_result
         from treeflare.flare.xgb.controller import RESULT_FILE
 
         server = read_server_result(server_run_dir, RESULT_FILE, workspace, JOB)
@@ -350,6 +404,13 @@ def run(args, table=None) -> dict:
     baselines: dict[str, dict | None] = {b: None for b in BASELINES}
     comparison: dict[str, dict] = {}
     wanted = parse_baselines(args.baselines) if fed_dir is not None else []
+    skipped: dict[str, str] = {}
+    if "native_distributed" in wanted and vertical and overlap_of(args) < 1:
+        # XGBoost's native column split reads each party's whole train.csv: with parties holding different
+        # customers it would pair different customers' rows, a baseline of nothing
+        wanted.remove("native_distributed")
+        skipped["native_distributed"] = ("the parties hold different rows (--overlap below 1) and XGBoost's "
+                                         "native column split has no intersection step")
     from treeflare.xgb import baselines as bl
 
     if "centralized" in wanted:
@@ -375,15 +436,18 @@ def run(args, table=None) -> dict:
         "n_sites": len(sites),
         "params": {"rounds": args.rounds, "max_depth": args.max_depth, "eta": args.eta, "nthread": args.nthread,
                    "early_stopping_rounds": args.early_stopping_rounds, "seed": args.seed,
+                   **({"psi_min_rows": args.psi_min_rows} if vertical else {}),
                    **partition_params(args, split_here=fed_dir is not None), "n_classes": n_classes,
                    "classes": list(schema.classes),
                    "xgb_params": params, "env": args.env, "transport": args.transport,
                    **({"xgb_port": args.xgb_port, "xgb_server_host": args.xgb_server_host or None}
                       if args.transport == "direct" else {"messaging": args.messaging})},
         "transport": _transport_report(args, server),
+        **({"psi": psi} if psi is not None else {}),
         "global": global_metrics,
         "validation": validation,
         "baselines": baselines,
+        **({"baselines_skipped": skipped} if skipped else {}),
         "comparison": comparison,
         "timings_s": timings,
         "files": {"model": str(model_path), "federation": str(fed_dir) if fed_dir else None,
@@ -406,8 +470,8 @@ def partition_params(args, split_here: bool) -> dict:
     their own. ``alpha`` only for the Dirichlet partitions."""
     if not split_here:
         return {}
-    if args.mode == "vertical":
-        return {"partition": "vertical"}
+    if args.mode == "vertical":  # overlap: each party's share of its training rows that all parties hold
+        return {"partition": "vertical", "overlap": overlap_of(args)}
     return {"partition": args.partition, **({"alpha": args.alpha} if args.partition != "iid" else {})}
 
 

@@ -6,6 +6,11 @@ The files are the site's own binding (``local/treeflare_site.json`` in its kit, 
 shared schema (``Schema.to_dict()``) sent in the job configuration, so every site encodes categorical columns
 with the same category list, never from its own values. In vertical mode rows are sorted by the id column, so
 row i is the same entity at every party, and only the label owner (rank 0) has labels.
+
+With ``psi`` (every vertical job: the job's PSI phase ran first, ``treeflare.flare.psi``), the site keeps only the
+rows of its train and validation files whose ids every party holds: the intersection the PSI phase left in this
+site's run folder (``<run dir>/psi/intersection.json``, found from the fl_ctx seen at START_RUN), restricted and
+sorted by id (``data.intersection.restrict``), so every party derives the same row order on its own.
 """
 
 from __future__ import annotations
@@ -19,17 +24,21 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.app_opt.xgboost.data_loader import XGBDataLoader
 
-from ...data import DataError, Schema
-from ...xgb.encoding import dmatrix, load_site, table_arrays
+from ...data import DataError, Schema, read_site
+from ...data.intersection import read_intersection, restrict
+from ...xgb.encoding import dmatrix, table_arrays
 
+from ..psi.protocol import intersection_dir
 from ..site_config import load_binding, site_config_dir
+
+KINDS = ("train", "test")  # the site's training rows and its validation rows (XGBoost's eval set)
 
 _log = logging.getLogger(__name__)
 
 
 class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
     def __init__(self, folder: str, schema: dict | None = None, vertical: bool = False,
-                 timing_dir: str | None = None, binding: str = ""):
+                 timing_dir: str | None = None, binding: str = "", psi: bool = False):
         """
         Args:
             folder: the federation folder (absolute path on the site).
@@ -38,6 +47,8 @@ class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
             vertical: column split; rows are aligned on the id column.
             timing_dir: if set, write ``<timing_dir>/<site>.json`` with data-loading timestamps (benchmarks).
             binding: the name of the site binding to read ("" the default one; see site_config).
+            psi: keep only the rows in the intersection the job's PSI phase left in this site's run folder
+                (vertical mode; the PSI phase must come first in the job).
         """
         FLComponent.__init__(self)
         self.folder = folder
@@ -45,21 +56,48 @@ class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
         self.vertical = vertical
         self.timing_dir = timing_dir
         self.binding = binding
+        self.psi = bool(psi)
         self._config_dir = None  # the kit's local/ folder, where the site's binding lives
+        self._run_dir = None  # this site's run folder of the job, where the PSI phase left the intersection
 
     def handle_event(self, event_type: str, fl_ctx):
         if event_type == EventType.START_RUN:  # load_data gets no fl_ctx
             self._config_dir = site_config_dir(fl_ctx)
+            self._run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
 
-    def _load(self):
-        if self.schema is None:
-            return load_site(self.folder, self.client_id, None, vertical=self.vertical)
+    def _tables(self) -> dict:
+        """This site's train and validation tables, each with this party's columns of the shared schema."""
+        if self.schema is None:  # a federation folder, read with its own partition.json
+            site_data = read_site(self.folder, self.client_id, None)
+            return {"train": site_data.train, "test": site_data.test}
         schema = Schema.from_dict(self.schema)
         binding = load_binding(self.client_id, None, self.folder, config_dir=self._config_dir, name=self.binding)
         _log.info("%s reads %s and %s (%s)", self.client_id, binding.path("train"), binding.path("test"),
                   binding.source)
-        return tuple(table_arrays(binding.read(which, schema, self.client_id, own_columns=self.vertical),
-                                  sort_by_id=self.vertical) for which in ("train", "test"))
+        return {which: binding.read(which, schema, self.client_id, own_columns=self.vertical) for which in KINDS}
+
+    def _load(self):
+        tables = self._tables()
+        if self.psi:
+            tables = self._intersected(tables)
+        return tuple(table_arrays(tables[which], sort_by_id=self.vertical) for which in KINDS)
+
+    def _intersected(self, tables: dict) -> dict:
+        """Each table restricted to the ids of the PSI phase's intersection (sorted by id)."""
+        site = self.client_id
+        if self._run_dir is None:
+            raise DataError(f"{site}: no run folder seen at START_RUN; cannot find the PSI phase's intersection",
+                            problem="no run folder (START_RUN not seen)", site=site)
+        kept = read_intersection(intersection_dir(self._run_dir), site=site)
+        out = {}
+        for which in KINDS:
+            out[which] = restrict(tables[which], kept.get(which, []), site=site, kind=which)
+            if len(out[which]) == 0:  # PSI's min_rows guards training rows; say so if none are left either way
+                raise DataError(f"{site}: no {which} rows in the intersection of the parties' ids",
+                                problem=f"no {which} rows in the intersection", site=site)
+            _log.info("%s keeps %d of its %d %s rows (the parties' intersection)", site, len(out[which]),
+                      len(tables[which]), which)
+        return out
 
     def load_data(self):
         import xgboost as xgb
