@@ -222,6 +222,14 @@ class MeteredDhPSIController(DhPSIController):
         super().set_communicator(communicator)
         poll_often(self, communicator)
 
+    def start_controller(self, fl_ctx):
+        # NVFlare 2.9's BroadcastAndWait.results_cb prints "task_name PSI" to stdout for every DH-PSI result (a
+        # debug print left in: 17 lines in a 3-party run); its module's only print, silenced in this process
+        from nvflare.app_common.workflows import broadcast_operator
+
+        broadcast_operator.print = lambda *args, **kwargs: None
+        super().start_controller(fl_ctx)
+
     def control_flow(self, abort_signal, fl_ctx):
         result = phase_state(fl_ctx, self.sites, self.kinds, self.min_rows)
         start = time.perf_counter()
