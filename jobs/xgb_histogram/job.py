@@ -467,11 +467,11 @@ def run(args, table=None) -> dict:
 
 def partition_params(args, split_here: bool) -> dict:
     """How this script split the submitter's data among the sites (``split_here``); nothing when the sites hold
-    their own. ``alpha`` only for the Dirichlet partitions."""
+    their own. ``alpha`` only for the Dirichlet partitions, ``overlap`` only for a partial vertical one."""
     if not split_here:
         return {}
-    if args.mode == "vertical":  # overlap: each party's share of its training rows that all parties hold
-        return {"partition": "vertical", "overlap": overlap_of(args)}
+    if args.mode == "vertical":  # overlap (below 1 only): each party's share of its training rows all parties hold
+        return {"partition": "vertical", **({"overlap": overlap_of(args)} if overlap_of(args) < 1 else {})}
     return {"partition": args.partition, **({"alpha": args.alpha} if args.partition != "iid" else {})}
 
 
