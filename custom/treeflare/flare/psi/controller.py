@@ -23,7 +23,9 @@ from pathlib import Path
 from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
+from nvflare.apis.dxo import from_shareable
 from nvflare.app_common.psi.dh_psi.dh_psi_controller import DhPSIController
+from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 
 from ...data.intersection import DEFAULT_MIN_ROWS
 from ...reporting import write_json_atomic
@@ -206,6 +208,26 @@ class PsiResultController(_PsiPhase):
             raise
 
 
+class PromptBroadcastAndWait(BroadcastAndWait):
+    """NVFlare 2.9's ``BroadcastAndWait`` as its DH-PSI workflow uses it, with two fixes: a multicast (10 of the
+    13 task rounds of a 3-party DH-PSI) is looked at every ``TASK_CHECK_PERIOD`` seconds, not its default 0.5 s
+    (about 5 s of a small run's 8 s were these sleeps); and no debug ``print("task_name", ...)`` to stdout per result.
+    Installed in the server process by :class:`MeteredDhPSIController` as the name NVFlare's workflow module uses."""
+
+    def multicasts_and_wait(self, task_name, task_inputs, fl_ctx, abort_signal=None,
+                            task_check_period=TASK_CHECK_PERIOD):
+        return super().multicasts_and_wait(task_name, task_inputs, fl_ctx, abort_signal, task_check_period)
+
+    def results_cb(self, client_task, fl_ctx):
+        result = client_task.result
+        rc = result.get_return_code()
+        if rc == ReturnCode.OK:
+            self.update_result(client_task.client.name, from_shareable(result))
+        elif rc in self.controller.abort_job_in_error:
+            self.controller.handle_client_errors(rc, client_task, fl_ctx)
+        client_task.result = None
+
+
 class MeteredDhPSIController(DhPSIController):
     """NVFlare's DH-PSI workflow: polled every ``task_check_period`` seconds, timed, and failing cleanly."""
 
@@ -223,11 +245,9 @@ class MeteredDhPSIController(DhPSIController):
         poll_often(self, communicator)
 
     def start_controller(self, fl_ctx):
-        # NVFlare 2.9's BroadcastAndWait.results_cb prints "task_name PSI" to stdout for every DH-PSI result (a
-        # debug print left in: 17 lines in a 3-party run); its module's only print, silenced in this process
-        from nvflare.app_common.workflows import broadcast_operator
+        from nvflare.app_common.psi.dh_psi import dh_psi_workflow
 
-        broadcast_operator.print = lambda *args, **kwargs: None
+        dh_psi_workflow.BroadcastAndWait = PromptBroadcastAndWait  # the name the workflow's module calls
         super().start_controller(fl_ctx)
 
     def control_flow(self, abort_signal, fl_ctx):
@@ -238,6 +258,10 @@ class MeteredDhPSIController(DhPSIController):
             super().control_flow(abort_signal, fl_ctx)
             if abort_signal is not None and abort_signal.triggered:
                 error = "DH-PSI was aborted (see the server log)"
+        except KeyError as exc:  # NVFlare's workflow reads each site's result without looking: one was missing
+            error = f"DH-PSI failed: no result from {exc} (it failed or stopped; see that site's log)"
+            self.log_error(fl_ctx, f"{error}\n{traceback.format_exc()}")
+            self._discard(fl_ctx, abort_signal)
         except Exception as exc:  # noqa: BLE001 -- NVFlare's workflow fails by raising; the report must say why
             error = f"DH-PSI failed: {type(exc).__name__}: {str(exc)[:1000]}"
             self.log_error(fl_ctx, f"{error}\n{traceback.format_exc()}")
