@@ -258,8 +258,8 @@ def _tree(model) -> str:
         note += f"; drawn to depth {limit} (at most {MAX_DRAWN_LEAVES} boxes wide), cut subtrees marked '...'"
     legend = "".join(f"<span style='background:{CLASS_COLOURS[i % len(CLASS_COLOURS)]}'>{_e(c)}</span>"
                      for i, c in enumerate(model.classes_))
-    return _section("tree", "Global tree", _note(note + ". Each box: majority class, its share p, rows n; each "
-                                                 "edge: the condition leading to the box below."),
+    return _section("tree", "Global tree", _note(note + ". Each box: majority class, its share p, rows n; "
+                                                 "before each box, the condition that leads to it."),
                     f"<p class='legend'>classes: {legend}</p>", f"<div class='tree'>{svg}</div>")
 
 
@@ -269,7 +269,7 @@ def _fit(text: str, width_px: float) -> str:
 
 
 def _edge_lines(text: str) -> list[str]:
-    """A condition on at most two lines (split near the middle), so sibling labels need a narrower column."""
+    """A condition on at most two lines (split near the middle), so the gap before a column stays narrow."""
     if len(text) <= 16:
         return [text]
     lines = textwrap.wrap(text, width=max(16, (len(text) + 1) // 2 + 2))
@@ -277,9 +277,10 @@ def _edge_lines(text: str) -> list[str]:
 
 
 def tree_svg(model, max_leaves: int = MAX_DRAWN_LEAVES) -> tuple[str, int]:
-    """The tree as an ``<svg>`` element (boxes coloured by majority class, conditions on the edges, full text in
-    each box's tooltip) and the depth it was drawn to. Layout as ``export.plot_tree``: visible leaves left to right
-    in depth-first order, each parent centred over its children."""
+    """The tree as an ``<svg>`` element and the depth it was drawn to: the root on the left, each level a column,
+    the visible leaves top to bottom in depth-first order and each parent level with the middle of its children
+    (a page scrolls down more easily than sideways); boxes coloured by majority class, each edge's condition
+    written before the box it leads to, the full text in tooltips."""
     tree = model.tree_
     limit = _visible_depth(tree, max_leaves)
     depths = tree.node_depths()
@@ -302,42 +303,51 @@ def tree_svg(model, max_leaves: int = MAX_DRAWN_LEAVES) -> tuple[str, int]:
                 edges[int(child)] = (node, _condition(tree, node, pos, model.feature_names_in_,
                                                       model.category_names, 3))
     box_chars = max(len(t) for _, lines in boxes.values() for t in lines)
-    edge_chars = max([len(t) for e in edges.values() for t in _edge_lines(e[1])], default=0)
     box_w = min(max(box_chars * _CHAR_PX + 16, 80.0), 200.0)
-    unit = min(max(box_w, edge_chars * _CHAR_PX) + 12, 220.0)  # one visible leaf's column
-    box_h, row_h = 16 + 14 * 3, 110
-    x, next_x = {}, 0
+    box_h = 16 + 14 * max(len(lines) for _, lines in boxes.values())
+    # the gap before each column holds the conditions of the edges into it
+    gap = [0.0] * (limit + 1)
+    for child, (_, text) in edges.items():
+        d = depths[child]
+        gap[d] = max(gap[d], min(max(len(t) for t in _edge_lines(text)) * _CHAR_PX + 24, 220.0))
+    left, x_at = [], 8.0
+    for d in range(limit + 1):
+        x_at += gap[d]
+        left.append(x_at)
+        x_at += box_w
+    row_h = box_h + 14
+    y, next_row = {}, 0
     for node in order:
         if tree.kind[node] == LEAF or depths[node] >= limit:
-            x[node] = next_x
-            next_x += 1
+            y[node] = 8 + next_row * row_h + box_h / 2
+            next_row += 1
     for node in reversed(order):
-        if node not in x:
-            x[node] = float(np.mean([x[int(c)] for c in tree.children[node]]))
-    width, height = max(next_x, 1) * unit, (limit + 1) * row_h
+        if node not in y:
+            y[node] = float(np.mean([y[int(c)] for c in tree.children[node]]))
+    width, height = x_at + 8, max(next_row, 1) * row_h + 8
     out = [f"<svg width='{width:.0f}' height='{height:.0f}' viewBox='0 0 {width:.0f} {height:.0f}' role='img' "
            f"font-family='system-ui,Helvetica,Arial,sans-serif' font-size='{_FONT_PX}'>"]
-    cx = {n: (x[n] + 0.5) * unit for n in order}
-    top = {n: depths[n] * row_h + 8 for n in order}
     for child, (parent, text) in edges.items():
+        x0, x1 = left[depths[parent]] + box_w, left[depths[child]]
         lines = _edge_lines(text)
-        out.append(f"<g class='edge'><title>{_e(text)}</title><line x1='{cx[parent]:.1f}' "
-                   f"y1='{top[parent] + box_h:.1f}' x2='{cx[child]:.1f}' y2='{top[child]:.1f}' stroke='#888'/>")
+        out.append(f"<g class='edge'><title>{_e(text)}</title><path d='M{x0:.1f},{y[parent]:.1f} "
+                   f"C{x0 + 24:.1f},{y[parent]:.1f} {x1 - gap[depths[child]] + 8:.1f},{y[child]:.1f} "
+                   f"{x1:.1f},{y[child]:.1f}' fill='none' stroke='#888'/>")
         for k, line in enumerate(lines):
-            y = top[child] - 6 - 13 * (len(lines) - 1 - k)
-            out.append(f"<text x='{cx[child]:.1f}' y='{y:.1f}' text-anchor='middle' fill='#333' stroke='#fff' "
-                       f"stroke-width='3' paint-order='stroke'>{_e(_fit(line, unit - 8))}</text>")
+            line_y = y[child] - 5 - 13 * (len(lines) - 1 - k)
+            out.append(f"<text x='{x1 - 5:.1f}' y='{line_y:.1f}' text-anchor='end' fill='#333' stroke='#fff' "
+                       f"stroke-width='3' paint-order='stroke'>{_e(_fit(line, 220.0))}</text>")
         out.append("</g>")
     for node in order:
         c, lines = boxes[node]
         fill = CLASS_COLOURS[c % len(CLASS_COLOURS)]
-        left = cx[node] - box_w / 2
+        top, x0 = y[node] - box_h / 2, left[depths[node]]
         tip = _e(" | ".join(lines) + (f" | {edges[node][1]}" if node in edges else ""))
-        out.append(f"<g class='node'><title>{tip}</title><rect x='{left:.1f}' y='{top[node]:.1f}' width='{box_w:.1f}' "
+        out.append(f"<g class='node'><title>{tip}</title><rect x='{x0:.1f}' y='{top:.1f}' width='{box_w:.1f}' "
                    f"height='{box_h}' rx='6' fill='{fill}' stroke='#555'/>")
         for k, line in enumerate(lines):
             weight = " font-weight='bold'" if k == 0 else ""
-            out.append(f"<text x='{cx[node]:.1f}' y='{top[node] + 18 + 14 * k:.1f}' text-anchor='middle'{weight}>"
+            out.append(f"<text x='{x0 + box_w / 2:.1f}' y='{top + 18 + 14 * k:.1f}' text-anchor='middle'{weight}>"
                        f"{_e(_fit(line, box_w))}</text>")
         out.append("</g>")
     out.append("</svg>")
