@@ -301,3 +301,19 @@ def test_hstack_parties_aligns_unsorted_parts_on_common_ids():
     c = Arrays(np.array([[5.]], np.float32), None, ["c"], ["q"], np.array(["w"], dtype=object))
     with pytest.raises(DataError, match="no row id in common"):
         hstack_parties([a, c])
+
+
+def test_job_scripts_take_and_check_overlap(tmp_path):
+    """--overlap reaches both vertical jobs' argument checks (before anything is written or FLARE starts)."""
+    vertical = load_script("jobs/vertical_tree/job.py", "vertical_job_overlap")
+    assert vertical.parse_args(["--overlap", "0.7", "--workspace", str(tmp_path / "v")]).overlap == 0.7
+    with pytest.raises(DataError, match=r"--overlap must be a number in \(0, 1\]"):
+        vertical.parse_args(["--overlap", "1.5", "--workspace", str(tmp_path / "v")])
+    xgb = load_script("jobs/xgb_histogram/job.py", "xgb_job_overlap")
+    args = xgb.build_parser().parse_args(["--dataset", "adult", "--mode", "vertical", "--overlap", "0.5",
+                                          "--workspace", str(tmp_path / "x")])
+    assert check_args(args).overlap == 0.5
+    with pytest.raises(DataError, match="--overlap applies only to a vertical split"):
+        xgb.check_args(xgb.build_parser().parse_args(["--dataset", "adult", "--overlap", "0.5",
+                                                      "--workspace", str(tmp_path / "x")]))
+    assert not (tmp_path / "v").exists() and not (tmp_path / "x").exists()
