@@ -69,7 +69,13 @@ EXPORTS = {
     "vertical_tree": (["--dataset", "car", "--passive", "1", "--binding", "vertical"],
                       {"treeflare.flare.vertical.controller.VerticalController",
                        "treeflare.flare.vertical.executor.VerticalExecutor",
-                       "treeflare.flare.progress.ProgressReporter"}),
+                       "treeflare.flare.progress.ProgressReporter",
+                       # the PSI phase the vertical job starts with (issue 22)
+                       "treeflare.flare.psi.controller.PsiCheckController",
+                       "treeflare.flare.psi.controller.MeteredDhPSIController",
+                       "treeflare.flare.psi.controller.PsiResultController",
+                       "treeflare.flare.psi.executor.SiteIds", "treeflare.flare.psi.executor.MeteredDhPSITaskHandler",
+                       "treeflare.flare.psi.executor.PsiSiteExecutor"}),
 }
 
 

@@ -31,11 +31,13 @@ ARGS = ["--label", "target", "--id", "uid", "--passive", "2", "--max-depth", "2"
 
 
 def test_vertical_job_end_to_end(tmp_path):
+    """GBDT with 3 parties at 70% overlap (issue 22: PSI first, the model equal to the oracle on the intersection
+    rows), then a prediction run whose new rows also overlap partly: the rows all parties hold are scored."""
     csv = _csv(tmp_path / "small.csv")
     ws = tmp_path / "ws"
     proc = run_script("jobs/vertical_tree/job.py",
                       ["--model", "gbdt", "--trees", "1", "--csv", str(csv), *ARGS, "--workspace", str(ws),
-                       "--progress"], tmp_path, timeout=150)
+                       "--progress", "--overlap", "0.7"], tmp_path, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((ws / "report.json").read_text())
     assert r["job"] == "vertical_tree" and r["model"] == "gbdt" and r["dataset"] == "small"
@@ -46,6 +48,8 @@ def test_vertical_job_end_to_end(tmp_path):
     assert 0.6 < r["baseline_xgboost"]["global"]["accuracy"] <= 1
     assert r["n_sites"] == 3 and r["sites"] == {"active": "site-1", "passive": ["site-2", "site-3"]}
     assert r["identical_to_oracle"] is True
+    p1 = r["psi"]["parties"]["site-1"]
+    assert r["n_train"] == p1["rows_after"]["train"] < p1["rows_before"]["train"]     # the intersection only
     g = r["global"]
     assert 0.6 < g["accuracy"] <= 1 and 0 < g["macro_f1"] <= 1 and 0.6 < g["auc"] <= 1
     c = r["crypto"]
@@ -72,16 +76,28 @@ def test_vertical_job_end_to_end(tmp_path):
     # training CSV's rows, which hold the training run's test rows
     wp = tmp_path / "wp"
     proc = run_script("jobs/vertical_tree/job.py", ["--predict", str(ws), "--csv", str(csv), "--workspace",
-                                                     str(wp), "--workers", "1"], tmp_path, timeout=150)
+                                                     str(wp), "--workers", "1", "--overlap", "0.7"], tmp_path,
+                      timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rp = json.loads((wp / "report.json").read_text())
-    assert rp["status"] == "completed" and rp["mode"] == "predict" and rp["n_rows"] == 240
+    new_ids = {s: set(pd.read_csv(wp / "predict_data" / s / "predict.csv", dtype={"uid": str})["uid"])
+               for s in ["site-1", "site-2", "site-3"]}
+    shared = set.intersection(*new_ids.values())
+    assert rp["status"] == "completed" and rp["mode"] == "predict" and rp["n_rows"] == len(shared) < 240
+    assert rp["n_unscored"] == len(new_ids["site-1"]) - len(shared) > 0         # the active party's rows left out
+    assert f"{rp['n_unscored']} of site-1's {len(new_ids['site-1'])} rows not scored" in proc.stdout
+    assert rp["psi"]["parties"]["site-2"]["rows_after"] == {"predict": len(shared)}
     assert rp["model"]["dir"] == str(ws) and rp["model"]["model"] == "gbdt" and rp["model"]["n_trees"] == 1
     assert rp["model"]["model_id"] == model_id(active) and rp["predictions"] == "predictions.csv"
     pred = pd.read_csv(wp / "predictions.csv", dtype={"uid": str}).set_index("uid")
-    assert list(pred.columns) == ["predicted", "p_no", "p_yes"] and len(pred) == 240
+    assert list(pred.columns) == ["predicted", "p_no", "p_yes"] and set(pred.index) == shared
     trained = json.loads((ws / "models" / "site-1_test_predictions.json").read_text())
-    rows = pred.loc[trained["ids"]]
+    # the training run's test rows among the scored ones: the same predictions (the oracle's, see above)
+    both = [i for i in trained["ids"] if i in shared]
+    assert len(both) >= 5
+    at = {i: k for k, i in enumerate(trained["ids"])}
+    trained = {key: [trained[key][at[i]] for i in both] for key in ("pred", "score")}
+    rows = pred.loc[both]
     assert list(rows["predicted"]) == [active["schema"]["classes"][k] for k in trained["pred"]]
     assert np.array_equal(rows["p_yes"].to_numpy(), np.asarray(trained["score"]))      # bit for bit
     for site, own in [("site-1", "vertical_active_model.json"), ("site-2", "vertical_passive_model.json"),

@@ -1,11 +1,13 @@
 """Vertical federated decision trees with packed Paillier encryption, on NVFlare.
 
-Sites hold different columns of the same rows (joined on an id column).  site-1 is the active
+Sites hold different columns of rows joined on an id column, and not all the same rows: the job starts with a
+private set intersection (NVFlare's DH-PSI, ``treeflare.flare.psi``) after which each party keeps, in its own
+workspace, the ids every party holds, and trains on those rows only, sorted by id.  site-1 is the active
 party (labels + private key), site-2.. are passive (feature columns only).  The server routes
-messages: it never sees labels, gradients, feature values or passive thresholds, but it does see
+messages: it never sees an id, labels, gradients, feature values or passive thresholds, but it does see
 the row-to-node assignments, partitions, prediction bits and test metrics (SECURITY.md lists all).
 
-    python jobs/vertical_tree/job.py --model gbdt --dataset default_credit_card --passive 2 \\
+    python jobs/vertical_tree/job.py --model gbdt --dataset default_credit_card --passive 2 --overlap 0.8 \\
         --trees 3 --max-depth 3 --workspace /tmp/vtree
 
 ``--model gbdt`` picks its loss from the label (``--objective`` to choose): 2 classes -> binary
@@ -17,17 +19,22 @@ On parties that hold their own columns (no --dataset/--csv here), the schema com
     python jobs/vertical_tree/job.py --schema discover --label default --id uid --passive 2 --env poc \\
         --workspace /tmp/vtree
 
-Writes DIR/report.json (with a centralised XGBoost baseline of the same settings when the submitter has the
-data) and (simulator) each party's model file under DIR/models/.
+Writes DIR/report.json (the PSI phase's row counts, seconds and bytes under "psi"; a centralised XGBoost baseline
+of the same settings, on the intersection rows, when the submitter has the data) and (simulator) each party's model
+file under DIR/models/.
 
 Predictions on new rows are a federated job too (no party holds the whole model): every party loads only its own
-part, the rows are joined on the id column, and the active site gets the predictions:
+part, the parties intersect their new rows' ids first (PSI), the rows every party holds are predicted, and the
+active site gets the predictions and the number of its rows that could not be scored:
 
     python jobs/vertical_tree/job.py --predict /tmp/vtree --csv new.csv --workspace /tmp/vtree_pred
 
 (--csv: split by columns like training, simulator and POC; on real sites leave it out: each site reads its own new
 rows and model part from its binding.)  Writes DIR/predictions.csv (copied from the active site's run folder when
 it is on this machine) and DIR/report.json.
+
+(Over 400 lines: the script's arguments, the oracle and baseline inputs, the report and its summary belong to this
+script alone; the prediction run lives in ``treeflare.flare.vertical.predict``.)
 """
 from __future__ import annotations
 
@@ -43,6 +50,9 @@ import numpy as np
 from treeflare.cli import add_data_args, add_schema_args, add_vertical_args, check_args, load_table, main_guard, \
     overlap_of, schema_source
 from treeflare.data import DataError, prepare_federation, read_site, site_name, write_federation
+from treeflare.data.federation import SiteData
+from treeflare.data.join import common_ids
+from treeflare.data.intersection import DEFAULT_MIN_ROWS, restrict
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.vertical.objectives import OBJECTIVES
 from treeflare.reporting import format_table, write_json_atomic
@@ -99,6 +109,10 @@ def parse_args(argv=None):
     c.add_argument("--no-oracle", action="store_true", help="skip the plaintext-oracle comparison")
     c.add_argument("--no-baseline", action="store_true", help="skip the centralised XGBoost baseline")
     c.add_argument("--task-timeout", type=int, default=3600, help="seconds a site has for one message")
+    c.add_argument("--psi-min-rows", type=int, default=DEFAULT_MIN_ROWS, metavar="N",
+                   help=f"the fewest training rows the private set intersection must hold for training to start "
+                        f"(default {DEFAULT_MIN_ROWS}: with fewer shared customers each aggregate the active site "
+                        f"decrypts says a lot about each of them); --predict needs one row all parties hold")
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_binding_arg(c)
@@ -110,6 +124,8 @@ def parse_args(argv=None):
     add_run_args(p)
     add_progress_args(p)
     args = check_args(p.parse_args(argv))
+    if args.psi_min_rows < 1:
+        p.error(f"--psi-min-rows must be an integer >= 1, got {args.psi_min_rows}")
     if args.trees is None:
         args.trees = 3 if args.model == "gbdt" else 1
     if args.model == "tree" and args.trees != 1:
@@ -165,12 +181,17 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
     from nvflare.job_config.api import FedJob
 
     from treeflare.flare.progress import ProgressReporter
+    from treeflare.flare.psi.job import add_psi
     from treeflare.flare.runner import ship_package
     from treeflare.flare.vertical.controller import VerticalController
     from treeflare.flare.vertical.executor import VerticalExecutor
     from treeflare.flare.vertical.protocol import MSG, STEP
 
     job = FedJob(name=JOB_NAME, min_clients=len(sites))
+    # the PSI phase first (server workflows run in the order added): each party keeps the ids all hold
+    add_psi(job, sites, kinds=("train", "test"), data_root=str(data_root) if data_root else "",
+            schema=None if schema is None else schema.to_dict(), binding=args.binding,
+            min_rows=args.psi_min_rows, task_timeout=args.task_timeout)
     job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], params=params.to_dict(),
                                      task_timeout=args.task_timeout, job_info=job_info),
                   id="vertical_controller")
@@ -184,12 +205,20 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
     return job
 
 
+def shared_rows(tabs: list) -> list:
+    """Each party's train and test tables restricted to the ids every party holds, sorted by id: what the PSI
+    phase leaves at the sites, computed here in plaintext from all the parties' files (an independent check)."""
+    kept = {kind: common_ids([getattr(t, kind) for t in tabs]) for kind in ("train", "test")}
+    return [SiteData(*(restrict(getattr(t, kind), kept[kind], kind=kind) for kind in ("train", "test"))) for t in tabs]
+
+
 def vertical_data(data_root: Path, sites: list[str], params):
-    """The parties' data as the oracle sees it (only possible where all sites' files are at hand)."""
+    """The parties' data as the oracle sees it, on the intersection rows sorted by id (only possible where all
+    sites' files are at hand)."""
     from treeflare.flare.vertical.executor import labels_for
     from treeflare.vertical import VerticalData
 
-    tabs = [read_site(data_root, s) for s in sites]
+    tabs = shared_rows([read_site(data_root, s) for s in sites])
     act = tabs[0]
     Xa, na, _ = act.train.codes()
     Xat, _, _ = act.test.codes()
@@ -239,6 +268,22 @@ def oracle_line(report: dict) -> str:
     return f"plaintext oracle: {report['oracle']['reason']}"
 
 
+def psi_table(psi: dict, kinds=("train", "test")) -> str:
+    """The summary's lines on the PSI phase: the intersection, and per party its rows before and after, its PSI
+    seconds and bytes."""
+    def rows(counts):
+        return " / ".join(f"{int((counts or {}).get(k, 0)):,}" for k in kinds)
+
+    parties = psi.get("parties") or {}
+    table = format_table(
+        ["PSI, per party", f"rows before ({' / '.join(kinds)})", "rows after", "PSI s", "bytes sent", "bytes received"],
+        [[site, rows(p.get("rows_before")), rows(p.get("rows_after")), f"{float(p.get('seconds') or 0):.2f}",
+          f"{int(p.get('bytes_sent') or 0):,}", f"{int(p.get('bytes_received') or 0):,}"]
+         for site, p in parties.items()])
+    return (f"\nprivate set intersection: {psi.get('intersection_size')} rows ({' + '.join(kinds)}) every party "
+            f"holds; each keeps them in its own run folder (psi/intersection.json)\n{table}")
+
+
 def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
     """Copy each party's model (and the active site's test predictions) out of the site run folders."""
     from treeflare.flare.runner import find_site_file
@@ -268,6 +313,8 @@ def main(argv=None) -> int:
 
         return predict_main(args, JOB_NAME)
     vertical_params(args)                       # argument errors before any data is read
+    from treeflare.flare.psi.job import psi_report
+    from treeflare.flare.psi.protocol import RESULT_FILE as PSI_RESULT
     from treeflare.flare.runner import one_poc, read_server_result, run_job
     from treeflare.flare.vertical.controller import RESULT_FILE
 
@@ -303,6 +350,9 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         run_dir = run_job(job, args, sites, progress=printer_for(args))
         timings["flare_run"] = time.perf_counter() - t
+    psi = read_server_result(run_dir, PSI_RESULT, workspace, JOB_NAME)   # a failed PSI phase ends the job
+    if psi is None:
+        return 1
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
     if server is None:
         return 1
@@ -327,8 +377,10 @@ def main(argv=None) -> int:
         "job": JOB_NAME, "model": args.model, "objective": server.get("objective"),
         "dataset": dataset, "n_sites": len(sites), "schema_source": schema_info,
         "sites": {"active": sites[0], "passive": sites[1:]},
-        "params": {**params.to_dict(), "env": args.env, "seed": args.seed},
+        "params": {**params.to_dict(), "env": args.env, "seed": args.seed, "psi_min_rows": args.psi_min_rows,
+                   "overlap": overlap_of(args) if data_dir is not None else None},
         "global": server["global"],
+        "psi": psi_report(psi, run_dir, sites),
         "baseline_xgboost": baseline,
         "identical_to_oracle": None if oracle is None else oracle["identical"],
         "oracle": oracle if oracle is not None else {"checked": False, "reason": unchecked},
@@ -338,7 +390,8 @@ def main(argv=None) -> int:
         "timings_s": {**{f"active_{k}": v for k, v in server.get("timings_s", {}).items()},
                       **{f"passive_{k}": sum(float(st.get(k, 0.0)) for st in server.get("passive_timings_s", {}).values())
                          for k in sorted({k for st in server.get("passive_timings_s", {}).values() for k in st})},
-                      "server_protocol": server.get("server_protocol_s"), **timings},
+                      "server_protocol": server.get("server_protocol_s"),
+                      "psi": sum(float(v) for v in (psi.get("timings_s") or {}).values()), **timings},
         "models": sorted(str(p.relative_to(workspace)) for p in (workspace / "models").glob("*.json")),
     }
     write_json_atomic(workspace / "report.json", report)
@@ -357,6 +410,7 @@ def main(argv=None) -> int:
           f"ciphertexts to passive {crypto['ciphertexts_to_passive']}, to active {crypto['ciphertexts_to_active']}, "
           f"values per ciphertext {crypto['values_per_ciphertext']}")
     print(oracle_line(report))
+    print(psi_table(report["psi"]))
     print(f"\nreport: {workspace / 'report.json'}")
     return 0
 

@@ -9,7 +9,9 @@ partition of the training rows, and which nodes closed early -- a classification
 when it is pure), the number of candidates per node, which party won each split, the test rows that
 reach each passive split and that split's prediction bits, and at the end the active site's test
 metrics and operation counts -- which it writes to ``vertical_result.json`` in its run folder.
-In a prediction run (``mode="predict"``) it sees the number of new rows, a digest of their ids, one digest per
+Both modes run after the job's PSI phase (``treeflare.flare.psi``), on the rows it kept at each site.
+In a prediction run (``mode="predict"``) it sees the number of new rows scored and of the active site's rows left
+unscored (the PSI phase's row counts give both), a digest of their ids, one digest per
 passive site of the split ids it holds, the rows that reach each passive split and that split's bits, and the
 model's fingerprint; the predictions stay at the active site.  See SECURITY.md.
 
@@ -34,8 +36,9 @@ MODES = ("train", "predict")
 _RESULT_KEYS = {
     "train": ("objective", "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
               "n_classes", "n_trees", "n_splits"),
-    # a prediction run: the predictions stay at the active site; the server learns counts and the model's fingerprint
-    "predict": ("mode", "n_rows", "model_id", "model", "objective", "n_trees", "messages", "timings_s"),
+    # a prediction run: the predictions stay at the active site; the server learns counts (rows scored, the active
+    # site's rows the intersection left out: the PSI phase's row counts tell it both) and the model's fingerprint
+    "predict": ("mode", "n_rows", "n_unscored", "model_id", "model", "objective", "n_trees", "messages", "timings_s"),
 }
 
 

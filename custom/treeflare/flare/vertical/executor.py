@@ -7,13 +7,18 @@
 
 Data are read against the job's schema from the site's own binding (``local/treeflare_site.json``,
 ``$TREEFLARE_DATA_ROOT``; see ``site_config``), else from ``<data_root>/<site>/{train,test}.csv``; without a
-schema in the job, from ``<data_root>`` as a federation folder with its ``partition.json``.  Each site writes
-its own model file into its run folder (with the schema of its own columns).
+schema in the job, from ``<data_root>`` as a federation folder with its ``partition.json``.  The job's PSI phase
+(``treeflare.flare.psi``) ran first and left this site's share of the intersection in its own run folder
+(``psi/intersection.json``): the site keeps only those rows, sorted by id (``data.intersection.restrict``), so
+row i is the same customer at every party without any order crossing the wire.  Each site writes its own model
+file into its run folder (with the schema of its own columns).
 
 A prediction run (the controller's ``mode="predict"``) trains nothing: each site loads its own model part and its
 new rows from its binding (``vertical_model``, ``predict``: by default ``vertical_<role>_model.json`` and
-``predict.csv`` in its data folder) and runs :mod:`treeflare.vertical.prediction`; the active site writes
-``vertical_predictions.csv`` into its run folder and the server gets counts and the model's fingerprint.
+``predict.csv`` in its data folder), keeps the rows the prediction run's PSI phase found at every party, and
+runs :mod:`treeflare.vertical.prediction`; the active site writes ``vertical_predictions.csv`` (the rows it could
+score) into its run folder and the server gets counts (rows scored, the active site's rows left unscored) and the
+model's fingerprint.
 
 What leaves a site in training (and so what the server sees): from the active site, the public key, ciphertexts,
 slot layouts, the row-to-node assignment of every layer, candidate ids, and the test
@@ -40,6 +45,7 @@ import numpy as np
 from ...crypto.packing import SlotOverflowError
 from ...data import DataError, Schema, read_site
 from ...data.csv_io import party_rows_table
+from ...data.intersection import read_intersection, restrict
 from ...reporting import write_json_atomic, write_text_atomic
 from ...vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
                          metrics)
@@ -47,6 +53,7 @@ from ...vertical.model_parts import ACTIVE_MODEL, PASSIVE_MODEL
 from ...vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
 from ...vertical.prediction import (ActivePredictor, ModelPartError, PassivePredictor, check_active_model,
                                     check_passive_model, model_id, predictions_frame)
+from ..psi.protocol import intersection_dir
 from ..site_config import DATA_ROOT_ENV, load_binding
 from ..site_executor import SiteExecutor
 from .protocol import MSG, STEP, from_wire, to_wire
@@ -71,6 +78,17 @@ def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=N
         raise DataError(f"{site}: no data root configured (executor data_root or ${DATA_ROOT_ENV})")
     sd = read_site(root, site)
     return sd.train, sd.test
+
+
+def kept_rows(table, run_dir, site: str, kind: str):
+    """``table`` restricted to this site's share of the PSI intersection of ``kind`` (kept in its run folder by the
+    job's PSI phase), sorted by id; with the number of its rows the intersection left out."""
+    kept = read_intersection(intersection_dir(run_dir), site=site).get(kind, [])
+    rows = restrict(table, kept, site=site, kind=kind)
+    if len(rows) == 0:  # PSI's minimum refuses this first; a hand-edited file must not start a run on no rows
+        raise DataError(f"{site}: the intersection holds none of its {kind} rows", site=site,
+                        problem=f"no {kind} rows in the intersection")
+    return rows, len(table) - len(rows)
 
 
 class VerticalExecutor(SiteExecutor):
@@ -111,6 +129,7 @@ class VerticalExecutor(SiteExecutor):
         self.passive: PassiveParty | PassivePredictor | None = None
         self.active_test_y = None
         self.own_schema: Schema | None = None   # this party's columns (training), or its model part's (prediction)
+        self.unscored = 0                       # a prediction run: this site's new rows outside the intersection
 
     def handlers(self) -> dict:
         return {STEP: self._step, MSG: self._msg}
@@ -129,6 +148,13 @@ class VerticalExecutor(SiteExecutor):
     def _run_dir(self, fl_ctx) -> Path:
         return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
 
+    def _psi_tables(self, site, fl_ctx):
+        """This site's train and test tables (read and checked first), restricted to its share of the
+        intersection (see the module's docstring)."""
+        train, test = _site_tables(self.data_root, site, self.schema, fl_ctx, self.binding)
+        run_dir = self._run_dir(fl_ctx)
+        return kept_rows(train, run_dir, site, "train")[0], kept_rows(test, run_dir, site, "test")[0]
+
     # ------------------------------------------------------------------ active site
     def _step(self, site, task: Shareable, fl_ctx) -> Shareable:
         inbox = from_wire(task.get("inbox"))
@@ -141,7 +167,7 @@ class VerticalExecutor(SiteExecutor):
                 if self.workers:
                     params.workers = self.workers
                 passives = [str(p) for p in task["passives"]]
-                train, test = _site_tables(self.data_root, site, self.schema, fl_ctx, self.binding)
+                train, test = self._psi_tables(site, fl_ctx)
                 X, names, _ = train.codes()
                 Xt, _, _ = test.codes()
                 y, self.active_test_y, n_classes = labels_for(params, train, test)
@@ -212,6 +238,7 @@ class VerticalExecutor(SiteExecutor):
             raise ModelPartError(f"{default_name}: its schema's columns differ from its features")
         raw = binding.read_raw("predict", site, None, schema.id_column)   # new rows need no label
         rows = party_rows_table(raw, schema, file=os.fspath(binding.path("predict")), site=site, name=site)
+        rows, self.unscored = kept_rows(rows, self._run_dir(fl_ctx), site, "predict")
         self.own_schema = schema
         X, _, _ = rows.codes()
         return model, X, list(map(str, rows.ids))
@@ -223,8 +250,11 @@ class VerticalExecutor(SiteExecutor):
                                   self.own_schema.classes)
         write_text_atomic(self._run_dir(fl_ctx) / PREDICTIONS, frame.to_csv(index=False))
         m = a.model
-        return {"mode": "predict", "n_rows": int(a.n), "model_id": model_id(m), "model": m["model"],
-                "objective": m.get("objective") if m["model"] == "gbdt" else None, "n_trees": len(a.trees),
+        # n_unscored: the active site's new rows that some party does not hold (PSI left them out); a count the
+        # server learns from the PSI phase anyway
+        return {"mode": "predict", "n_rows": int(a.n), "n_unscored": int(self.unscored), "model_id": model_id(m),
+                "model": m["model"], "objective": m.get("objective") if m["model"] == "gbdt" else None,
+                "n_trees": len(a.trees),
                 "passive_sites": list(a.passives), "messages": int(a.comm["messages_to_passive"]
                                                                     + a.comm["messages_to_active"]),
                 "timings_s": {k: float(v) for k, v in a.timings.items()}}
@@ -247,7 +277,7 @@ class VerticalExecutor(SiteExecutor):
             self.passive.close()
             self.passive = None
         if msg.get("type") == "setup":
-            train, test = _site_tables(self.data_root, site, self.schema, fl_ctx, self.binding)
+            train, test = self._psi_tables(site, fl_ctx)
             if train.y is not None:
                 raise ProtocolError(f"{site} holds labels: it is the active site, not a passive one")
             X, names, _ = train.codes()
@@ -285,4 +315,4 @@ def labels_for(params, train, test):
     return train.y_codes(), test.y_codes(), len(train.schema.classes)
 
 
-__all__ = ["VerticalExecutor", "labels_for", "ACTIVE_PRED", "PREDICTIONS"]
+__all__ = ["VerticalExecutor", "labels_for", "kept_rows", "ACTIVE_PRED", "PREDICTIONS"]
