@@ -291,7 +291,8 @@ def main(argv=None) -> None:
     logging.getLogger("nvflare").setLevel(logging.WARNING)
     stem = "psi_bench_quick" if args.quick else "psi_bench"
     store = RESULTS / f"{stem}.json"
-    doc = json.loads(store.read_text()) if store.exists() and not args.quick else {"rows": {}}
+    if args.quick:
+        write_json_atomic(store, {"rows": {}})
     for n in ([] if args.render_only else (int(s) for s in args.sizes.split(","))):
         for k in (int(s) for s in args.parties.split(",")):
             load0 = os.getloadavg()[0]
@@ -305,9 +306,12 @@ def main(argv=None) -> None:
             row.update(ids=n, parties_n=k, fpr=args.fpr, overlap=args.overlap, loadavg_start=load0,
                        loadavg_end=os.getloadavg()[0],
                        **{k2: v for k2, v in bench_settings(seed=args.seed).items() if k2 in ("time", "commit", "cores")})
+            # kept after every row (a long run interrupted keeps what it measured), merged into the stored rows
+            # read afresh, so two runs of this script (say 100k and 1M at once) keep each other's rows
+            doc = _stored(store)
             doc["rows"][key(n, k, args.fpr)] = row
-            write_json_atomic(store, doc)  # kept after every row: a long run interrupted keeps what it measured
-    text = tables(doc["rows"])
+            write_json_atomic(store, doc)
+    text = tables(_stored(store)["rows"])
     note = (f"`scripts/bench_psi.py` (NVFlare {_nvflare_version()}, openmined-psi DH-PSI, P-256), in one process on "
             f"this {os.cpu_count()}-core machine shared with other work: each row's date, load average (1 minute, "
             f"at its start and end) and repeats are beside it; medians over the repeats (seeds 0..repeats-1; ids "
@@ -318,6 +322,10 @@ def main(argv=None) -> None:
     if not args.quick and not args.no_docs:
         write_bench_block(REPO / BENCH_BLOCKS["psi"], "psi", text + "\n\n" + note)
     print(f"wrote {RESULTS / (stem + '.md')} and .json")
+
+
+def _stored(store: Path) -> dict:
+    return json.loads(store.read_text()) if store.exists() else {"rows": {}}
 
 
 def _nvflare_version() -> str:
