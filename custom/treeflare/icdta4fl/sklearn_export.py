@@ -167,12 +167,12 @@ class _Builder:
     """scikit-learn nodes in pre-order: a parent's index is reserved before its children's (skl2onnx needs
     children after parents)."""
 
-    def __init__(self, tree, proba, impurity):
-        self.tree, self.proba, self.impurity = tree, proba, impurity
-        self.rows = []  # per sklearn node: [left, right, feature, threshold, missing_left, source node]
+    def __init__(self, tree, proba, criterion):
+        self.tree, self.proba, self.criterion = tree, proba, criterion
+        self.rows = []  # per sklearn node: [left, right, feature, threshold, missing_left, source node, stops]
 
     def reserve(self, source: int) -> int:
-        self.rows.append([-1, -1, -2, -2.0, 0, source])
+        self.rows.append([-1, -1, -2, -2.0, 0, source, 0])
         return len(self.rows) - 1
 
     def split(self, slot, feature, threshold, missing_left, source):
@@ -189,6 +189,7 @@ def _grow(model, fmap, builder):
         what, n = task[0], task[1]
         builder.rows[slot][5] = n
         if what == "stop":  # a leaf with node n's own counts: where our tree stops the row
+            builder.rows[slot][6] = 1
             continue
         if what == "node":
             kind = int(tree.kind[n])
@@ -263,11 +264,26 @@ def _sk_tree(builder, n_features, n_classes, counts):
     nodes["feature"] = [r[2] for r in rows]
     nodes["threshold"] = [r[3] for r in rows]
     nodes["missing_go_to_left"] = [r[4] for r in rows]
-    nodes["impurity"] = builder.impurity[source]
-    total = counts.sum(axis=1)[source]
+    # Leaves predict their node's probabilities (exactly ours). The sample counts shown, and the impurities that
+    # feature_importances_ adds up, are summed from the leaves up, so a chain's nodes split their node's counts:
+    # an original leaf has its counts, a stop leaf what its node holds beyond its children (usually nothing).
+    tree = builder.tree
+    own = np.zeros((len(rows), n_classes))
+    for i, r in enumerate(rows):
+        if r[0] < 0:
+            n = r[5]
+            own[i] = (np.maximum(counts[n] - counts[tree.children[n]].sum(axis=0), 0.0) if r[6] else counts[n])
+    for i in range(len(rows) - 1, -1, -1):  # children come after parents
+        if rows[i][0] >= 0:
+            own[i] = own[rows[i][0]] + own[rows[i][1]]
+    total = own.sum(axis=1)
+    shares = np.where(total[:, None] > 0, own / np.where(total > 0, total, 1.0)[:, None], builder.proba[source])
+    leaf = np.array([r[0] < 0 for r in rows])
+    nodes["impurity"] = _impurity(shares, builder.criterion)
     nodes["weighted_n_node_samples"] = total
-    nodes["n_node_samples"] = np.maximum(np.rint(total), 1).astype(np.int64)
-    values = np.ascontiguousarray(builder.proba[source].reshape(len(rows), 1, n_classes), dtype=np.float64)
+    nodes["n_node_samples"] = np.rint(total).astype(np.int64)
+    values = np.where(leaf[:, None], builder.proba[source], shares)
+    values = np.ascontiguousarray(values.reshape(len(rows), 1, n_classes), dtype=np.float64)
     depth = np.zeros(len(rows), dtype=np.int64)
     for i, (left, right, *_rest) in enumerate(rows):  # parents come first
         if left >= 0:
@@ -299,7 +315,7 @@ def to_sklearn(model, *, criterion: str | None = None, portable: bool = False):
     if criterion not in ("gini", "entropy"):
         raise ExportError(f"criterion must be 'gini' or 'entropy', got {criterion!r}")
     proba = np.ascontiguousarray(tree.node_proba(), dtype=np.float64)
-    builder = _Builder(tree, proba, _impurity(proba, criterion))
+    builder = _Builder(tree, proba, criterion)
     _grow(model, fmap, builder)
     clf = DecisionTreeClassifier(criterion=criterion)
     clf.n_features_in_ = n_out
