@@ -23,6 +23,7 @@ from flare_helpers import load_script
 from icdta4fl_inprocess import InProcessRun
 from treeflare.data import load_dataset, prepare_federation, write_federation
 from treeflare.flare.icdta4fl.controller import ICDTA4FLController
+from treeflare.flare.icdta4fl.protocol import SCORE_TREES
 from treeflare.icdta4fl.export import export_text
 from treeflare.icdta4fl.model import GlobalTree
 from treeflare.icdta4fl.report_html import CLASS_COLOURS, render_report_html, tree_svg, write_report_html
@@ -41,13 +42,18 @@ def job():
 
 
 def _run(job, tmp, fed, root, *, server_test: bool):
-    """One in-process run; returns (report dict as read back from report.json, workspace)."""
+    """One in-process run: the report dict as read back from report.json, the workspace, the peer-score replies."""
     controller = ICDTA4FLController(
         schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 4}, min_clients=2,
         server_test=str(root / "server" / "test.csv") if server_test else "", refine_params={"rounds": 1},
         job_info={"dataset": "car", "partition": fed.summary["partition"]})
     ws = tmp / ("ws" if server_test else "ws_site_held")
-    server = InProcessRun(root, fed.site_names).run(controller, ws / "run")
+    run = InProcessRun(root, fed.site_names)
+    server = run.run(controller, ws / "run")
+    score_replies = {}  # each site's row of the peer scores: its first answer (refinement asks again, of its trees)
+    for way, site, task, reply in run.messages:
+        if way == "to_server" and task == SCORE_TREES:
+            score_replies.setdefault(site, reply)
     shutil.copyfile(ws / "run" / "global_tree.json", ws / "global_tree.json")
     args = job.parse_args(["--dataset", "car", "--sites", "3", "--max-depth", "4", "--workspace", str(ws)])
     summary = ({"dataset": "car", "partition": fed.summary["partition"]} if server_test else
@@ -56,7 +62,7 @@ def _run(job, tmp, fed, root, *, server_test: bool):
     report = job.build_report(args, server, summary, centralized, {"flare_run": 1.5})
     (ws / "report.json").write_text(json.dumps(json.loads(json.dumps(report, default=float))))
     job.write_html_report(json.loads((ws / "report.json").read_text()), ws)  # the job's own call
-    return json.loads((ws / "report.json").read_text()), ws
+    return json.loads((ws / "report.json").read_text()), ws, score_replies
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +70,8 @@ def car(job, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report_html")
     fed = prepare_federation(load_dataset("car"), n_sites=3, kind="iid", seed=0)
     root = write_federation(fed, tmp / "data")
-    report, ws = _run(job, tmp, fed, root, server_test=True)
-    return report, GlobalTree.load_json(ws / "global_tree.json"), ws, (job, tmp, fed, root)
+    report, ws, score_replies = _run(job, tmp, fed, root, server_test=True)
+    return report, GlobalTree.load_json(ws / "global_tree.json"), ws, (job, tmp, fed, root), score_replies
 
 
 class Page(HTMLParser):
@@ -106,7 +112,7 @@ class Page(HTMLParser):
 
 
 def test_every_section_holds_the_numbers_of_report_json(car):
-    report, model, ws, _ = car
+    report, model, ws = car[:3]
     text = (ws / "report.html").read_text()
     page = Page(text)
     assert set(page.sections) == SECTIONS and len(page.sections) == len(SECTIONS)
@@ -139,6 +145,26 @@ def test_every_section_holds_the_numbers_of_report_json(car):
     assert sum(1 for tag, a in page.tags if tag == "g" and a.get("class") == "node") == len(model.tree_.kind)
     rules = text[text.index("<section id='rules'>"):]
     assert html.unescape(rules[rules.index("<pre>") + 5:rules.index("</pre>")]) == export_text(model)
+
+
+def test_the_peer_score_matrix_when_the_report_holds_it(car):
+    report = copy.deepcopy(car[0])
+    assert Page(render_report_html(report, car[1])).rows["sites"][0][0] == "site"  # the sites table alone
+    assert len(Page(render_report_html(report, car[1])).rows["sites"]) == 1 + len(report["sites"])
+    # the matrix the sites sent (rows: scorers, columns: the trees in the report's site order)
+    replies = car[4]
+    scorers = sorted(replies)
+    report["scorers"] = scorers
+    for key in ("accuracy", "macro_f1"):
+        report["peer_scores"][key] = [[float(v) for v in replies[s][key]] for s in scorers]
+    np.testing.assert_allclose(np.mean(report["peer_scores"]["accuracy"], axis=0), report["thresholds"]["mean_accuracy"])
+    page = Page(render_report_html(report, car[1]))
+    owners = list(report["sites"])
+    heads = [r for r in page.rows["sites"] if r and r[0] == "scored by"]
+    assert heads == [["scored by", *(f"tree of {o}" for o in owners)]] * 2
+    for i, s in enumerate(scorers):
+        rows = [r for r in page.rows["sites"] if r and r[0] == s and len(r) == 1 + len(owners)]
+        assert [r[1:] for r in rows] == [[f"{v:.4f}" for v in report["peer_scores"][k][i]] for k in ("accuracy", "macro_f1")]
 
 
 def test_the_page_references_nothing_outside_itself(car):
@@ -186,7 +212,7 @@ def test_names_with_markup_are_escaped_everywhere(car):
 
 def test_without_a_global_test_set_the_sites_validation_is_the_table(car):
     job, tmp, fed, root = car[3]
-    report, ws = _run(job, tmp, fed, root, server_test=False)
+    report, ws, _ = _run(job, tmp, fed, root, server_test=False)
     page = Page((ws / "report.html").read_text())
     assert "No global test set" in "".join(page.text) and set(page.sections) == SECTIONS
     assert page.row("metrics", "global (ICDTA4FL, refined 1 round)")[1:3] == ["\u2013", "\u2013"]
@@ -208,7 +234,7 @@ def test_a_large_tree_is_drawn_to_a_depth_that_fits_and_says_so(car):
 
 
 def test_script_writes_the_page_again_and_refuses_other_reports(car, tmp_path, capsys):
-    report, model, ws, _ = car
+    report, model, ws = car[:3]
     script = load_script("scripts/report_html.py", "report_html_script")
     expected = (ws / "report.html").read_text()
     out = tmp_path / "again.html"
@@ -224,7 +250,7 @@ def test_script_writes_the_page_again_and_refuses_other_reports(car, tmp_path, c
 
 
 def test_the_job_warns_and_leaves_no_stale_page_when_the_model_is_unreadable(car, job, tmp_path, capsys):
-    report, _, ws, _ = car
+    report, _, ws = car[:3]
     (tmp_path / "global_tree.json").write_text("{\"schema\": \"something else\"}")
     (tmp_path / "report.html").write_text("a previous run's page")
     job.write_html_report(report, tmp_path)
@@ -269,7 +295,7 @@ def browser(car, tmp_path_factory):
 
 
 def test_in_chromium_the_tree_and_the_tables_render(car, browser):
-    report, model, _, _ = car
+    report, model = car[:2]
     dom, _, shot, _ = browser
     page = Page(dom)
     assert set(page.sections) == SECTIONS

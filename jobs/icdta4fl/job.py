@@ -146,6 +146,9 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "n_sites": server["n_sites"],
         "selected_sites": server["selected_sites"],
         "thresholds": server["thresholds"],
+        # every site's score of every site's tree (rows: the scorers; report.html draws it as a matrix)
+        "scorers": server.get("scorers"),
+        "peer_scores": server.get("peer_scores"),
         "global": server["global"],
         "one_round": server.get("one_round"),
         "validation": site_validation(server),

@@ -111,11 +111,7 @@ def _settings(report) -> str:
     rows += [["sites", report.get("n_sites")], ["algorithm", report.get("algorithm")]]
     rows += [["schema", (report.get("schema_source") or {}).get("schema")]]
     rows += _scalars(report.get("params"))
-    dropped = report.get("dropped_sites") or {}
-    parts = [_table(["setting", "value"], rows)]
-    if dropped:
-        parts.append("<p>Dropped sites:</p>" + _table(["site", "why"], [[s, str(w)] for s, w in dropped.items()]))
-    return _section("settings", "Settings", *parts)
+    return _section("settings", "Settings", _table(["setting", "value"], rows))
 
 
 def _metric_rows(report) -> list[list]:
@@ -185,8 +181,26 @@ def _sites(report) -> str:
             "by every site on its validation rows, averaged. Selected rows are shaded.")
     headers = ["site", "train rows", "validation rows", "tree leaves", "tree depth", "own accuracy", "own macro-F1",
                "peer accuracy", "peer macro-F1", "selected", "final tree accuracy", "final tree macro-F1"]
+    dropped = report.get("dropped_sites") or {}
     return _section("sites", "Sites: local trees, peer scores, selection", _note(note),
-                    _table(headers, rows, classes))
+                    _table(headers, rows, classes), *_peer_matrices(report, list(sites)),
+                    "<p>Dropped sites:</p>" + _table(["site", "why"], [[s, str(w)] for s, w in dropped.items()])
+                    if dropped else "")
+
+
+def _peer_matrices(report, owners) -> list[str]:
+    """Each scorer's score of each site's tree, when the report holds the whole matrix (rows: scorers)."""
+    scorers = report.get("scorers") or []
+    peer = report.get("peer_scores") or {}
+    out = []
+    for key, label in (("accuracy", "accuracy"), ("macro_f1", "macro-F1")):
+        m = peer.get(key)
+        if not (isinstance(m, list) and len(m) == len(scorers) > 0
+                and all(isinstance(r, list) and len(r) == len(owners) for r in m)):
+            continue
+        out.append(f"<p>Peer {label}: the tree of each column's site, scored by each row's site on its validation "
+                   "rows:</p>" + _table(["scored by", *(f"tree of {o}" for o in owners)], [[s, *r] for s, r in zip(scorers, m)]))
+    return out
 
 
 def _num(v) -> str:
