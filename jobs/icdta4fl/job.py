@@ -146,7 +146,8 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "n_sites": server["n_sites"],
         "selected_sites": server["selected_sites"],
         "thresholds": server["thresholds"],
-        # every site's score of every site's tree (rows: the scorers; report.html draws it as a matrix)
+        # the peer scores of each tree (their means over the scorers; report.html draws a full scorer x tree matrix
+        # as a table when the server's result holds one)
         "scorers": server.get("scorers"),
         "peer_scores": server.get("peer_scores"),
         "global": server["global"],
