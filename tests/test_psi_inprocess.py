@@ -1,0 +1,375 @@
+"""The PSI phase (``treeflare.flare.psi``) in one process: our check and result workflows, NVFlare's own DH-PSI
+workflow and task handler (real openmined-psi crypto) and every site's components, wired by a fake communicator
+that sends each task and reply through NVFlare's serializer (FOBS) and records it. Bad input, a DH-PSI failure
+and what crosses the server are checked here, with no simulator; ``test_psi_sim`` runs the same in FLARE."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from nvflare.apis.shareable import Shareable
+from nvflare.apis.signal import Signal
+from nvflare.app_common.decomposers import common_decomposers
+from nvflare.app_common.psi.psi_executor import PSIExecutor
+from nvflare.fuel.utils import fobs
+
+from treeflare.data.intersection import INTERSECTION_FILE, read_intersection
+from treeflare.flare.psi import protocol
+from treeflare.flare.psi.audit import leaves
+from treeflare.flare.psi.controller import (MeteredDhPSIController, PsiCheckController, PsiResultController,
+                                            evaluate_check, evaluate_result)
+from treeflare.flare.psi.executor import (DH_PSI_ID, LOCAL_PSI_ID, MeteredDhPSITaskHandler, PsiSiteExecutor,
+                                          SiteIds, payload_bytes)
+from treeflare.flare.workflow import JobFailed
+
+common_decomposers.register()
+SITES = ["site-1", "site-2", "site-3"]
+LOGS = ("log_info", "log_warning", "log_error", "log_exception", "log_debug")
+
+
+# ---- data: three parties at 70% overlap, written the way prepare_data.py --vertical writes them ----------------------
+
+def write_party(folder: Path, train_ids, test_ids, column="pid"):
+    folder.mkdir(parents=True, exist_ok=True)
+    for kind, ids in (("train", train_ids), ("test", test_ids)):
+        rows = "".join(f"{i},{n % 7}\n" for n, i in enumerate(ids))
+        (folder / f"{kind}.csv").write_text(f"{column},x_{folder.name[-1]}\n{rows}")
+
+
+def three_parties(root: Path, n_shared=70, n_own=30, n_test=20, seed=0, pair_only=0):
+    """Each party: ``n_shared`` training ids all hold, ``n_own`` of its own (70% overlap), in its own order; the
+    same ``n_test`` test ids everywhere. ``pair_only``: that many more ids site-1 and site-2 both hold and site-3
+    does not (site-3 then holds as many more of its own, and 5 more: the largest set). Returns {site: {"train":
+    ids, "test": ids}}."""
+    token = lambda: secrets.token_hex(8)  # noqa: E731 -- random ids, as prepare_data gives data without ids
+    shared, test = [token() for _ in range(n_shared)], [token() for _ in range(n_test)]
+    pair = [token() for _ in range(pair_only)]
+    held = {}
+    for k, site in enumerate(SITES):
+        own = [token() for _ in range(n_own + (pair_only + 5 if pair_only and k == 2 else 0))]
+        train = shared + own + (pair if k < 2 else [])
+        order = sorted(range(len(train)), key=lambda i: hashlib.sha256(f"{seed}{k}{i}".encode()).digest())
+        held[site] = {"train": [train[i] for i in order], "test": test[k:] + test[:k]}
+        write_party(root / site, held[site]["train"], held[site]["test"])
+    return held
+
+
+# ---- the harness -------------------------------------------------------------------------------------------------
+
+def wire(shareable):
+    return fobs.loads(fobs.dumps(shareable))
+
+
+class InProcessPSI:
+    def __init__(self, data_root: Path, run_root: Path, kinds=("train", "test"), min_rows=10, sites=SITES,
+                 schema={"id_column": "pid"}):  # noqa: B006 -- read only
+        self.sites, self.kinds, self.min_rows = list(sites), list(kinds), min_rows
+        self.run_root = Path(run_root)
+        self.messages = []  # (direction, site, task name, Shareable as it arrived)
+        self.panics = []
+        self.comps = {}
+        for site in self.sites:
+            comps = {LOCAL_PSI_ID: SiteIds(kinds=kinds, data_root=str(data_root), schema=schema),
+                     DH_PSI_ID: MeteredDhPSITaskHandler(), "psi": PSIExecutor(psi_algo_id=DH_PSI_ID),
+                     "tasks": PsiSiteExecutor()}
+            for comp in comps.values():
+                for level in LOGS:
+                    setattr(comp, level, lambda *a, **k: None)
+            self.comps[site] = comps
+            (self.run_root / site).mkdir(parents=True, exist_ok=True)
+        (self.run_root / "server").mkdir(parents=True, exist_ok=True)
+
+    def site_ctx(self, site):
+        workspace = SimpleNamespace(get_run_dir=lambda job_id: str(self.run_root / site))
+        engine = SimpleNamespace(get_component=self.comps[site].get, get_workspace=lambda: workspace)
+        return SimpleNamespace(get_identity_name=lambda: site, get_engine=lambda: engine, get_job_id=lambda: "job",
+                               get_prop=lambda key, default=None: default, get_peer_context=lambda: None)
+
+    def server_ctx(self):
+        props = {}
+        workspace = SimpleNamespace(get_run_dir=lambda job_id: str(self.run_root / "server"))
+        engine = SimpleNamespace(get_clients=lambda: [SimpleNamespace(name=s) for s in self.sites],
+                                 get_workspace=lambda: workspace)
+        return SimpleNamespace(get_engine=lambda: engine, get_job_id=lambda: "job", get_identity_name=lambda: "server",
+                               get_peer_context=lambda: None,
+                               get_prop=lambda key, default=None: props.get(key, default),
+                               set_prop=lambda key, value, private=True, sticky=True: props.__setitem__(key, value))
+
+    def deliver(self, task, targets, fl_ctx):
+        task.client_tasks = getattr(task, "client_tasks", None) or []
+        for site in targets or self.sites:
+            site = getattr(site, "name", site)
+            data = wire(task.data)
+            self.messages.append(("to_site", site, task.name, data))
+            runner = self.comps[site]["psi" if task.name == protocol.PSI_TASK else "tasks"]
+            reply = wire(runner.execute(task.name, data, self.site_ctx(site), Signal()))
+            self.messages.append(("to_server", site, task.name, reply))
+            ct = SimpleNamespace(client=SimpleNamespace(name=site), result=reply, task=task)
+            task.client_tasks.append(ct)
+            if task.result_received_cb is not None:
+                task.result_received_cb(ct, fl_ctx)
+
+    def run(self) -> dict:
+        abort, ctx = Signal(), self.server_ctx()
+        for site in self.sites:  # START_RUN at each site
+            self.comps[site]["psi"].initialize(self.site_ctx(site))
+        common = {"sites": self.sites, "kinds": self.kinds, "min_rows": self.min_rows}
+        workflows = [PsiCheckController(**common), MeteredDhPSIController(**common), PsiResultController(**common)]
+        for wf in workflows:
+            wf.broadcast_and_wait = lambda task, fl_ctx, targets=None, *a, **k: self.deliver(task, targets, fl_ctx)
+            wf.send = lambda task, fl_ctx, targets=None, *a, **k: self.deliver(task, targets, fl_ctx)
+            wf.get_num_standing_tasks = lambda: 0
+            for level in LOGS:
+                setattr(wf, level, lambda *a, **k: None)
+            wf.system_panic = lambda reason, fl_ctx: (self.panics.append(reason), abort.trigger(reason))
+        for wf in workflows:  # as FLARE's ServerRunner: in order, none after a panic
+            wf.start_controller(ctx)
+            wf.control_flow(abort, ctx)
+            wf.stop_controller(ctx)
+            if abort.triggered:
+                break
+        return json.loads((self.run_root / "server" / protocol.RESULT_FILE).read_text())
+
+    def kept(self, site):
+        return read_intersection(protocol.intersection_dir(self.run_root / site), site=site)
+
+    def tasks_seen(self):
+        return {name for _, _, name, _ in self.messages}
+
+
+# ---- what must never cross the server -------------------------------------------------------------------------
+
+def needles(ids) -> tuple[set, set]:
+    """(text needles, byte needles) for every id: the id, its kind-prefixed items, their sha256/sha1/md5 hex
+    digests (as text) and raw digests (as bytes)."""
+    text, raw = set(), set()
+    for i in ids:
+        for form in (i, *(f"{k}:{i}" for k in ("train", "test", "predict"))):
+            text.add(form)
+            for algo in (hashlib.sha256, hashlib.sha1, hashlib.md5):
+                digest = algo(form.encode()).digest()
+                text.add(digest.hex())
+                raw.add(digest)
+    return text, raw
+
+
+def leaked(records, ids) -> list:
+    """Every needle of ``ids`` found in the records' leaves (``audit.leaves`` form): text needles in the text and
+    bytes (case folded), raw digests in the bytes. One pass over the data, looking up each window of the shortest
+    needle's length among the needles' prefixes, so it stays linear in the data."""
+    text, raw = needles(ids)
+    wanted = {t.lower().encode() for t in text} | raw
+    parts = [value.encode() if kind == "str" else bytes.fromhex(value) for _, kind, value in records
+             if kind in ("str", "bytes")]
+    hay = b"\x00".join(parts)
+    k = min(len(n) for n in wanted)
+    by_prefix: dict = {}
+    for n in wanted:
+        by_prefix.setdefault(n[:k], []).append(n)
+    found = set()
+    for h in (hay, hay.lower()):
+        for j in range(len(h) - k + 1):
+            candidates = by_prefix.get(h[j:j + k])
+            if candidates:
+                found.update(n for n in candidates if h.startswith(n, j))
+    return sorted(found)
+
+
+def all_leaves(messages, direction=None) -> list:
+    return [leaf for d, site, name, shareable in messages if direction in (None, d)
+            for leaf in leaves(dict(shareable))]
+
+
+# ---- tests ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    root = tmp_path_factory.mktemp("psi_good")
+    held = three_parties(root / "data", pair_only=10)
+    run = InProcessPSI(root / "data", root / "runs")
+    saves = run.saves = {s: [] for s in SITES}
+    for site in SITES:  # what each party's DH-PSI passes hand it (the last one stays, in intersection.json)
+        comp = run.comps[site][LOCAL_PSI_ID]
+        comp.save = lambda items, _c=comp, _s=site: (saves[_s].append(sorted(items)), SiteIds.save(_c, items))
+    return run, run.run(), held
+
+
+def true_intersection(held, kind):
+    return sorted(set.intersection(*(set(h[kind]) for h in held.values())))
+
+
+def test_each_party_keeps_exactly_the_intersection_sorted(good):
+    run, result, held = good
+    assert result["status"] == "completed", result
+    for site in SITES:
+        kept = run.kept(site)
+        assert kept["train"] == true_intersection(held, "train") and len(kept["train"]) == 70
+        assert kept["test"] == true_intersection(held, "test") and len(kept["test"]) == 20
+    assert result["intersection_size"] == 90
+    for site, party in result["parties"].items():
+        assert party["rows_before"] == {"train": 115 if site == "site-3" else 110, "test": 20}
+        assert party["rows_after"] == {"train": 70, "test": 20}
+        assert party["bytes_sent"] > 0 and party["bytes_received"] > 0 and party["seconds"] > 0
+
+
+def test_the_bytes_counted_are_the_psi_messages_each_site_sent_and_received(good):
+    run, result, _ = good
+    for site in SITES:
+        to_site = sum(payload_bytes(m.get("DXO") or {}) + sum(payload_bytes(v) for k, v in m.items()
+                                                                  if str(k).startswith("PSI_"))
+                      for d, s, name, m in run.messages if s == site and name == "PSI" and d == "to_site")
+        sent = sum(payload_bytes((m.get("DXO") or {}).get("data") or {})
+                   for d, s, name, m in run.messages if s == site and name == "PSI" and d == "to_server")
+        assert result["parties"][site]["bytes_received"] == to_site
+        assert result["parties"][site]["bytes_sent"] == sent
+
+
+def test_no_id_nor_hash_of_an_id_crosses_the_server(good):
+    """Every field of every task and reply (FOBS-decoded, recursively) is scanned for each id of every party, its
+    kind-prefixed items, and their sha256/sha1/md5 hex and raw digests."""
+    run, result, held = good
+    every_id = {i for h in held.values() for ids in h.values() for i in ids}
+    records = all_leaves(run.messages)
+    assert sum(len(v) for _, kind, v in records if kind == "bytes") > 50_000  # the DH-PSI messages were scanned
+    assert leaked(records, every_id) == []
+    # the scan finds what it looks for: an id, a digest and an item planted in a reply
+    planted = sorted(every_id)[:3]
+    probe = [["/x", "str", planted[0]], ["/y", "bytes", hashlib.sha256(f"train:{planted[1]}".encode()).digest().hex()],
+             ["/z", "str", hashlib.md5(planted[2].encode()).hexdigest().upper()]]
+    assert len(leaked(probe, every_id)) == 3
+    assert json.dumps(result).count(planted[0]) == 0
+
+
+def test_the_workflow_order_reveals_a_pairwise_intersection_to_one_party_and_its_size_to_the_server(good):
+    """What SECURITY.md says NVFlare's DH-PSI order reveals. Sites sorted by set size (site-1 130 items, site-2 130,
+    site-3 135); the first pass pairs the first half with the second (site-1 with site-2): site-2 learns which of
+    its ids site-1 holds -- the 10 they share without site-3 too -- before the pass with site-3 narrows it; the
+    server sees every party's set size and every pass's intersection size."""
+    run, result, held = good
+    final = sorted(f"{k}:{i}" for k in ("train", "test") for i in true_intersection(held, k))
+    pair = sorted(set(held["site-1"]["train"]) & set(held["site-2"]["train"]) - set(held["site-3"]["train"]))
+    assert len(pair) == 10
+    first = run.saves["site-2"][0]
+    assert first == sorted(final + [f"train:{i}" for i in pair])  # site-2's first pass: its intersection with site-1
+    assert all(run.saves[s][-1] == final for s in SITES) and len(run.saves["site-1"]) == 1
+    sizes = [int(v) for d, s, name, m in run.messages if d == "to_server" and name == "PSI"
+             for path, kind, v in leaves(dict(m)) if path.endswith("PSI_ITEMS_SIZE")]
+    assert sizes[:3] == [130, 130, 135]  # prepare: every party's set size (train + test items)
+    assert sizes[3:] == [100, 90, 90, 90]  # site-2's pairwise intersection, then the final one, three times
+
+
+def reasons(result):
+    return result.get("error") or ""
+
+
+@pytest.mark.parametrize("case", ["duplicate", "blank", "no_rows", "too_few_rows", "no_id_column"])
+def test_bad_input_fails_naming_the_site_before_any_psi_message(tmp_path, case):
+    held = three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5)
+    bad = held["site-2"]["train"]
+    secret = bad[3]
+    if case == "duplicate":
+        bad[7] = secret
+    elif case == "blank":
+        bad[3] = "  "
+    elif case == "no_rows":
+        bad.clear()
+    elif case == "too_few_rows":
+        del bad[8:]
+    write_party(tmp_path / "data" / "site-2", bad, held["site-2"]["test"],
+                column="customer" if case == "no_id_column" else "pid")
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs", min_rows=10)
+    result = run.run()
+    assert result["status"] == "failed" and run.panics
+    error = reasons(result)
+    assert error.startswith("PSI check (before any encryption): site-2: ") and "site-1" not in error, error
+    expected = {"duplicate": "site-2: train.csv, column 'pid', line 9: duplicate id",
+                "blank": "site-2: train.csv, column 'pid', line 5: empty id", "no_rows": "train.csv: no data rows",
+                "too_few_rows": "8 train rows, fewer than the 10", "no_id_column": "column 'pid': the id column"}
+    assert expected[case] in error, error
+    assert protocol.PSI_TASK not in run.tasks_seen()  # no DH-PSI message at all
+    every_id = {i for h in held.values() for ids in h.values() for i in ids} | {secret}
+    assert leaked([leaf for leaf in all_leaves(run.messages)] + [["/result", "str", json.dumps(result)]],
+                  every_id) == []
+    assert not list(run.run_root.rglob(INTERSECTION_FILE))
+    assert str(tmp_path) not in json.dumps(result)  # no local path either
+
+
+def test_an_intersection_below_min_rows_fails_and_no_party_keeps_it(tmp_path):
+    three_parties(tmp_path / "data", n_shared=30, n_own=10, n_test=5)
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs", min_rows=35)  # every party has 40 rows, 30 shared
+    result = run.run()
+    assert result["status"] == "failed", result
+    assert reasons(result) == ("PSI result: the intersection holds 30 train rows, fewer than min_rows 35 "
+                               "(--psi-min-rows); the parties share too few rows to train on")
+    assert protocol.TASK_DISCARD in run.tasks_seen()
+    assert not list(run.run_root.rglob(INTERSECTION_FILE))
+    assert all(p["rows_after"] == {"train": 30, "test": 5} for p in result["parties"].values())
+
+
+def test_a_failing_dh_psi_ends_the_job_with_the_reason_and_nothing_kept(tmp_path, monkeypatch):
+    three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5)
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    handler = run.comps["site-2"][DH_PSI_ID]  # site-2 intersects twice: forward pass with site-1, backward pass
+    calls = []
+
+    def broken(shareable):
+        calls.append(1)
+        if len(calls) > 1:  # after site-2 saved one pass's intersection
+            raise RuntimeError("boom")
+        return MeteredDhPSITaskHandler.calculate_intersection(handler, shareable)
+
+    monkeypatch.setattr(handler, "calculate_intersection", broken)
+    result = run.run()
+    assert result["status"] == "failed" and result["error"].startswith("DH-PSI failed: "), result
+    assert "site-2" in result["error"]
+    assert "result" not in result["timings_s"] and "dh_psi" in result["timings_s"]
+    assert not list(run.run_root.rglob(INTERSECTION_FILE))
+
+
+def test_prediction_rows_intersect_as_their_own_kind(tmp_path):
+    held = three_parties(tmp_path / "data", n_shared=12, n_own=4, n_test=5)
+    for site in SITES:  # the new rows: a prediction run's kind, in predict.csv
+        folder = tmp_path / "data" / site
+        (folder / "predict.csv").write_text((folder / "train.csv").read_text())
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs", kinds=("predict",), min_rows=1)
+    result = run.run()
+    assert result["status"] == "completed" and result["intersection_size"] == 12
+    assert run.kept("site-1") == {"predict": true_intersection(held, "train")}
+
+
+def test_checks_of_the_replies_the_server_takes():
+    parties = {s: {} for s in SITES}
+    with pytest.raises(JobFailed, match=r"site-2: invalid check reply: rows\['train'\] is not a row count"):
+        evaluate_check(SITES, {"site-1": {"rows": {"train": 5}}, "site-2": {"rows": {"train": "5"}},
+                               "site-3": {"rows": {"train": 5}}}, {}, ["train"], 1, parties)
+    with pytest.raises(JobFailed, match=r"site-3: no reply \(timed out\)"):
+        evaluate_check(SITES, {"site-1": {"rows": {"train": 5}}}, {"site-3": "no reply (timed out)"}, ["train"], 1,
+                       parties)
+    good = {"seconds": 0.1, "bytes_sent": 1, "bytes_received": 2}
+    replies = {"site-1": {"rows_after": {"train": 5}, **good}, "site-2": {"rows_after": {"train": 6}, **good},
+               "site-3": {"rows_after": {"train": 5}, **good}}
+    with pytest.raises(JobFailed, match="the parties kept different numbers of rows"):
+        evaluate_result(SITES, replies, {}, ["train"], 1, {s: {} for s in SITES})
+    bad = {**replies, "site-2": {"rows_after": {"train": 5}, **good, "seconds": float("nan")}}
+    with pytest.raises(JobFailed, match="site-2: invalid result reply: seconds is not a duration"):
+        evaluate_result(SITES, bad, {}, ["train"], 1, {s: {} for s in SITES})
+    with pytest.raises(protocol.PsiProtocolError):
+        protocol.check_request({"kinds": ["train"]}, ["train", "test"])
+    with pytest.raises(protocol.PsiProtocolError):
+        protocol.check_kinds(["train", "train"])
+    assert protocol.intersection_dir("/r") == Path("/r/psi")
+
+
+def test_a_site_refuses_a_request_for_other_kinds(tmp_path):
+    three_parties(tmp_path / "data", n_shared=5, n_own=1, n_test=2)
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    reply = run.comps["site-1"]["tasks"].execute(protocol.TASK_CHECK, Shareable({"request": {"kinds": ["predict"]}}),
+                                                 run.site_ctx("site-1"), Signal())
+    assert reply.get_return_code() != "OK"
+    assert reply["error"] == ("PsiProtocolError: the PSI request asks for other kinds of rows than the job "
+                              "configured at the site")
