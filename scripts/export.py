@@ -1,0 +1,202 @@
+#!/usr/bin/env python
+"""Export a trained model for use where trees are already used: scikit-learn, or ONNX (onnxruntime).
+
+    python scripts/export.py --model workspace/icdta4fl --format sklearn
+    python scripts/export.py --model workspace/icdta4fl --format onnx --out tree.onnx
+    python scripts/export.py --model out/xgb_higgs --format onnx
+
+--model is a job's workspace (or the model file in it), as scripts/predict.py takes it. --format sklearn (the
+ICDTA4FL global tree only) writes GlobalTree.to_sklearn()'s fitted Pipeline with joblib, scikit-learn's own
+persistence (a pickle: load only files you made or trust; it needs treeflare installed unless --portable);
+--format onnx writes a .onnx file that onnxruntime serves without treeflare: the global tree through skl2onnx,
+an XGBoost model through onnxmltools (numeric features only: a model with categorical columns is refused).
+Default --out: global_tree.joblib / global_tree.onnx / model.onnx beside the model.
+
+Before the file is written, the export is checked against the model on check rows: --check-csv rows, or rows
+made from the schema and the model's own thresholds (every threshold, the float values next to it, missing
+values, every category and an unknown one). sklearn: labels and probabilities equal bit for bit; onnx: labels
+equal, probabilities within 2**-23 (onnxruntime's tree ensembles output float32). A failed check writes
+nothing and exits 1; bad input: ``error: ...``, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import treeflare  # noqa: F401
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "custom"))
+
+from treeflare.cli import main_guard
+from treeflare.data import DataError
+from treeflare.prediction import load_model
+
+FORMATS = ("sklearn", "onnx")
+ONNX_PROBA_TOL = 2.0 ** -23  # float32 rounding of a probability in [0, 1] (and 1 - p for binary), with margin
+DEFAULT_OUT = {("icdta4fl", "sklearn"): "global_tree.joblib", ("icdta4fl", "onnx"): "global_tree.onnx",
+               ("xgboost", "onnx"): "model.onnx"}
+
+
+class CheckFailed(Exception):
+    """The exported model does not predict as the model does on the check rows."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="export.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
+    p.add_argument("--model", required=True, type=Path, metavar="DIR_OR_FILE",
+                   help="a job's workspace folder, or the global_tree.json / model.json in it")
+    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--out", type=Path, default=None, help="file to write (default: beside the model)")
+    p.add_argument("--schema", type=Path, default=None, help="the training schema, for a model that carries none")
+    p.add_argument("--check-csv", type=Path, default=None, metavar="CSV",
+                   help="rows to check the export on (default: rows made from the schema and the model)")
+    p.add_argument("--portable", action="store_true",
+                   help="sklearn: scikit-learn's classes only (loads without treeflare; exact for float32 inputs)")
+    return p
+
+
+def threshold_values(loaded) -> dict[str, list[float]]:
+    """Numeric column -> the thresholds the model tests it against."""
+    out: dict[str, set] = {}
+    if loaded.kind == "icdta4fl":
+        from treeflare.icdta4fl.sklearn_export import column_thresholds
+
+        names = list(loaded.model.feature_names_in_)
+        for j, ts in column_thresholds(loaded.model.tree_).items():
+            out.setdefault(names[j], set()).update(ts)
+    else:
+        frame = loaded.model.booster.trees_to_dataframe()
+        names = list(loaded.schema.feature_names)
+        for feature, split in zip(frame["Feature"], frame["Split"]):
+            if feature != "Leaf" and np.isfinite(split):
+                name = names[int(feature[1:])] if feature[1:].isdigit() and feature[0] == "f" else feature
+                out.setdefault(name, set()).add(float(split))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def check_rows(loaded, n: int = 400, seed: int = 0):
+    """Rows that go down every branch: each numeric column takes a threshold, the floats just below and
+    above it, a value from its range, or NaN; each categorical/ordinal column a category, missing or unknown."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    thresholds = threshold_values(loaded)
+    cols = {}
+    for f in loaded.schema.features:
+        if f.kind == "numeric":
+            ts = np.asarray(thresholds.get(f.name, [0.0]), dtype=np.float64)
+            t = rng.choice(ts, n)
+            near = np.where(rng.random(n) < 0.5, np.nextafter(t, -np.inf), np.nextafter(t, np.inf))
+            t32 = t.astype(np.float32).astype(np.float64)  # the float32 next to t: where float32 could cross it
+            picks = rng.integers(0, 5, n)
+            values = np.choose(picks, [t, near, t32, t + rng.normal(0, 1 + np.abs(t)), np.full(n, np.nan)])
+            cols[f.name] = values
+        else:
+            options = list(f.categories) + [None] + (["(unseen category)"] if f.kind == "categorical" else [])
+            cols[f.name] = pd.Series([options[i] for i in rng.integers(0, len(options), n)], dtype=object)
+    return pd.DataFrame(cols)
+
+
+def _rows(loaded, args):
+    if args.check_csv is None:
+        return check_rows(loaded)
+    from treeflare.data.csv_io import features_table, read_raw
+
+    table = features_table(read_raw(args.check_csv), loaded.schema, file=str(args.check_csv))
+    return table.frame
+
+
+def export_sklearn(loaded, rows, portable: bool) -> tuple[bytes, str]:
+    import joblib
+
+    pipeline = loaded.model.to_sklearn(portable=portable)
+    buffer = io.BytesIO()
+    joblib.dump(pipeline, buffer)
+    data = buffer.getvalue()
+    back = joblib.load(io.BytesIO(data))  # the file as it will be read
+    expected_p, expected = loaded.model.predict_proba(rows), loaded.model.predict(rows)
+    with warnings.catch_warnings():  # an unknown category is announced by OneHotEncoder: it is meant here
+        warnings.simplefilter("ignore", UserWarning)
+        got_p, got = back.predict_proba(rows), back.predict(rows)
+    if not (np.array_equal(got_p, expected_p) and np.array_equal(got, expected)):
+        bad = int(np.sum(np.any(got_p != expected_p, axis=1) | (got != expected)))
+        raise CheckFailed(f"{bad} of {len(rows)} check rows predict differently in scikit-learn")
+    nodes = back.steps[-1][1].tree_.node_count
+    return data, (f"scikit-learn Pipeline (DecisionTreeClassifier of {nodes} nodes); checked on {len(rows)} rows: "
+                  "labels and probabilities equal bit for bit")
+
+
+def export_onnx(loaded, rows) -> tuple[bytes, str]:
+    from treeflare.onnx_export import pipeline_to_onnx, run_onnx, tree_onnx_inputs, xgb_to_onnx
+
+    if loaded.kind == "icdta4fl":
+        onx = pipeline_to_onnx(loaded.model.to_sklearn(), loaded.schema)
+        feeds = tree_onnx_inputs(onx, rows)
+        expected = loaded.model.predict(rows)
+    else:
+        onx = loaded.model.to_onnx()
+        feeds = {"input": np.asarray(loaded.model.encode_rows(rows).X, dtype=np.float32)}
+        expected = loaded.model.predict_codes(rows)
+    data = onx.SerializeToString()
+    label, proba = run_onnx(data, feeds)
+    diff = float(np.max(np.abs(proba - loaded.model.predict_proba(rows)))) if len(rows) else 0.0
+    label = label.ravel()
+    if not (np.array_equal(label.astype(expected.dtype), expected) and diff <= ONNX_PROBA_TOL):
+        raise CheckFailed(f"onnxruntime disagrees on the check rows: {int(np.sum(label != expected))} labels differ, "
+                          f"probabilities differ by up to {diff:.3g} (allowed {ONNX_PROBA_TOL:.3g})")
+    return data, (f"ONNX ({len(onx.graph.node)} graph nodes); checked with onnxruntime on {len(rows)} rows: labels "
+                  f"equal, probabilities within {diff:.2g} (float32 output)")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@main_guard
+def main(argv=None) -> int:
+    from treeflare.icdta4fl.sklearn_export import ExportError
+    from treeflare.onnx_export import OnnxExportError
+
+    args = build_parser().parse_args(argv)
+    loaded = load_model(args.model, args.schema)
+    if (loaded.kind, args.format) not in DEFAULT_OUT:
+        raise DataError(f"{loaded.path}: an XGBoost model adds up many trees and is no scikit-learn tree; export it "
+                        "with --format onnx, or load model.json in xgboost.XGBClassifier (load_model) directly")
+    out = args.out or loaded.path.parent / DEFAULT_OUT[(loaded.kind, args.format)]
+    if out.exists() and out.is_dir():
+        raise DataError(f"--out {out}: is a folder; give a file name")
+    rows = _rows(loaded, args)
+    try:
+        data, summary = (export_sklearn(loaded, rows, args.portable) if args.format == "sklearn"
+                         else export_onnx(loaded, rows))
+    except (ExportError, OnnxExportError) as exc:
+        raise DataError(f"{loaded.path}: cannot export to {args.format}: {exc}") from None
+    except CheckFailed as exc:
+        print(f"error: {loaded.path}: the export was not written: {exc}", file=sys.stderr)
+        return 1
+    write_atomic(out, data)
+    print(f"wrote {out}: {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""ONNX exports checked through onnxruntime: the global tree's pipeline (skl2onnx) on every embedded data set,
+missing values, unknown categories, categorical stops and missing children; XGBoost (onnxmltools) on a numeric
+model, and its refusal of a categorical one; scripts/export.py end to end on saved models."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import joblib
+import numpy as np
+import onnx
+import pytest
+import xgboost as xgb
+
+from export_helpers import (EMBEDDED, cart_with_missing_children, embedded, hand_made_id3, mixed_rows)
+from flare_helpers import load_script
+from treeflare.data import load_dataset
+from treeflare.onnx_export import (OnnxExportError, input_columns, pipeline_to_onnx, run_onnx, tree_onnx_inputs,
+                                   xgb_to_onnx)
+from treeflare.xgb.model import XGBModel, attach_schema
+
+TOL = 2.0 ** -23  # onnxruntime's tree ensemble classifier writes float32 probabilities
+export_script = load_script("scripts/export.py", "export_script")
+
+
+def assert_onnx_same(model, rows):
+    onx = pipeline_to_onnx(model.to_sklearn(), model.data_schema)
+    label, proba = run_onnx(onx.SerializeToString(), tree_onnx_inputs(onx, rows))
+    assert proba.dtype == np.float32
+    assert np.array_equal(label.ravel(), model.predict(rows).astype(str))
+    assert np.max(np.abs(proba - model.predict_proba(rows))) <= TOL
+    return onx
+
+
+@pytest.mark.parametrize("dataset,algorithm", EMBEDDED)
+def test_embedded_global_trees_through_onnxruntime(dataset, algorithm):
+    model, rows = embedded(dataset, algorithm)
+    onx = assert_onnx_same(model, rows)
+    assert sorted(input_columns(onx).values()) == sorted(model.data_schema.feature_names)
+
+
+@pytest.mark.parametrize("missing_pos", [-1, 1, 2])
+def test_categorical_stops_and_missing_children_through_onnxruntime(missing_pos):
+    rows, _ = mixed_rows(300, 5)
+    rows.loc[:9, "u"] = [np.nextafter(-0.5, 0), np.nextafter(0.5, 1), -0.5, 0.5, 1e-9] * 2  # float32 would cross
+    assert_onnx_same(hand_made_id3(missing_pos), rows)
+
+
+def test_nan_follows_the_missing_child_in_onnx():
+    """skl2onnx writes 'NaN goes to the false branch' everywhere; the export sets each split's own side."""
+    model = cart_with_missing_children()
+    onx = assert_onnx_same(model, mixed_rows(500, 6)[0])
+    ensemble = next(n for n in onx.graph.node if n.op_type == "TreeEnsembleClassifier")
+    tracks = next(onnx.helper.get_attribute_value(a) for a in ensemble.attribute
+                  if a.name == "nodes_missing_value_tracks_true")
+    assert 0 < sum(tracks) < len(tracks)
+
+
+@pytest.fixture(scope="module")
+def xgb_models(tmp_path_factory):
+    """XGBoost models saved as the job saves them: higgs (numeric columns) and adult (categorical columns)."""
+    from treeflare.xgb.encoding import dmatrix, table_arrays
+    from treeflare.xgb.params import make_params
+
+    out = {}
+    for name in ("higgs_subset", "adult"):
+        table = load_dataset(name).subset(np.arange(1200))
+        folder = tmp_path_factory.mktemp(f"xgb_{name}")
+        booster = xgb.train(make_params(len(table.schema.classes), max_depth=3), dmatrix(table_arrays(table)), 4)
+        attach_schema(booster, table.schema)
+        booster.save_model(str(folder / "model.json"))
+        out[name] = (folder, table)
+    return out
+
+
+def test_xgboost_numeric_model_through_onnxruntime(xgb_models):
+    folder, table = xgb_models["higgs_subset"]
+    model = XGBModel.load(folder / "model.json")
+    rows = table.frame.copy()
+    rows.iloc[::7, 3] = np.nan  # XGBoost's default branches
+    onx = xgb_to_onnx(model)
+    X = np.asarray(model.encode_rows(rows).X, dtype=np.float32)
+    label, proba = run_onnx(onx, {"input": X})
+    assert np.array_equal(label, model.predict_codes(rows))
+    assert np.max(np.abs(proba - model.predict_proba(rows))) <= 2 * TOL
+    meta = {p.key: p.value for p in onx.metadata_props}
+    assert json.loads(meta["treeflare_features"]) == table.schema.feature_names
+
+
+def test_xgboost_categorical_model_is_refused_with_the_reason(xgb_models):
+    model = XGBModel.load(xgb_models["adult"][0] / "model.json")
+    with pytest.raises(OnnxExportError, match="categorical features .*workclass.*sets of categories"):
+        model.to_onnx()
+
+
+@pytest.fixture(scope="module")
+def tree_workspace(tmp_path_factory):
+    model, rows = embedded("adult", "id3")
+    folder = tmp_path_factory.mktemp("icdta4fl_ws")
+    model.save_json(folder / "global_tree.json")
+    return folder, rows
+
+
+def test_export_script_sklearn_and_onnx_on_a_saved_global_tree(tree_workspace, capsys):
+    import onnxruntime as ort
+
+    from treeflare.icdta4fl.model import GlobalTree
+
+    folder, rows = tree_workspace
+    model = GlobalTree.load_json(folder / "global_tree.json")
+    assert export_script.main(["--model", str(folder), "--format", "sklearn"]) == 0
+    assert "equal bit for bit" in capsys.readouterr().out
+    pipeline = joblib.load(folder / "global_tree.joblib")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert np.array_equal(pipeline.predict_proba(rows), model.predict_proba(rows))
+    out = folder / "served.onnx"
+    assert export_script.main(["--model", str(folder / "global_tree.json"), "--format", "onnx", "--out", str(out)]) == 0
+    onx = onnx.load(str(out))
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])  # onnxruntime alone
+    label, proba = session.run(None, tree_onnx_inputs(onx, rows))
+    assert np.array_equal(label.ravel(), model.predict(rows).astype(str))
+    assert np.max(np.abs(proba - model.predict_proba(rows))) <= TOL
+
+
+def test_export_script_xgboost_onnx_and_refusals(xgb_models, capsys):
+    folder, _ = xgb_models["higgs_subset"]
+    assert export_script.main(["--model", str(folder), "--format", "onnx"]) == 0
+    assert (folder / "model.onnx").stat().st_size > 0 and "labels equal" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        export_script.main(["--model", str(folder), "--format", "sklearn"])
+    assert exc.value.code == 2 and "no scikit-learn tree" in capsys.readouterr().err
+    adult = xgb_models["adult"][0]
+    with pytest.raises(SystemExit) as exc:
+        export_script.main(["--model", str(adult), "--format", "onnx"])
+    assert exc.value.code == 2 and "categorical features" in capsys.readouterr().err
+    assert not (adult / "model.onnx").exists()
+
+
+def test_export_script_writes_nothing_when_the_check_fails(tmp_path, capsys):
+    """--portable rounds numbers to float32 as scikit-learn does: the check rows next to thresholds catch it."""
+    folder = tmp_path
+    hand_made_id3(0).save_json(folder / "global_tree.json")
+    out = tmp_path / "portable.joblib"
+    code = export_script.main(["--model", str(folder), "--format", "sklearn", "--portable", "--out", str(out)])
+    assert code == 1 and not out.exists() and "predict differently" in capsys.readouterr().err
