@@ -121,7 +121,8 @@ def test_every_section_holds_the_numbers_of_report_json(car):
         "global (ICDTA4FL, refined 1 round)", f"{g['accuracy']:.4f}", f"{g['macro_f1']:.4f}", str(g["n_leaves"]),
         str(g["depth"])]
     one, central = report["one_round"], report["baselines"]["centralized"]
-    assert page.row("metrics", "one-round tree (the paper's)")[1:3] == [f"{one['accuracy']:.4f}", f"{one['macro_f1']:.4f}"]
+    assert page.row("metrics", "one-round tree (the paper's)")[1:3] == [f"{one['accuracy']:.4f}",
+                                                                         f"{one['macro_f1']:.4f}"]
     assert page.row("metrics", "centralized (same learner, pooled rows)")[1] == f"{central['accuracy']:.4f}"
     best = report["baselines"]["best_local"]
     assert page.row("metrics", f"best local tree ({best['site']})")[1] == f"{best['accuracy']:.4f}"
@@ -157,14 +158,16 @@ def test_the_peer_score_matrix_when_the_report_holds_it(car):
     report["scorers"] = scorers
     for key in ("accuracy", "macro_f1"):
         report["peer_scores"][key] = [[float(v) for v in replies[s][key]] for s in scorers]
-    np.testing.assert_allclose(np.mean(report["peer_scores"]["accuracy"], axis=0), report["thresholds"]["mean_accuracy"])
+    np.testing.assert_allclose(np.mean(report["peer_scores"]["accuracy"], axis=0),
+                               report["thresholds"]["mean_accuracy"])
     page = Page(render_report_html(report, car[1]))
     owners = list(report["sites"])
     heads = [r for r in page.rows["sites"] if r and r[0] == "scored by"]
     assert heads == [["scored by", *(f"tree of {o}" for o in owners)]] * 2
     for i, s in enumerate(scorers):
         rows = [r for r in page.rows["sites"] if r and r[0] == s and len(r) == 1 + len(owners)]
-        assert [r[1:] for r in rows] == [[f"{v:.4f}" for v in report["peer_scores"][k][i]] for k in ("accuracy", "macro_f1")]
+        assert [r[1:] for r in rows] == [[f"{v:.4f}" for v in report["peer_scores"][k][i]]
+                                         for k in ("accuracy", "macro_f1")]
 
 
 def test_the_page_references_nothing_outside_itself(car):

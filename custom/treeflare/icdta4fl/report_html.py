@@ -34,7 +34,7 @@ _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:24px;color:#222}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:6px 0} th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f0f0f0} td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f0f0f0} td.num{text-align:right;font-variant-numeric:tabular-nums} td:first-child{white-space:nowrap}
 tr.selected td{background:#eef7ee} .note{color:#555;font-size:13px} .tree{overflow:auto;border:1px solid #ddd}
 pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px} .legend span{padding:1px 8px;margin-right:6px}
 """
@@ -198,8 +198,9 @@ def _peer_matrices(report, owners) -> list[str]:
         if not (isinstance(m, list) and len(m) == len(scorers) > 0
                 and all(isinstance(r, list) and len(r) == len(owners) for r in m)):
             continue
+        table = _table(["scored by", *(f"tree of {o}" for o in owners)], [[s, *r] for s, r in zip(scorers, m)])
         out.append(f"<p>Peer {label}: the tree of each column's site, scored by each row's site on its validation "
-                   "rows:</p>" + _table(["scored by", *(f"tree of {o}" for o in owners)], [[s, *r] for s, r in zip(scorers, m)]))
+                   f"rows:</p>{table}")
     return out
 
 
@@ -230,10 +231,11 @@ def _refinement(report) -> str:
 
 
 _AGGREGATION_LABELS = {
-    "capped_steps": "merge steps capped by the budget", "n_rules_local": "rules in the selected local trees",
-    "n_rules_merged": "rules after merging", "n_rules": "rules kept", "local_max_leaves": "largest selected local tree: leaves",
-    "local_max_depth": "largest selected local tree: depth", "n_leaves_grown": "leaves rebuilt before pruning to the budget",
-    "n_leaves": "one-round tree: leaves", "depth": "one-round tree: depth", "truncated": "truncated to the budget"}
+    "capped_steps": "merge steps capped by the budget", "n_rules_merged": "rules after merging",
+    "n_rules": "rules kept", "local_max_leaves": "largest selected local tree: leaves",
+    "local_max_depth": "largest selected local tree: depth",
+    "n_leaves_grown": "leaves rebuilt before pruning to the budget", "n_leaves": "one-round tree: leaves",
+    "depth": "one-round tree: depth", "truncated": "truncated to the budget"}
 
 
 def _budget(report) -> str:
