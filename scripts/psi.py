@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--vertical writes it), when they have no binding of their own (simulator, POC)")
     add_binding_arg(g)
     g.add_argument("--task-timeout", type=int, default=600, help="seconds each site has for a check or result task")
+    g.add_argument("--audit", action="store_true",
+                   help="record every task and result crossing the server in <server run folder>/psi_audit.jsonl, "
+                        "for a review of what the server sees (the file holds DH-PSI's encrypted messages)")
     add_run_args(parser)
     return parser
 
@@ -104,11 +107,12 @@ def main(argv=None) -> int:
     data_root = str(Path(args.data_root).resolve()) if args.data_root and args.env != "prod" else (args.data_root or "")
     schema = {"id_column": args.id} if args.id else None
     with one_poc(args, sites):
-        psi, _run_dir = run_psi(args, sites, data_root=data_root, schema=schema, kinds=kinds)
+        psi, run_dir = run_psi(args, sites, data_root=data_root, schema=schema, kinds=kinds, audit=args.audit)
     if psi is None:  # read_server_result wrote the failed result as report.json and said why
         return 1
     report = {"job": "psi", "status": "completed", "env": args.env, "sites": sites, "kinds": kinds,
-              "data_root": data_root or None, "binding": args.binding or None, "psi": psi}
+              "data_root": data_root or None, "binding": args.binding or None, "psi": psi,
+              "audit": str(Path(run_dir) / "psi_audit.jsonl") if args.audit else None}
     write_json_atomic(workspace / "report.json", report)
     print(summary(psi, kinds))
     print(f"\nreport: {workspace / 'report.json'}")

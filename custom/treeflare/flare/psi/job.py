@@ -97,14 +97,15 @@ def psi_report(server: dict, run_dir, sites) -> dict:
     return {**server, "intersection_files": kept}
 
 
-def run_psi(args, sites, *, data_root: str = "", schema=None, kinds=("train", "test")) -> tuple[dict | None, Path]:
+def run_psi(args, sites, *, data_root: str = "", schema=None, kinds=("train", "test"),
+            audit: bool = False) -> tuple[dict | None, Path]:
     """Run the PSI job where ``args.env`` says; (the server's result, or None when it failed; the run folder)."""
     from ..runner import read_server_result, run_job
 
     workspace = Path(args.workspace).resolve()
     job = build_psi_job(sites, kinds=kinds, data_root=data_root, schema=schema,
                         binding=getattr(args, "binding", "") or "", min_rows=args.psi_min_rows,
-                        task_timeout=int(getattr(args, "task_timeout", 600) or 600))
+                        task_timeout=int(getattr(args, "task_timeout", 600) or 600), audit=audit)
     start = time.perf_counter()
     run_dir = run_job(job, args, sites)
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)
