@@ -1,7 +1,8 @@
 """jobs/xgb_histogram --mode vertical with its PSI phase (issue 22).
 
 In process (cheap): ``TreeflareXGBDataLoader`` keeps only the rows of the intersection the PSI phase left in the
-site's run folder, sorted by id, and refuses clearly when there is none. In the simulator (one run, small data,
+site's run folder, sorted by id, and refuses clearly when there is none; both transports' jobs put the PSI
+workflows before training's, and horizontal jobs have none. In the simulator (one run, direct, small data,
 few rounds): 3 parties at 70% overlap, the PSI phase first, predictions identical to centralized XGBoost trained on
 the intersection rows, and the report's ``psi`` block.
 """
@@ -206,3 +207,37 @@ def test_vertical_psi_at_70_percent_overlap_predicts_as_centralized_on_the_inter
     assert model.model.mode == "vertical" and model.model.ranks == {"site-1": 0, "site-2": 1, "site-3": 2}
     with pytest.raises(DataError, match="'doors' held by site-2 \\(rank 1\\)"):
         predict_csv(model, root / "server" / "test.csv", tmp_path / "p.csv")
+
+
+@pytest.mark.parametrize("transport", ["direct", "flare"])
+def test_job_runs_psi_first_with_both_transports_and_never_horizontally(federation, transport):
+    """The job as both transports build it (no FLARE run): the PSI workflows come before training's controller,
+    every site has the PSI executors beside its training executor in its own app (an all-clients app would drop
+    the per-site ones), and the loader keeps the intersection; horizontal mode adds no PSI at all."""
+    from flare_helpers import load_script
+
+    from treeflare.flare.runner import recipe_job
+    from treeflare.xgb import make_params
+
+    job_py = load_script("jobs/xgb_histogram/job.py", "xgb_job_psi")
+    root, fed = federation
+    params = make_params(4, max_depth=3, eta=0.3, nthread=1, seed=0)
+    for mode in ("vertical", "horizontal"):
+        args = job_py.build_parser().parse_args(["--dataset", "car", "--mode", mode, "--transport", transport,
+                                                 "--psi-min-rows", "60", "--xgb-port", "0", "--workspace", "unused"])
+        job = (job_py.build_direct_job(str(root), fed.schema, params, args, SITES) if transport == "direct" else
+               recipe_job(job_py.build_recipe(str(root), fed.schema, params, args, SITES)))
+        deploy = job._deploy_map
+        assert sorted(deploy) == ["server", *SITES]  # one app per site, no all-clients app
+        workflows = [wf.id for wf in deploy["server"].app_config.workflows]
+        psi = ["treeflare_psi_check", "treeflare_psi_dh", "treeflare_psi_result"]
+        assert workflows == ([*psi, "xgb_controller"] if mode == "vertical" else ["xgb_controller"])
+        for site in SITES:
+            app = deploy[site].app_config
+            tasks = {t for e in app.executors for t in e.tasks}
+            assert ("PSI" in tasks) == (mode == "vertical") and ({"xgb_direct_train"} if transport == "direct"
+                                                                  else {"config", "start"}) <= tasks
+            assert app.components["dataloader"].psi is (mode == "vertical")
+        if mode == "vertical":
+            check = deploy["server"].app_config.workflows[0].controller
+            assert check.min_rows == 60
