@@ -44,7 +44,9 @@ def check_ids(ids, *, site: str, kind: str = "train", file: str | None = None, c
     if len(ids) == 0:
         raise DataError(f"{where(file, column, site=site)}: no {kind} rows; a party with no rows cannot take part",
                         problem=f"no {kind} rows", file=file, column=column, site=site)
-    text = np.array([("" if v is None else str(v)).strip() for v in ids], dtype=object)
+    # a missing cell (None, or NaN from a numeric read) is an empty id, not the text "nan"
+    text = np.array([("" if v is None or (isinstance(v, float) and v != v) else str(v)).strip() for v in ids],
+                    dtype=object)
     blank = np.flatnonzero(text == "")
     if blank.size:
         line = int(blank[0]) + 2
