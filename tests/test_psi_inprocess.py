@@ -261,6 +261,48 @@ def test_the_workflow_order_reveals_a_pairwise_intersection_to_one_party_and_its
              for path, kind, v in leaves(dict(m)) if path.endswith("PSI_ITEMS_SIZE")]
     assert sizes[:3] == [130, 130, 135]  # prepare: every party's set size (train + test items)
     assert sizes[3:] == [100, 90, 90, 90]  # site-2's pairwise intersection, then the final one, three times
+    # the parties learn set sizes too: site-1 its partner's, site-3 (last) site-1's and the size site-2 had left
+    told = [(s, path.rsplit("/", 1)[-1], v) for d, s, name, m in run.messages if d == "to_site" and name == "PSI"
+            for path, kind, v in leaves(dict(m)) if "PSI_ITEMS_SIZE" in path]
+    assert ("site-1", "PSI_ITEMS_SIZE", "130") in told
+    assert sorted(v for s, key, v in told if s == "site-3") == ["100", "130"]
+
+
+def test_a_party_that_lies_about_its_ids_learns_which_of_them_every_other_party_holds(tmp_path):
+    """A party may put any ids in its file: those every other party holds come back in its intersection."""
+    held = three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5, pair_only=6)
+    probes = sorted(set(held["site-1"]["train"]) & set(held["site-2"]["train"]) - set(held["site-3"]["train"]))
+    guesses = probes[:3] + [secrets.token_hex(8) for _ in range(3)]  # 3 right guesses, 3 wrong
+    write_party(tmp_path / "data" / "site-3", held["site-3"]["train"] + guesses, held["site-3"]["test"])
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    assert run.run()["status"] == "completed"
+    assert set(run.kept("site-3")["train"]) & set(guesses) == set(probes[:3])
+
+
+def test_a_server_that_runs_dh_psi_itself_can_probe_a_site(tmp_path):
+    """Not semi-honest: the sites answer DH-PSI tasks from the server without knowing whose request they serve,
+    so a server playing a PSI client with ids of its choosing learns which of them a site holds."""
+    from nvflare.app_common.app_constant import PSIConst
+    from nvflare.app_opt.psi.dh_psi.dh_psi_client import PSIClient
+
+    held = three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5)
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    site, ctx = "site-1", run.site_ctx("site-1")
+    executor = run.comps[site]["psi"]
+    executor.initialize(ctx)
+
+    def ask(**fields):
+        reply = wire(executor.execute("PSI", wire(Shareable(fields)), ctx, Signal()))
+        return reply["DXO"]["data"]
+
+    ask(**{PSIConst.TASK_KEY: PSIConst.TASK_PREPARE, PSIConst.BLOOM_FILTER_FPR: 1e-11})
+    setup = ask(**{PSIConst.TASK_KEY: PSIConst.TASK_SETUP, PSIConst.ITEMS_SIZE: 4})[PSIConst.SETUP_MSG]
+    guesses = [f"train:{held[site]['train'][0]}", f"train:{held[site]['train'][1]}", "train:nobody", "test:x"]
+    server_as_client = PSIClient(guesses)
+    server_as_client.receive_setup(setup)
+    request = server_as_client.get_request(guesses)
+    response = ask(**{PSIConst.TASK_KEY: PSIConst.TASK_RESPONSE, PSIConst.REQUEST_MSG: request})
+    assert server_as_client.get_intersection(response[PSIConst.RESPONSE_MSG]) == guesses[:2]
 
 
 def reasons(result):
