@@ -59,7 +59,8 @@ JOB = "xgb_histogram"
 BASELINES = ("centralized", "native_distributed")
 # whose rows XGBoost's per-round eval covers (each site's test.csv is its eval set; XGBoost evaluates collectively)
 VALIDATION_ROWS = {"horizontal": "every site's validation rows (test.csv), evaluated collectively",
-                   "vertical": "the sites' shared validation rows (test.csv), labelled by the label owner"}
+                   "vertical": "the validation rows (test.csv) every party holds, as PSI found them, labelled by "
+                               "the label owner"}
 # One FLARE aux message per XGBoost collective operation (per_msg_timeout == tx_timeout makes ReliableMessage
 # send a plain request/reply instead of request + ack + separate reply + query: two messages instead of four).
 PER_MSG_TIMEOUT = 600.0
