@@ -145,3 +145,18 @@ def test_export_script_writes_nothing_when_the_check_fails(tmp_path, capsys):
     out = tmp_path / "portable.joblib"
     code = export_script.main(["--model", str(folder), "--format", "sklearn", "--portable", "--out", str(out)])
     assert code == 1 and not out.exists() and "predict differently" in capsys.readouterr().err
+
+
+def test_portable_pipeline_converts_with_float_inputs():
+    """Without Float32Snap the graph takes float numbers, as scikit-learn rounds them itself: it predicts as the
+    portable pipeline does."""
+    model = hand_made_id3(1)
+    rows, _ = mixed_rows(300, 7)
+    pipeline = model.to_sklearn(portable=True)
+    onx = pipeline_to_onnx(pipeline, model.data_schema)
+    assert [i.type.tensor_type.elem_type for i in onx.graph.input] == [1, 1, 8, 8]  # float, float, string, string
+    label, proba = run_onnx(onx, tree_onnx_inputs(onx, rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert np.array_equal(label.ravel(), pipeline.predict(rows).astype(str))
+        assert np.max(np.abs(proba - pipeline.predict_proba(rows))) <= TOL

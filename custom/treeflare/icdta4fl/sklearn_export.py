@@ -34,6 +34,7 @@ XGBoost compute in float32). Chain nodes show their split node's counts in ``plo
 from __future__ import annotations
 
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
 
 __all__ = ["ExportError", "Float32Snap", "to_sklearn", "encoder_columns"]
 
@@ -54,10 +55,6 @@ def _float32_neighbours(t: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-try:  # a plain scikit-learn transformer; defined only where scikit-learn is installed (it is pinned)
-    from sklearn.base import BaseEstimator, TransformerMixin
-except ImportError:  # pragma: no cover
-    BaseEstimator = TransformerMixin = object
 
 
 class Float32Snap(TransformerMixin, BaseEstimator):
