@@ -4,10 +4,9 @@
 Duck-typed on the estimator (``tree_``, ``classes_``, ``data_schema``, ``encoding``): it imports no model
 module, so ``GlobalTree.to_sklearn`` importing this module is the one direction of the edge.
 
-The encoder is a ``ColumnTransformer`` of scikit-learn's own transformers (so the pipeline loads, and converts
-to ONNX, without treeflare), one per schema column, in schema order:
+The encoder is a ``ColumnTransformer`` of one transformer per schema column, in schema order:
 
-* numeric: passed through (NaN = missing);
+* numeric: :class:`Float32Snap` (below), or passed through with ``portable=True`` (NaN = missing);
 * ordinal: ``OrdinalEncoder`` with the schema's levels, a missing or unlisted value NaN;
 * categorical: ``OneHotEncoder`` with the schema's categories, a missing or unknown value all zeros.
 
@@ -25,10 +24,11 @@ scikit-learn's trees are binary, ours are not, so each node of ours becomes a sm
 
 Every leaf's value is our node's probability vector itself (scikit-learn 1.9 stores fractions and
 ``predict_proba`` returns them as they are), so probabilities are bit-for-bit ours. Thresholds are ours as
-float64; scikit-learn casts its input to float32, so the comparison is exact for every input that is a
-float32 (integers up to 2**24, category codes, one-hot 0/1, numbers read as float32); a float64 value within
-half a float32 step of a threshold may go the other way (the data layer's FLOAT32_MAX note: sklearn and
-XGBoost compute in float32). Chain nodes show their split node's counts in ``plot_tree``/``export_text``.
+float64, but scikit-learn casts its input to float32: a float64 value within half a float32 step of a threshold
+could cross it. ``Float32Snap`` rounds each numeric column to a float32 on the same side of every threshold of
+that column, so the pipeline is exact for every input (``portable=True``, scikit-learn's classes only: exact for
+float32 inputs, e.g. integers up to 2**24). The sample counts shown by ``plot_tree``/``export_text`` are summed
+from the leaves up, so a chain's nodes split their node's counts.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from __future__ import annotations
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
+from ..trees.tree import LEAF, NUMERIC
+
 __all__ = ["ExportError", "Float32Snap", "to_sklearn", "encoder_columns"]
 
-_LEAF, _NUMERIC, _CATEGORICAL = 0, 1, 2  # trees.tree's node kinds, as stored in Tree.kind
 _NODE_FIELDS = ("left_child", "right_child", "feature", "threshold", "impurity", "n_node_samples",
                 "weighted_n_node_samples", "missing_go_to_left")
 
@@ -53,8 +54,6 @@ def _float32_neighbours(t: float) -> tuple[float, float]:
     lo = f if float(f) <= t else np.nextafter(f, np.float32(-np.inf))
     hi = np.nextafter(lo, np.float32(np.inf))
     return float(lo), float(hi)
-
-
 
 
 class Float32Snap(TransformerMixin, BaseEstimator):
@@ -95,7 +94,7 @@ def column_thresholds(tree) -> dict[int, list[float]]:
     """Our encoded column -> the sorted thresholds its numeric nodes test."""
     out: dict[int, set] = {}
     for n in range(tree.n_nodes):
-        if tree.kind[n] == _NUMERIC and len(tree.split_points[n]):
+        if tree.kind[n] == NUMERIC and len(tree.split_points[n]):
             out.setdefault(int(tree.feature[n]), set()).update(float(t) for t in tree.split_points[n])
     return {j: sorted(v) for j, v in out.items()}
 
@@ -190,12 +189,12 @@ def _grow(model, fmap, builder):
             continue
         if what == "node":
             kind = int(tree.kind[n])
-            if kind == _LEAF:
+            if kind == LEAF:
                 continue
             col, nanable, width = fmap[int(tree.feature[n])]
             children = [int(c) for c in tree.children[n]]
             k, m = tree.n_branches(n), int(tree.missing[n])
-            if kind == _NUMERIC:
+            if kind == NUMERIC:
                 if width is not None:
                     raise ExportError(f"node {n}: a numeric split on a categorical column")
                 inner = ("interval", n, 0, k - 1, m if m < k else -1)
