@@ -265,10 +265,13 @@ def _sk_tree(builder, n_features, n_classes, counts):
     # an original leaf has its counts, a stop leaf what its node holds beyond its children (usually nothing).
     tree = builder.tree
     own = np.zeros((len(rows), n_classes))
+    counted = set()  # a node with several stop leaves (one per unlisted category) counts its residue once
     for i, r in enumerate(rows):
-        if r[0] < 0:
+        if r[0] < 0 and not (r[6] and r[5] in counted):
             n = r[5]
             own[i] = (np.maximum(counts[n] - counts[tree.children[n]].sum(axis=0), 0.0) if r[6] else counts[n])
+            if r[6]:
+                counted.add(n)
     for i in range(len(rows) - 1, -1, -1):  # children come after parents
         if rows[i][0] >= 0:
             own[i] = own[rows[i][0]] + own[rows[i][1]]
