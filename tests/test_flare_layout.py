@@ -16,7 +16,7 @@ import pytest
 from flare_helpers import REPO, load_script
 
 FLARE = REPO / "custom" / "treeflare" / "flare"
-JOBS = ("icdta4fl", "xgb", "vertical", "discovery")
+JOBS = ("icdta4fl", "xgb", "vertical", "discovery", "psi")
 SIDES = ("controller", "executor")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from pathlib import Path
 
 from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
@@ -31,7 +30,7 @@ from ...data.intersection import DEFAULT_MIN_ROWS
 from ...reporting import write_json_atomic
 from ..workflow import JobFailed, ResultWorkflow
 from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, PsiProtocolError, check_kinds,
-                       check_reply, check_result_reply, request)
+                       check_reply, check_result_reply, request, run_dir_of)
 
 PHASE_PROP = "treeflare.psi.phase"  # what the three workflows hand on to each other (a sticky, private prop)
 TASK_CHECK_PERIOD = 0.02  # the phase is a chain of short tasks: look for finished ones often
@@ -53,10 +52,6 @@ def check_min_rows(min_rows) -> int:
 def counted_kind(kinds) -> str | None:
     """The kind ``min_rows`` bounds: the training rows when the phase has them; else (a prediction run) none."""
     return "train" if "train" in kinds else None
-
-
-def run_dir_of(fl_ctx) -> Path:
-    return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
 
 
 def initial_result(sites, kinds, min_rows) -> dict:

@@ -15,7 +15,6 @@ tasks.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
@@ -28,14 +27,10 @@ from ...data.intersection import INTERSECTION_FILE, check_ids, psi_items, read_i
 from ..site_config import load_binding
 from ..site_executor import SiteExecutor
 from .protocol import (TASK_CHECK, TASK_DISCARD, TASK_RESULT, PsiProtocolError, check_kinds, check_request,
-                       intersection_dir, result_reply)
+                       intersection_dir, result_reply, run_dir_of)
 
 LOCAL_PSI_ID = "treeflare_local_psi"
 DH_PSI_ID = "treeflare_dh_psi"
-
-
-def run_dir_of(fl_ctx) -> Path:
-    return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
 
 
 def _id_column(binding, schema: dict | None, site: str) -> str:

@@ -34,6 +34,11 @@ def intersection_dir(run_dir) -> Path:
     return Path(run_dir) / FOLDER
 
 
+def run_dir_of(fl_ctx) -> Path:
+    """The run folder of the job at this participant (server or site), from its FL context."""
+    return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+
+
 def check_kinds(kinds) -> list[str]:
     """``kinds`` as a list: at least one of ``KINDS``, none twice."""
     if isinstance(kinds, str) or not isinstance(kinds, (list, tuple)) or not kinds:
