@@ -160,3 +160,19 @@ def test_portable_pipeline_converts_with_float_inputs():
         warnings.simplefilter("ignore", UserWarning)
         assert np.array_equal(label.ravel(), pipeline.predict(rows).astype(str))
         assert np.max(np.abs(proba - pipeline.predict_proba(rows))) <= TOL
+
+
+@pytest.mark.parametrize("thresholds", [(0.1, 0.3), (-0.3, 0.7), (1 / 3, 2 / 3)])
+def test_thresholds_that_are_no_float32_route_neighbouring_values_exactly(thresholds):
+    """The graph's float32 thresholds (rounded up or down from ours) and the snapped inputs around them."""
+    model = hand_made_id3(0)
+    model.tree_.split_points[1] = np.array(thresholds)  # the red branch's u split
+    rows, _ = mixed_rows(48, 8)
+    rows["colour"] = "red"
+    rows["u"] = [f(t) for t in thresholds for f in (lambda t: t, lambda t: np.nextafter(t, 1),
+                                                    lambda t: np.nextafter(t, -1), lambda t: float(np.float32(t)))] * 6
+    assert any(float(np.float32(t)) > t for t in thresholds) or any(float(np.float32(t)) < t for t in thresholds)
+    assert_onnx_same(model, rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert np.array_equal(model.to_sklearn().predict_proba(rows), model.predict_proba(rows))

@@ -9,7 +9,10 @@ ensemble classifier writes its scores in float32, whatever the input type). Two 
 over are put right here: the ``Float32Snap`` encoder (a converter of the same arithmetic) and each split's
 ``missing_go_to_left`` (skl2onnx writes "a NaN goes to the false branch" for every node of a
 ``DecisionTreeClassifier``; this export sets ``nodes_missing_value_tracks_true`` from the tree, so NaN follows
-the same branch as in scikit-learn).
+the same branch as in scikit-learn). Thresholds: the tree ensemble holds float32 thresholds, which skl2onnx
+chooses so that a float32 input compares as scikit-learn compares its float32 input with the float64
+threshold; the snapped inputs are float32 values on the right side of every threshold, so the graph routes
+every row as the global tree does (``tests/test_export_onnx.py`` checks thresholds that are no float32).
 
 XGBoost: numeric features only. XGBoost's categorical splits (the job's categorical columns, ``feature_types``
 "c") are sets of categories; onnxmltools 1.16 reads only "x < value" splits, so such a model is refused.
@@ -23,8 +26,8 @@ import numpy as np
 
 __all__ = ["OnnxExportError", "pipeline_to_onnx", "tree_onnx_inputs", "xgb_to_onnx", "run_onnx"]
 
-TARGET_OPSET = 17  # ONNX opset; ai.onnx.ml 3 (the tree ensemble with double thresholds)
-ML_OPSET = 3
+TARGET_OPSET = 17
+ML_OPSET = 3  # the most skl2onnx may use; its DecisionTreeClassifier converter writes TreeEnsembleClassifier v1
 XGB_OPSET = 15  # the highest onnxmltools 1.16's XGBoost converter accepts
 
 
