@@ -59,12 +59,13 @@ def test_nan_follows_the_missing_child_in_onnx():
 
 @pytest.fixture(scope="module")
 def xgb_models(tmp_path_factory):
-    """XGBoost models saved as the job saves them: higgs (numeric columns) and adult (categorical columns)."""
+    """XGBoost models saved as the job saves them: higgs (numeric columns, binary), car (ordinal columns, four
+    classes) and adult (categorical columns)."""
     from treeflare.xgb.encoding import dmatrix, table_arrays
     from treeflare.xgb.params import make_params
 
     out = {}
-    for name in ("higgs_subset", "adult"):
+    for name in ("higgs_subset", "car", "adult"):
         table = load_dataset(name).subset(np.arange(1200))
         folder = tmp_path_factory.mktemp(f"xgb_{name}")
         booster = xgb.train(make_params(len(table.schema.classes), max_depth=3), dmatrix(table_arrays(table)), 4)
@@ -74,8 +75,9 @@ def xgb_models(tmp_path_factory):
     return out
 
 
-def test_xgboost_numeric_model_through_onnxruntime(xgb_models):
-    folder, table = xgb_models["higgs_subset"]
+@pytest.mark.parametrize("name", ["higgs_subset", "car"])
+def test_xgboost_numeric_model_through_onnxruntime(xgb_models, name):
+    folder, table = xgb_models[name]
     model = XGBModel.load(folder / "model.json")
     rows = table.frame.copy()
     rows.iloc[::7, 3] = np.nan  # XGBoost's default branches
