@@ -34,7 +34,7 @@ import numpy as np
 from sklearn.tree import DecisionTreeClassifier
 
 from treeflare.data import load_dataset, prepare_federation
-from treeflare.icdta4fl import pipeline
+from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
 from treeflare.reporting import bench_settings, write_bench_block
 from treeflare.trees import Tree
@@ -119,7 +119,7 @@ def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dic
             g_acc, g_f1 = _scores(yg, tree.predict(Xg))
             c_acc, c_f1, c_leaves = central(leaves, stats["max_depth"])
             rows.append({"dataset": dataset, "partition": kind, "algorithm": algorithm, "seed": seed,
-                         "budget": leaves, "global_acc": g_acc, "global_f1": g_f1, "global_leaves": tree.n_leaves,
+                         "budget": leaves, "global_acc": g_acc, "global_f1": g_f1, "global_leaves": refine.n_outcomes(tree),
                          "global_depth": tree.depth, "one_round_acc": one_acc, "one_round_f1": one_f1,
                          "central_cart_acc": c_acc, "central_cart_f1": c_f1, "central_cart_leaves": c_leaves,
                          "best_local_acc": float(np.max(local["accuracy"])),
@@ -128,7 +128,7 @@ def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dic
                          "xgboost_acc": xgb_acc, "xgboost_f1": xgb_f1, "max_depth": stats["max_depth"],
                          "seconds": time.perf_counter() - t0})
             r = rows[-1]
-            print(f"{dataset} {kind} {algorithm} s{seed} L{leaves}: global {g_acc:.4f} ({tree.n_leaves} leaves) "
+            print(f"{dataset} {kind} {algorithm} s{seed} L{leaves}: global {g_acc:.4f} ({r['global_leaves']} leaves) "
                   f"central CART {c_acc:.4f} best local {r['best_local_acc']:.4f} xgb {xgb_acc:.4f} "
                   f"[{r['seconds']:.1f}s]", flush=True)
     return rows
@@ -172,6 +172,24 @@ def markdown(summary, settings) -> str:
                      f"{pct(c['xgboost_acc'])} | {pct(c['xgboost_f1'])} | {'ok' if c['met'] else '**MISS**'} |")
     lines += ["", f"Target (global within {100 * GAP:.1f} accuracy points of the same-size centralized CART): met in "
               f"{met}/{len(summary)} cells."]
+    for alg in ALGORITHMS:
+        missed = [c for c in summary if c["algorithm"] == alg and not c["met"]]
+        n_alg = sum(c["algorithm"] == alg for c in summary)
+        worst = min(missed, key=lambda c: c["gap"]) if missed else None
+        lines.append(f"{alg}: met in {n_alg - len(missed)}/{n_alg} cells" + (
+            f"; largest miss {100 * worst['gap']:+.2f} points ({worst['dataset']}, {worst['partition']}, "
+            f"{worst['budget']} leaves)." if worst else "."))
+    lines += ["", "What a doubled budget buys (median over data sets and partitions of the accuracy gain, points):", "",
+              "| leaves | centralized CART | global CART | global ID3 |", "|---|---|---|---|"]
+    sizes = sorted({c["budget"] for c in summary})
+    for small, large in zip(sizes, sizes[1:]):
+        row = [f"{small} -> {large}"]
+        for key, alg in (("central_cart_acc", "cart"), ("global_acc", "cart"), ("global_acc", "id3")):
+            gains = [100 * (b[key] - a[key]) for a in summary for b in summary
+                     if a["algorithm"] == b["algorithm"] == alg and a["budget"] == small and b["budget"] == large
+                     and (a["dataset"], a["partition"]) == (b["dataset"], b["partition"])]
+            row.append(f"{np.median(gains):+.2f}" if gains else "")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 

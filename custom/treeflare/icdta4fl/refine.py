@@ -25,7 +25,7 @@ from .refine_counts import (DEFAULT_ROUND_VALUES, MAX_REFINE_ROUNDS, MAX_REFINE_
 from .simplify import collapse_same_class
 
 # the wire-side names are re-exported so callers use one module for the round
-__all__ = ["choose_start", "within_budget", "adopt_refined", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan",
+__all__ = ["choose_start", "within_budget", "n_outcomes", "adopt_refined", "refine_tree", "SplitCandidates", "candidates_from_trees", "RefinePlan",
            "plan_round", "count_vector", "add_noise", "noise_bound", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES",
            "DEFAULT_ROUND_VALUES", "MAX_REFINE_ROUNDS", "OBJECTIVES", "GROWN", "DEFAULT_OBJECTIVE",
            "balanced_class_weights"]
@@ -44,9 +44,16 @@ OBJECTIVES = (*GROWN, "auto")
 DEFAULT_OBJECTIVE = "accuracy"
 
 
+def n_outcomes(tree: Tree) -> int:
+    """The tree's size as a reader counts it, and as the leaf budget does: its leaves, plus one for each one-vs-rest
+    node (a categorical node with one value: its other codes stop there, an outcome of their own)."""
+    return tree.n_leaves + sum(1 for v in np.flatnonzero(tree.kind == CATEGORICAL) if len(tree.split_points[v]) == 1)
+
+
 def within_budget(tree: Tree, max_leaves=None, max_depth=None) -> bool:
-    """Whether ``tree`` has at most ``max_leaves`` leaves and depth ``max_depth`` (None: no limit)."""
-    return (max_leaves is None or tree.n_leaves <= max_leaves) and (max_depth is None or tree.depth <= max_depth)
+    """Whether ``tree`` has at most ``max_leaves`` outcomes (``n_outcomes``) and depth ``max_depth`` (None: no
+    limit)."""
+    return (max_leaves is None or n_outcomes(tree) <= max_leaves) and (max_depth is None or tree.depth <= max_depth)
 
 
 def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bool,
@@ -128,13 +135,29 @@ def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: 
     better (XGBoost's default direction), or where no row here is missing, to the side with more rows (as
     scikit-learn); point -1 is scikit-learn's "missing vs not missing" split (no threshold, a missing-only
     child). A categorical split (ID3's kind) stops NaN and codes without a child at the node."""
+    options = _split_options(hist, candidates, used, min_child)
+    return max(options, key=lambda o: o[0]) if options else None
+
+
+def _split_options(hist: np.ndarray, candidates: SplitCandidates, used, min_child: float) -> list:
+    """A leaf's candidate splits for the knapsack, each as ``_best_split`` returns one: the best numeric split,
+    the best one-vs-rest categorical split and the best multiway categorical split (those that exist).
+
+    One-vs-rest (a categorical node with one value and one child; every other code, and NaN, stops at the node,
+    which predicts them from its counts) costs two leaves where ID3's multiway split costs one per code: under a
+    small budget it is what keeps a categorical test affordable (adult's 16 educations, 41 countries)."""
     offsets = candidates.offsets
     total = hist[offsets[0]:offsets[1]].sum(axis=0)
     W = float(total.sum())
     if W <= 0:
-        return None
+        return []
     parent = W * float(gini(total))
-    best = None
+    best = {}
+
+    def offer(slot, option):
+        if slot not in best or option[0] > best[slot][0] + 1e-12:
+            best[slot] = option
+
     for j in range(candidates.n_features):
         h = hist[offsets[j]:offsets[j + 1]]
         known, missing = h[:-1], h[-1]
@@ -142,8 +165,7 @@ def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: 
             none = np.zeros_like(missing)
             if missing.sum() >= min_child and known.sum() >= min_child:
                 gain = (parent - float(_impurity_sum(known.sum(axis=0), missing))) / W
-                if best is None or gain > best[0] + 1e-12:
-                    best = (gain, j, NUMERIC, -1, [known.sum(axis=0), missing], none, 1)
+                offer("numeric", (gain, j, NUMERIC, -1, [known.sum(axis=0), missing], none, 1))
             if len(candidates.thresholds[j]) == 0:
                 continue
             left = np.cumsum(known, axis=0)[:-1]            # after threshold k: cells 0..k
@@ -157,21 +179,34 @@ def _best_split(hist: np.ndarray, candidates: SplitCandidates, used, min_child: 
             if not np.isfinite(score[k]):
                 continue
             gain = (parent - float(score[k])) / W
-            if best is None or gain > best[0] + 1e-12:
-                groups = [left[k] + missing, right[k]] if nan_left[k] else [left[k], right[k] + missing]
-                best = (gain, j, NUMERIC, k, groups, none, 0 if nan_left[k] else 1)
+            groups = [left[k] + missing, right[k]] if nan_left[k] else [left[k], right[k] + missing]
+            offer("numeric", (gain, j, NUMERIC, k, groups, none, 0 if nan_left[k] else 1))
         else:
             if used[j]:
                 continue
-            present = np.flatnonzero(known.sum(axis=1) >= min_child)
+            sizes = known.sum(axis=1)
+            present = np.flatnonzero(sizes >= min_child)
             if len(present) < 2:
                 continue
             groups = known[present]
             rest = known.sum(axis=0) - groups.sum(axis=0) + missing  # codes without a child stop here
             gain = (parent - _weighted_impurity(np.vstack([groups, rest]))) / W
-            if best is None or gain > best[0] + 1e-12:
-                best = (gain, j, CATEGORICAL, present, list(groups), rest, -1)
-    return best
+            offer("multiway", (gain, j, CATEGORICAL, present, list(groups), rest, -1))
+            if len(present) > 2:  # with two codes the multiway split is already binary
+                others = total[None, :] - known[present]
+                ok = others.sum(axis=1) >= min_child
+                score = _impurity_sum(known[present], others)
+                score = np.where(ok, score, np.inf)
+                k = int(np.argmin(score))
+                if np.isfinite(score[k]):
+                    offer("one_vs_rest", ((parent - float(score[k])) / W, j, CATEGORICAL, present[k:k + 1],
+                                          [known[present[k]]], others[k], -1))
+    return list(best.values())
+
+
+def _n_outcomes(split) -> int:
+    """Leaves a split makes: its children, plus the node itself for one-vs-rest (the other codes' outcome)."""
+    return len(split[4]) + (1 if split[2] == CATEGORICAL and len(split[4]) == 1 else 0)
 
 
 class _Nodes:
@@ -197,13 +232,19 @@ class _Nodes:
                     np.vstack(self.counts), t.n_categories, missing=self.missing)
 
 
-def _fill_counts(nodes: _Nodes, keep_total: set) -> None:
+def _fill_counts(nodes: _Nodes, keep_total: set, stops=None) -> None:
     """Internal counts = sum of the children's (bottom-up), except nodes whose own total is known; nodes no
-    row reaches take a pseudo-count of their parent's distribution (they predict like the parent)."""
+    row reaches take a pseudo-count of their parent's distribution (they predict like the parent). ``stops``:
+    node -> (class counts of the rows that stop there, the children's total they were measured beside), added
+    in proportion to the children's new total (the sites' counts hold no row that stops at an internal node)."""
     n = len(nodes.kind)
+    stops = stops or {}
     for v in range(n - 1, -1, -1):
         if nodes.children[v] is not None and v not in keep_total:
             nodes.counts[v] = np.sum([nodes.counts[c] for c in nodes.children[v]], axis=0)
+            if v in stops:
+                stop, old_kids = stops[v]
+                nodes.counts[v] = nodes.counts[v] + stop * (nodes.counts[v].sum() / old_kids if old_kids > 0 else 1.0)
     for v in range(n):
         if nodes.children[v] is None:
             continue
@@ -241,6 +282,7 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
         weights = balanced_class_weights(hists[:, candidates.offsets[0]:candidates.offsets[1]].sum(axis=(0, 1))
                                          + leaf_counts.sum(axis=0))
         hists, leaf_counts = hists * weights, leaf_counts * weights
+    stops = _stop_mass(tree)
     nodes = _Nodes(tree)
     node_hist: list = [None] * tree.n_nodes
     for i, leaf in enumerate(plan.split_leaves):
@@ -252,7 +294,7 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
         kids = tree.children[v]
         if kids is not None and all(node_hist[c] is not None for c in kids):
             node_hist[v] = np.sum([node_hist[c] for c in kids], axis=0)
-    _fill_counts(nodes, set())
+    _fill_counts(nodes, set(), stops)
     relabelled = nodes.build()
 
     # a new child needs this many of the pooled training rows (CART's min_samples_split is 2% of a site)
@@ -265,20 +307,26 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
     # only one round later, and without it a round after the first found nothing to add (car, 32 leaves: 19
     # leaves and 1.2 points below a centralized CART); the weight keeps the whole tree's Gini under one error
     tie = 0.5 / max(float(relabelled.counts[0].sum()), 1.0)
-    options = {}   # node -> (training errors as a leaf, best new split or None)
+    # node -> (training errors as a leaf, candidate new splits, errors of the rows that stop at its split)
+    options = {}
     for v in range(relabelled.n_nodes):
         counts = relabelled.counts[v]
         leaf_cost = _cost(counts, tie)
-        split = None
+        splits = []
         if node_hist[v] is not None and depth[v] < limit_depth:
-            best = _best_split(node_hist[v], candidates, used[v], min_child)
-            if best is not None and best[0] * counts.sum() > 1e-9 * max(counts.sum(), 1.0):
-                split = best
-        options[v] = (leaf_cost, split)
+            splits = [o for o in _split_options(node_hist[v], candidates, used[v], min_child)
+                      if o[0] * counts.sum() > 1e-9 * max(counts.sum(), 1.0)]
+        stop_cost = _stop_cost(stops[v][0], counts, tie) if v in stops and relabelled.children[v] is not None else 0.0
+        options[v] = (leaf_cost, splits, stop_cost)
     plan_of = _knapsack(relabelled, options, budget, tie)
     b_root = int(np.argmin(np.round(plan_of[0][0], 9))) + 1  # fewest leaves among the best
     grown, known_total, n_split = _apply_choices(relabelled, candidates, options, plan_of, b_root)
-    _fill_counts(grown, known_total)
+    # known totals and kept splits' stop mass, from indices before pruning to after
+    kept_stops = _stop_mass(relabelled)
+    known = {i for i, o in enumerate(grown.origin) if o in known_total}
+    grown_stops = {i: kept_stops[o] for i, o in enumerate(grown.origin)
+                   if o in kept_stops and i not in known and grown.children[i] is not None}
+    _fill_counts(grown, known, grown_stops)
     out = grown.build()
     if collapse:
         out = collapse_same_class(out)
@@ -311,6 +359,29 @@ def _cost(counts, tie: float = 0.0) -> float:
     return float(counts.sum() - counts.max() + tie * counts.sum() * gini(counts))
 
 
+def _stop_cost(stop, node_counts, tie: float = 0.0) -> float:
+    """Training rows that stop at an internal node (predicted from the node's counts) and are wrong there."""
+    stop = np.asarray(stop, dtype=np.float64)
+    if not stop.size or stop.sum() <= 0:
+        return 0.0
+    return float(stop.sum() - stop[int(np.argmax(node_counts))] + tie * stop.sum() * gini(stop))
+
+
+def _stop_mass(tree: Tree) -> dict:
+    """Internal node -> (class counts of the rows that stop there, the children's total), where any do: rows
+    missing the node's feature or holding a code it has no child for (ID3), the other codes of one-vs-rest."""
+    out = {}
+    for v in range(tree.n_nodes):
+        kids = tree.children[v]
+        if kids is None:
+            continue
+        below = tree.counts[kids].sum(axis=0)
+        stop = np.clip(tree.counts[v] - below, 0.0, None)
+        if stop.sum() > 1e-9 * max(float(tree.counts[v].sum()), 1.0):
+            out[v] = (stop, float(below.sum()))
+    return out
+
+
 def _minplus(a: np.ndarray, b: np.ndarray, cap: int):
     """c[k] = min over i + j = k (as leaf counts: (i+1) + (j+1) = k+1+1) of a[i] + b[j], with the argmin i."""
     n = min(len(a) + len(b) - 1, cap)
@@ -326,11 +397,11 @@ def _minplus(a: np.ndarray, b: np.ndarray, cap: int):
 
 
 def _knapsack(tree: Tree, options: dict, budget: int, tie: float = 0.0) -> dict:
-    """Per node: (fewest training errors with b = 1..len leaves, how: per b 0 = leaf, 1 = new split, 2 = keep split,
-    and for keep, the argmin arrays of the children's budget split)."""
+    """Per node: (fewest training errors with b = 1..len leaves, how: per b 0 = leaf, 2 = keep split, 3 + i = new
+    split i of the node's options, and for keep, the argmin arrays of the children's budget split)."""
     out = {}
     for v in range(tree.n_nodes - 1, -1, -1):
-        leaf_cost, split = options[v]
+        leaf_cost, splits, stop_cost = options[v]
         f = np.array([leaf_cost])
         how = np.zeros(1, dtype=np.int8)
         merges = None
@@ -339,22 +410,23 @@ def _knapsack(tree: Tree, options: dict, budget: int, tie: float = 0.0) -> dict:
             for c in tree.children[v][1:]:
                 acc, arg = _minplus(acc, out[int(c)][0], budget)
                 merges.append(arg)
-            keep = np.concatenate([[np.inf] * (len(tree.children[v]) - 1), acc])[:budget]
+            keep = np.concatenate([[np.inf] * (len(tree.children[v]) - 1), acc + stop_cost])[:budget]
             f = np.concatenate([f, np.full(len(keep) - 1, np.inf)]) if len(keep) > 1 else f
             how = np.zeros(len(f), dtype=np.int8)
             better = keep < f - 1e-9
             f, how = np.where(better, keep, f), np.where(better, 2, how)
-        if split is not None:
-            k = len(split[4])
+        for i, split in enumerate(splits):
+            k = _n_outcomes(split)
             if k <= budget:
-                cost = float(np.sum([_cost(g, tie) for g in split[4]]) + _cost(split[5], tie))
+                node_total = np.sum(split[4], axis=0) + split[5]  # what the node predicts rows that stop there
+                cost = float(np.sum([_cost(g, tie) for g in split[4]]) + _stop_cost(split[5], node_total, tie))
                 if len(f) < k:
                     f = np.concatenate([f, np.full(k - len(f), np.inf)])
                     how = np.concatenate([how, np.zeros(k - len(how), dtype=np.int8)])
                 # a new split beats keeping the old one only when strictly better
                 for b in range(k - 1, len(f)):
                     if cost < f[b] - 1e-9:
-                        f[b], how[b] = cost, 1
+                        f[b], how[b] = cost, 3 + i
         # errors can only fall with more leaves allowed
         f_mono = np.minimum.accumulate(f)
         use = np.concatenate([[0], np.where(f_mono[1:] < f_mono[:-1], np.arange(1, len(f)), 0)])
@@ -377,8 +449,8 @@ def _apply_choices(tree: Tree, candidates: SplitCandidates, options: dict, plan_
         if choice == 0:
             nodes.kind[v], nodes.feature[v], nodes.points[v], nodes.children[v] = LEAF, -1, None, None
             nodes.missing[v] = -1
-        elif choice == 1:
-            gain, j, kind, point, groups, rest, nodes.missing[v] = options[v][1]
+        elif choice >= 3:
+            gain, j, kind, point, groups, rest, nodes.missing[v] = options[v][1][choice - 3]
             nodes.kind[v], nodes.feature[v] = kind, j
             if kind == NUMERIC:  # point -1: no threshold, the missing-only child
                 nodes.points[v] = np.empty(0) if point < 0 else np.array([candidates.thresholds[j][point]])
@@ -419,6 +491,7 @@ def _prune(nodes: _Nodes, keep: np.ndarray, n_old: int) -> _Nodes:
     out.children = [None if nodes.children[v] is None else index[nodes.children[v]] for v in np.flatnonzero(reach)]
     out.counts = [nodes.counts[v] for v in np.flatnonzero(reach)]
     out.missing = [nodes.missing[v] for v in np.flatnonzero(reach)]
+    out.origin = [int(v) for v in np.flatnonzero(reach)]  # each node's index before pruning
     return out
 
 

@@ -197,13 +197,13 @@ class ICDTA4FLController(ResultWorkflow):
                                         fits=fits)
         info["validation"] = {"one_round": merged}
         if best is None:
-            start, info["start"] = one_round.tree_, f"one-round tree ({why})"
+            start, info["start"] = pipeline.refine_start(one_round), f"one-round tree ({why})"
             previous = {s: checked[s] for s in checked}
         else:
             start, info["start"] = trees[best], f"best selected local tree, {sites[best]} ({why})"
             previous = {s: {"accuracy": acc[i][best], "macro_f1": f1[i][best]} for i, s in enumerate(scorers)}
         timings["refine_check"] = time.perf_counter() - t
-        model = GlobalTree(start, list(self._schema.classes), self.names, self.category_names,
+        model = GlobalTree(collapse_same_class(start), list(self._schema.classes), self.names, self.category_names,
                            data_schema=self._schema, encoding=self.algorithm)
 
         # 2. who masks: the sites that scored, with a well-formed key (every site checks the signatures itself)
