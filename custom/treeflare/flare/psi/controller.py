@@ -205,8 +205,9 @@ class PsiResultController(_PsiPhase):
 
 class PromptBroadcastAndWait(BroadcastAndWait):
     """NVFlare 2.9's ``BroadcastAndWait`` as its DH-PSI workflow uses it, with two fixes: a multicast (10 of the
-    13 task rounds of a 3-party DH-PSI) is looked at every ``TASK_CHECK_PERIOD`` seconds, not its default 0.5 s
-    (about 5 s of a small run's 8 s were these sleeps); and no debug ``print("task_name", ...)`` to stdout per result.
+    13 task rounds of a 3-party DH-PSI) is looked at every ``TASK_CHECK_PERIOD`` seconds, not every 0.5 s (its
+    default: each such round took at least that long, however small the sets); and no debug
+    ``print("task_name", ...)`` to stdout per result.
     Installed in the server process by :class:`MeteredDhPSIController` as the name NVFlare's workflow module uses."""
 
     def multicasts_and_wait(self, task_name, task_inputs, fl_ctx, abort_signal=None,
