@@ -415,3 +415,22 @@ def test_a_site_refuses_a_request_for_other_kinds(tmp_path):
     assert reply.get_return_code() != "OK"
     assert reply["error"] == ("PsiProtocolError: the PSI request asks for other kinds of rows than the job "
                               "configured at the site")
+
+
+def test_every_setup_blinds_the_items_under_a_fresh_key(tmp_path):
+    """Two setups of the same site for the same partner size: different Bloom filters (a fresh key each time), so
+    the messages of one run or pass cannot be matched against another's."""
+    from nvflare.app_common.app_constant import PSIConst
+
+    three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5)
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    ctx, executor = run.site_ctx("site-1"), run.comps["site-1"]["psi"]
+    executor.initialize(ctx)
+
+    def ask(**fields):
+        return wire(executor.execute("PSI", wire(Shareable(fields)), ctx, Signal()))["DXO"]["data"]
+
+    ask(**{PSIConst.TASK_KEY: PSIConst.TASK_PREPARE, PSIConst.BLOOM_FILTER_FPR: 1e-11})
+    first, second = (ask(**{PSIConst.TASK_KEY: PSIConst.TASK_SETUP, PSIConst.ITEMS_SIZE: 30})[PSIConst.SETUP_MSG]
+                     for _ in range(2))
+    assert len(first) == len(second) > 100 and first != second
