@@ -11,6 +11,8 @@ import io
 import json
 import re
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,7 @@ from treeflare.vertical import (ActiveParty, PassiveParty, PassivePolicy, Protoc
 from treeflare.vertical.model_parts import prediction_site_files
 from treeflare.vertical.prediction import ActivePredictor, PassivePredictor, run_prediction
 
-from flare_helpers import run_script
+from flare_helpers import load_script, run_script
 
 SITES = ["site-1", "site-2", "site-3"]
 OVERLAP = 0.7
@@ -171,6 +173,14 @@ def test_prediction_at_partial_overlap_scores_the_intersection_like_the_oracle(w
     assert np.array_equal(ap.pred, oracle.test_pred) and np.array_equal(ap.score, oracle.test_score)
 
 
+def test_psi_min_rows_is_checked_before_anything_is_written(tmp_path, capsys):
+    job = load_script("jobs/vertical_tree/job.py", "vertical_tree_psi_args")
+    with pytest.raises(SystemExit) as e:
+        job.main(["--dataset", "car", "--psi-min-rows", "0", "--workspace", str(tmp_path / "ws")])
+    assert e.value.code == 2 and "--psi-min-rows must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "ws").exists()
+
+
 def _site_ids(folder, name):
     return [line.split(",", 1)[0] for line in (folder / name).read_text().splitlines()[1:]]
 
@@ -203,6 +213,9 @@ def test_simulator_tree_at_70_percent_overlap_trains_on_the_intersection(tmp_pat
         kept = json.loads(next((ws / "flare").glob(f"*/{s}/simulate_job/psi/intersection.json")).read_text())
         assert {k: set(v) for k, v in kept["ids"].items()} == shared        # each party keeps the intersection
     assert "private set intersection" in proc.stdout and "rows before (train / test)" in proc.stdout
+    outputs = {line.rsplit(None, 1)[0].strip(): line.split()[-1]         # the summary's outputs: list
+               for line in proc.stdout[proc.stdout.index("\noutputs:\n"):].splitlines()[2:] if line.strip()}
+    assert all(Path(outputs[f"{s}'s intersection"]).is_file() for s in SITES), outputs
     # the server's folder holds no id of any party (its result files and its log)
     ids = set().union(*(set(own[s]["train"]) | set(own[s]["test"]) for s in SITES))
     server = next((ws / "flare").glob("*/server"))

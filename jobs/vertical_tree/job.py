@@ -55,7 +55,7 @@ from treeflare.data.join import common_ids
 from treeflare.data.intersection import DEFAULT_MIN_ROWS, restrict
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.vertical.objectives import OBJECTIVES
-from treeflare.reporting import format_table, write_json_atomic
+from treeflare.reporting import format_table, outputs_text, write_json_atomic
 
 JOB_NAME = "vertical_tree"
 MAX_CLASSES = 20
@@ -411,7 +411,9 @@ def main(argv=None) -> int:
           f"values per ciphertext {crypto['values_per_ciphertext']}")
     print(oracle_line(report))
     print(psi_table(report["psi"]))
-    print(f"\nreport: {workspace / 'report.json'}")
+    kept = report["psi"].get("intersection_files") or {}   # where a party's run folder is on this machine
+    print(outputs_text({"report": workspace / "report.json", "models": workspace / "models", "sites' data": data_dir,
+                        **{f"{s}'s intersection": f for s, f in kept.items()}, "FLARE run folder": run_dir}))
     return 0
 
 
