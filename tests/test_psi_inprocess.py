@@ -419,18 +419,24 @@ def test_a_site_refuses_a_request_for_other_kinds(tmp_path):
 
 def test_every_setup_blinds_the_items_under_a_fresh_key(tmp_path):
     """Two setups of the same site for the same partner size: different Bloom filters (a fresh key each time), so
-    the messages of one run or pass cannot be matched against another's."""
+    the messages of one run or pass cannot be matched against another's. A filter's size grows with the set of the
+    party that sends it (site-3 holds 11 more training rows than site-1): its receiver learns that set's size."""
     from nvflare.app_common.app_constant import PSIConst
 
-    three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5)
+    three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5, pair_only=6)
     run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
-    ctx, executor = run.site_ctx("site-1"), run.comps["site-1"]["psi"]
-    executor.initialize(ctx)
 
-    def ask(**fields):
-        return wire(executor.execute("PSI", wire(Shareable(fields)), ctx, Signal()))["DXO"]["data"]
+    def setups(site, n=2):
+        ctx, executor = run.site_ctx(site), run.comps[site]["psi"]
+        executor.initialize(ctx)
 
-    ask(**{PSIConst.TASK_KEY: PSIConst.TASK_PREPARE, PSIConst.BLOOM_FILTER_FPR: 1e-11})
-    first, second = (ask(**{PSIConst.TASK_KEY: PSIConst.TASK_SETUP, PSIConst.ITEMS_SIZE: 30})[PSIConst.SETUP_MSG]
-                     for _ in range(2))
+        def ask(**fields):
+            return wire(executor.execute("PSI", wire(Shareable(fields)), ctx, Signal()))["DXO"]["data"]
+
+        ask(**{PSIConst.TASK_KEY: PSIConst.TASK_PREPARE, PSIConst.BLOOM_FILTER_FPR: 1e-11})
+        return [ask(**{PSIConst.TASK_KEY: PSIConst.TASK_SETUP, PSIConst.ITEMS_SIZE: 30})[PSIConst.SETUP_MSG]
+                for _ in range(n)]
+
+    first, second = setups("site-1")
     assert len(first) == len(second) > 100 and first != second
+    assert len(setups("site-3", 1)[0]) > len(first)
