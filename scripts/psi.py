@@ -98,6 +98,7 @@ def summary(psi: dict, kinds) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     kinds = check(args)
+    from treeflare.flare.psi.audit import AUDIT_FILE
     from treeflare.flare.psi.job import run_psi
     from treeflare.flare.runner import one_poc
 
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
         return 1
     report = {"job": "psi", "status": "completed", "env": args.env, "sites": sites, "kinds": kinds,
               "data_root": data_root or None, "binding": args.binding or None, "psi": psi,
-              "audit": str(Path(run_dir) / "psi_audit.jsonl") if args.audit else None}
+              "audit": str(Path(run_dir) / AUDIT_FILE) if args.audit else None}
     write_json_atomic(workspace / "report.json", report)
     print(summary(psi, kinds))
     print(f"\nreport: {workspace / 'report.json'}")
