@@ -440,3 +440,19 @@ def test_every_setup_blinds_the_items_under_a_fresh_key(tmp_path):
     first, second = setups("site-1")
     assert len(first) == len(second) > 100 and first != second
     assert len(setups("site-3", 1)[0]) > len(first)
+
+
+def test_parties_sharing_no_row_fail_with_the_reason_and_keep_nothing(tmp_path):
+    for site in SITES:  # every party its own customers only
+        write_party(tmp_path / "data" / site, [secrets.token_hex(8) for _ in range(12)],
+                    [secrets.token_hex(8) for _ in range(3)])
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs", min_rows=1)
+    result = run.run()
+    assert result["status"] == "failed", result
+    assert result["error"].startswith("PSI: the parties share no rows (a pass's intersection was already empty"), \
+        result
+    assert not list(run.run_root.rglob(INTERSECTION_FILE))
+    two = InProcessPSI(tmp_path / "data", tmp_path / "runs2", min_rows=1, sites=SITES[:2])  # DH-PSI ends; we fail
+    assert two.run()["error"] == ("PSI result: the intersection holds 0 train rows, fewer than min_rows 1 "
+                                  "(--psi-min-rows); the parties share too few rows to train on")
+    assert not list(two.run_root.rglob(INTERSECTION_FILE))

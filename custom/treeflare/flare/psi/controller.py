@@ -264,6 +264,10 @@ class MeteredDhPSIController(DhPSIController):
             self._discard(fl_ctx, abort_signal)
         finally:
             result["timings_s"]["dh_psi"] = time.perf_counter() - start
+        passes = getattr(getattr(self, "psi_workflow", None), "forward_processed", None) or {}
+        if error and 0 in passes.values():  # NVFlare's handler cannot go on from an empty set: say what happened
+            error = ("PSI: the parties share no rows (a pass's intersection was already empty, and NVFlare's "
+                     f"DH-PSI stops there: {error})")
         if error:
             result["status"], result["error"] = "failed", error
             write_json_atomic(run_dir_of(fl_ctx) / RESULT_FILE, result)
