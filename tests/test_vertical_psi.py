@@ -199,6 +199,7 @@ def test_simulator_tree_at_70_percent_overlap_trains_on_the_intersection(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((ws / "report.json").read_text())
     assert r["identical_to_oracle"] is True and r["oracle"]["same_tree"] is True
+    assert r["id_column"] == "uid"      # what a prediction run on real sites gives its PSI phase to read
     own = {s: {k: _site_ids(ws / "data" / s, f"{k}.csv") for k in ("train", "test")} for s in SITES}
     shared = {k: set.intersection(*(set(own[s][k]) for s in SITES)) for k in ("train", "test")}
     assert 0 < len(shared["train"]) < min(len(own[s]["train"]) for s in SITES)

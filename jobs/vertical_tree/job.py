@@ -376,6 +376,7 @@ def main(argv=None) -> int:
     report = {
         "job": JOB_NAME, "model": args.model, "objective": server.get("objective"),
         "dataset": dataset, "n_sites": len(sites), "schema_source": schema_info,
+        "id_column": schema.id_column,   # the parties' join column: a prediction run's PSI reads the same one
         "sites": {"active": sites[0], "passive": sites[1:]},
         "params": {**params.to_dict(), "env": args.env, "seed": args.seed, "psi_min_rows": args.psi_min_rows,
                    "overlap": overlap_of(args) if data_dir is not None else None},

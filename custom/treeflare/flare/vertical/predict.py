@@ -78,8 +78,9 @@ def predict_main(args, job_name: str) -> int:
                             "holding DIR/<site>/predict.csv and each site's model part")
     job = FedJob(name=f"{job_name}_predict", min_clients=len(sites))
     # the PSI phase first: each party keeps the new rows every party holds (one is enough to predict). The id column
-    # is the model's where its parts are here (--csv); on real sites each site's binding names its own
-    id_column = ((parts.get(sites[0]) or {}).get("schema") or {}).get("id_column")
+    # is the model's (its parts here, else the training report's); a site's binding may name its own for it
+    id_column = ((parts.get(sites[0]) or {}).get("schema") or {}).get("id_column") or trained.get("id_column")
+    id_column = id_column if isinstance(id_column, str) and id_column else None
     add_psi(job, sites, kinds=("predict",), data_root=str(data_root or ""), binding=getattr(args, "binding", "") or "",
             schema={"id_column": id_column} if id_column else None, min_rows=1, task_timeout=args.task_timeout)
     job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], task_timeout=args.task_timeout,
