@@ -38,7 +38,8 @@ def pytest_collection_modifyitems(config, items):
         locked = getattr(getattr(item, "module", None), "flare_lock", None) is not None
         if locked:
             item.add_marker(pytest.mark.xdist_group(LOCK_GROUP))
-        elif _uses_shared_fixture(item):
+        elif item.get_closest_marker("xdist_group") is None and _uses_shared_fixture(item):
+            # (a module that names its own group, e.g. two files sharing a cache of models, keeps it)
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         # any other test is a group of its own, free to run beside the rest
         rank[id(item)] = 0 if locked else 1 if item.get_closest_marker("flare") else 2

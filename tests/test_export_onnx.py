@@ -20,6 +20,9 @@ from treeflare.onnx_export import (OnnxExportError, input_columns, pipeline_to_o
                                    xgb_to_onnx)
 from treeflare.xgb.model import XGBModel, attach_schema
 
+# both files read the models export_helpers caches per process: one worker builds each once
+pytestmark = pytest.mark.xdist_group("export_models")
+
 TOL = 2.0 ** -23  # onnxruntime's tree ensemble classifier writes float32 probabilities
 export_script = load_script("scripts/export.py", "export_script")
 

@@ -14,6 +14,9 @@ from export_helpers import (EMBEDDED, MIXED, cart_with_missing_children, embedde
 from treeflare.icdta4fl.sklearn_export import ExportError, Float32Snap
 from treeflare.trees.tree import LEAF
 
+# both files read the models export_helpers caches per process: one worker builds each once
+pytestmark = pytest.mark.xdist_group("export_models")
+
 
 def predictions(pipeline, rows):
     with warnings.catch_warnings():  # OneHotEncoder announces the unknown categories the rows hold on purpose
