@@ -198,8 +198,8 @@ def test_candidates_shuffled_before_compression():
     d = synthetic(n=200, n_test=20, passive_features=(4,), n_classes=2, seed=14)
     a, ps = make_parties(d, params(model="tree", max_depth=1))
     (name, p), = ps.items()
-    p.handle(a.step(None)[name])
-    p.handle(a.step({name: {"type": "setup_ok", "n_features": 4}})[name])
+    ok = p.handle(a.step(None)[name])
+    p.handle(a.step({name: ok})[name])
     order = [(f, b) for (_nid, f, b) in p._pending.values()]
     assert len(order) > 20 and order != sorted(order)
     close_parties(a, ps)
@@ -351,7 +351,7 @@ def test_messages_never_leak(model, L):
                 else:
                     assert leaf not in active_vals
         if dst != a.name:
-            assert set(msg) <= {"type", "version", "pk", "n_train", "n_test", "ids_train", "ids_test", "bins",
+            assert set(msg) <= {"type", "version", "pk", "n_train", "n_test", "bins",
                                 "model", "n_trees", "max_depth", "min_rows_node", "hist_subtraction",
                                 "tree", "depth", "assign", "open", "gradients", "ids", "nodes"}
             for e in msg.get("nodes", []):
@@ -366,7 +366,9 @@ def test_messages_never_leak(model, L):
                     plain = {0, 1}
                 assert not any(int(c) in plain for c in cts)
         else:
-            assert set(msg) <= {"type", "n_features", "nodes", "ids", "sizes", "left", "stats"}
+            assert set(msg) <= {"type", "n_features", "alignment", "nodes", "ids", "sizes", "left", "stats"}
+            if "alignment" in msg:       # the passive's ids, hashed, under the active party's key: one ciphertext
+                assert msg["alignment"].dtype == np.uint8 and msg["alignment"].size == a.kh.public.ct_bytes
             for e in msg.get("nodes", []):
                 # one node's candidates, or a sibling pair (positions among the parent's candidates, no features)
                 assert set(e) in ({"nid", "ids", "cts"}, {"id", "bits"},
@@ -467,8 +469,9 @@ def test_misaligned_ids_and_malformed_messages(setup_pair):
     a2, ps2 = make_parties(d2, params())
     (nm2, p2), = ps2.items()
     p2.ids_train = list(reversed(p2.ids_train))
-    with pytest.raises(ProtocolError, match="aligned"):
-        p2.handle(a2.step(None)[nm2])
+    with pytest.raises(ProtocolError, match=f"{nm2}: its rows are not this party's .*different sample ids or order"):
+        a2.step({nm2: p2.handle(a2.step(None)[nm2])})
+    close_parties(a2, ps2)
     msg = dict(out[name])
     for bad in [{"assign": msg["assign"][:-1]}, {"assign": msg["assign"].astype(np.float64)},
                 {"open": []}, {"open": ["x"]}, {"type": "drop_tables"}]:

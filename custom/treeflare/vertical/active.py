@@ -31,8 +31,8 @@ from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan, unpack_fi
 from ..crypto.workers import WorkerError
 from .gains import make_criterion, select
 from .inference import leaf_outputs, route_layers
-from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, check_split_id, count_traffic,
-                       expect_reply, ids_digest, int_array, int_list, require)
+from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, alignment_pieces, alignment_value,
+                       check_split_id, count_traffic, expect_reply, int_array, int_list, require)
 from .objectives import make_objective, tree_channels
 from .params import VerticalParams
 from .quantize import apply_bins, fit_bins
@@ -126,7 +126,6 @@ class ActiveParty:
         pub = self.kh.public
         setup = {"type": "setup", "version": PROTOCOL_VERSION, "pk": pub.to_message(),
                  "n_train": int(self.n), "n_test": int(len(self.X_test)),
-                 "ids_train": ids_digest(self.ids_train), "ids_test": ids_digest(self.ids_test),
                  "bins": int(P.bins), "model": P.model, "n_trees": int(P.n_trees),
                  "max_depth": int(P.max_depth), "min_rows_node": int(P.min_rows_node),
                  "hist_subtraction": bool(P.hist_subtraction)}
@@ -136,6 +135,7 @@ class ActiveParty:
             nf = require(r, "n_features", int)
             if not 0 <= nf <= _MAX_DECLARED_FEATURES:
                 raise ProtocolError(f"{p}: declares {nf} features (at most {_MAX_DECLARED_FEATURES})")
+            self._check_alignment(p, r)
             self.declared[p] = nf
 
         F = None
@@ -162,6 +162,23 @@ class ActiveParty:
             r = expect_reply(replies, p, "done")
             self.passive_stats[p] = r.get("stats", {})
         self.close()
+
+    def _check_alignment(self, p, reply) -> None:
+        """The passive party's alignment value (:func:`.messages.alignment_value` of its ids, encrypted under this
+        party's key) must decrypt to this party's own: same rows, same order.  Only ciphertexts crossed the server."""
+        with _Timer(self.timings, "alignment"):
+            pub = self.kh.public
+            want = alignment_pieces(alignment_value(self.ids_train, self.ids_test), pub)
+            try:
+                raw = pub.wire_bytes(require(reply, "alignment", np.ndarray), len(want))
+                pub.from_bytes(raw, check=True)
+                got = self.kh.decrypt_bytes(raw, 1)
+            except (CiphertextError, WorkerError) as e:
+                raise ProtocolError(f"{p}: alignment ciphertext refused: {e}") from None
+        if [int(v) for v in got] != want:
+            raise ProtocolError(f"{p}: its rows are not this party's ({self.n} training and {len(self.X_test)} test "
+                                "rows on both sides, but different sample ids or order): every party must train on "
+                                "the rows the PSI phase kept")
 
     # ---------------------------------------------------------------- reference data
     def _channels(self, F):

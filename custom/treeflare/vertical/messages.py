@@ -1,14 +1,28 @@
 """Message helpers: every message is a plain dict of str/int/float/bool/None, lists, dicts,
 bytes and numeric numpy arrays (FOBS-safe).  Ciphertexts travel as fixed-width big-endian
-bytes concatenated in one uint8 array under a key named ``cts``."""
+bytes concatenated in one uint8 array under a key named ``cts``.
+
+Row alignment (:func:`alignment_value`, :func:`encrypt_alignment`, :func:`alignment_pieces`): no digest of the
+ids crosses the server in the clear (issue 22).  At training setup each passive party sends the integer of a
+SHA-256 over its training and test ids encrypted under the active party's Paillier key (fresh randomness, so
+the server sees one semantically secure ciphertext and cannot confirm a guessed id list); the active party
+decrypts it and compares it with its own.
+"""
 from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 
+import gmpy2
 import numpy as np
+from gmpy2 import mpz
 
-PROTOCOL_VERSION = 3           # 3: sibling pairs in histogram replies (subtraction at the active party)
+from ..crypto import CiphertextError
+
+# 3: sibling pairs in histogram replies (subtraction at the active party); 4: no id digest in setup, the passive
+# parties' alignment value encrypted under the active party's key in setup_ok
+PROTOCOL_VERSION = 4
 # what a saved model part says it is (checked when a prediction run loads it)
 ACTIVE_FORMAT, PASSIVE_FORMAT = "treeflare.vertical.active/2", "treeflare.vertical.passive/2"
 _ID_RE = re.compile(r"^[0-9a-f]{16}$")
@@ -24,6 +38,55 @@ def ids_digest(ids) -> str:
         h.update(str(v).encode())
         h.update(b"\x00")
     return h.hexdigest()
+
+
+_ALIGNMENT_TAG = b"treeflare.vertical.alignment/1"
+ALIGNMENT_BITS = 256
+
+
+def alignment_value(ids_train, ids_test) -> int:
+    """The integer of SHA-256 over a party's training ids, then its test ids, in row order (the order the protocol
+    numbers rows in: after PSI every party's rows are sorted by id, so equal values mean the same rows in the same
+    order).  Each id is length-prefixed, so no two id lists give the same input.  Never sent in the clear."""
+    h = hashlib.sha256(_ALIGNMENT_TAG)
+    for kind, ids in ((b"train", ids_train), (b"test", ids_test)):
+        h.update(kind + len(ids).to_bytes(8, "big"))
+        for v in ids:
+            b = str(v).encode()
+            h.update(len(b).to_bytes(8, "big") + b)
+    return int.from_bytes(h.digest(), "big")
+
+
+def alignment_pieces(value: int, pub) -> list:
+    """``value`` as plaintexts of this key: one for any real key (2048 bits and up), a few for the small test keys.
+    Each piece is below 2^(usable_bits - 1), so the key holder's centred decryption gives it back unchanged."""
+    width = pub.usable_bits - 1
+    k = -(-ALIGNMENT_BITS // width)
+    return [(value >> (i * width)) & ((1 << width) - 1) for i in range(k)]
+
+
+def public_encrypt(pub, m: int):
+    """E(m) under a public key alone, with fresh randomness: (1 + m n) r^n mod n^2, r uniform in Z*_n (the key
+    holder's batch encryption in :mod:`treeflare.crypto` needs the private key; this is the one value a passive
+    party encrypts).  The mock scheme (plaintext oracle) encrypts as the identity."""
+    if pub.scheme == "mock":
+        c = mpz(m)
+    elif pub.scheme == "paillier":
+        n, nsq = mpz(pub.n), mpz(pub.nsq)
+        while True:
+            r = mpz(secrets.randbelow(int(n) - 1) + 1)
+            if gmpy2.gcd(r, n) == 1:
+                break
+        c = (1 + (mpz(m) % n) * n) * gmpy2.powmod(r, n, nsq) % nsq
+    else:
+        raise CiphertextError(f"no public-key encryption for scheme {pub.scheme!r}")
+    pub.check(c)
+    return c
+
+
+def encrypt_alignment(pub, ids_train, ids_test) -> np.ndarray:
+    """A passive party's alignment value, encrypted under the active party's key, as a ciphertext array."""
+    return pub.serialize([public_encrypt(pub, m) for m in alignment_pieces(alignment_value(ids_train, ids_test), pub)])
 
 
 def check_split_id(sid) -> str:

@@ -1,5 +1,9 @@
 """The passive party: holds its own feature columns only and answers the active party's requests.
 
+At setup this party proves to the active party that it holds the same rows in the same order: it sends the hash
+of its ids encrypted under the active party's key (:func:`.messages.encrypt_alignment`), which only the active
+party can read and compare; the server sees one ciphertext.
+
 Every request is checked against what was agreed at setup (trees, depth, minimum rows per node,
 key size) and against what this party saw and answered before:
 
@@ -40,8 +44,8 @@ from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan
 from ..crypto.workers import WorkerError
 from .histo import HistEngine
 from .inference import PredictionAnswers
-from .messages import (PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, ids_digest, int_array,
-                       int_list, require)
+from .messages import (PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, encrypt_alignment,
+                       int_array, int_list, require)
 from .params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
 from .quantize import apply_bins, fit_bins
 
@@ -127,14 +131,13 @@ class PassiveParty:
             check_key_bits(pub.key_bits, minimum=self.min_key_bits, maximum=self.policy.max_key_bits)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
-        if require(msg, "n_train", int) != self.n or require(msg, "n_test", int) != self.n_test:
-            raise ProtocolError("row counts differ from the active party's")
+        n_train, n_test = require(msg, "n_train", int), require(msg, "n_test", int)
+        if n_train != self.n or n_test != self.n_test:
+            raise ProtocolError(f"{self.name}: {self.n} training and {self.n_test} test rows here, {n_train} and "
+                                f"{n_test} at the active party: row counts differ")
         if self.n_test > self.policy.max_predict_rows:
             raise ProtocolError(f"{self.n_test} test rows; this site answers prediction requests about at most "
                                 f"{self.policy.max_predict_rows} rows per run")
-        if require(msg, "ids_train", str) != ids_digest(self.ids_train) or \
-                require(msg, "ids_test", str) != ids_digest(self.ids_test):
-            raise ProtocolError("sample ids are not aligned with the active party's")
         bins = require(msg, "bins", int)
         if not 2 <= bins <= 1024:
             raise ProtocolError("bins out of range")
@@ -159,7 +162,16 @@ class PassiveParty:
         self.engine = HistEngine(pub, self.bins[:, self.features], [self.nbins[f] for f in self.features],
                                  self.workers)
         self.timings["binning"] += time.perf_counter() - t
-        return {"type": "setup_ok", "n_features": len(self.feature_names)}
+        # the active party checks the rows are aligned: this party's ids, hashed, under its key (no digest in the
+        # clear crosses the server)
+        t = time.perf_counter()
+        try:
+            alignment = encrypt_alignment(pub, self.ids_train, self.ids_test)
+        except CiphertextError as e:
+            raise ProtocolError(f"cannot encrypt under the proposed key: {e}") from None
+        self.ops["alignment_encryptions"] += 1
+        self.timings["alignment"] += time.perf_counter() - t
+        return {"type": "setup_ok", "n_features": len(self.feature_names), "alignment": alignment}
 
     def _load_gradients(self, g):
         if not isinstance(g, dict):

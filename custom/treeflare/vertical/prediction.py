@@ -7,9 +7,15 @@
 
 New rows are joined on the id column: every party holds the same ids (in any row order), each sorts its rows by
 id, and the protocol numbers rows by their place in that order.  At setup the active party sends the number of
-rows and a digest of the sorted ids; a party whose ids differ refuses (naming its row count, not the ids).  It also
-sends, to each passive party, a digest of the split ids it expects that party to hold, so a model part from
-another training run is refused before any row is asked about.  Then the rows go through the trees by the very
+rows; a party with another count refuses (naming both counts, not the ids).  No digest of the ids is sent: the
+server could confirm a guessed id list with it, and there is no key here to hide one under (training's check,
+:func:`.messages.encrypt_alignment`, needs the active party's Paillier key).  Counts suffice after the PSI phase
+that every prediction run starts with (``treeflare.flare.psi``): each party keeps exactly the intersection of
+the new rows' ids, computed by DH-PSI among all parties, and the phase's result workflow checks that every party
+kept the same number; equal sets, sorted by id, are the same rows in the same order.  A party that skips PSI or
+feeds other rows can only be caught by its counts here (see SECURITY.md).  The active party also
+sends, to each passive party, a digest of the split ids it expects that party to hold (random tokens, no row
+ids), so a model part from another training run is refused before any row is asked about.  Then the rows go through the trees by the very
 code training uses for its test rows (:mod:`.inference`), and the passive party checks every request the same way.
 No key is needed: the answers are bits, which the server sees in training too (SECURITY.md).
 
@@ -160,8 +166,7 @@ class ActivePredictor:
             for nd in tree["nodes"]:
                 if not nd.get("leaf") and nd["owner"] != self.name:
                     owned[nd["owner"]].append(nd["split_id"])
-        setup = {"type": "predict_setup", "version": PROTOCOL_VERSION, "n_rows": int(self.n),
-                 "ids": ids_digest(self.ids)}
+        setup = {"type": "predict_setup", "version": PROTOCOL_VERSION, "n_rows": int(self.n)}
         replies = yield {p: {**setup, "model": _split_ids_digest(owned[p])} for p in self.passives}
         for p in self.passives:
             expect_reply(replies, p, "predict_ok")
@@ -243,9 +248,9 @@ class PassivePredictor:
             raise ProtocolError(f"{self.n} new rows here; this site answers prediction requests about at most "
                                 f"{self.policy.max_predict_rows} rows per run")
         n_active = require(msg, "n_rows", int)
-        if n_active != self.n or require(msg, "ids", str) != ids_digest(self.ids):
-            raise ProtocolError(f"the new rows' ids differ from the active party's ({self.n} rows here, "
-                                f"{n_active} there): every party must hold the same ids")
+        if n_active != self.n:
+            raise ProtocolError(f"{self.name}: {self.n} new rows here, {n_active} at the active party: every party "
+                                "must hold the same ids (the rows the PSI phase kept)")
         if require(msg, "model", str) != _split_ids_digest(self.splits):
             raise ProtocolError("the active party's model does not match this party's model part "
                                 "(parts of different training runs?)")
