@@ -81,7 +81,7 @@ def test_predictions_equal_those_made_at_the_end_of_training(model, obj, L, seed
         if src != "site-1":
             assert set(msg) <= {"type", "nodes"} and all(set(e) == {"id", "bits"} for e in msg.get("nodes", []))
         else:
-            assert set(msg) <= {"type", "version", "n_rows", "ids", "model", "depth", "nodes"}
+            assert set(msg) <= {"type", "version", "n_rows", "nonce", "ids", "model", "depth", "nodes"}
     assert kinds == {"predict_setup", "predict_ok", "predict", "predictions", "finish", "done"}
 
     frame = predictions_frame(active.row_ids, "uid", active.pred, active.score, a.model(),
@@ -103,13 +103,19 @@ def _ident(n=60):
 
 
 def test_ids_missing_at_a_party_are_refused(trained):
-    """A party holding other rows than the PSI phase kept shows in its count (no id digest is sent: the
-    intersection's equality is PSI's guarantee; SECURITY.md)."""
+    """A party holding other rows than the active party's is refused: by its count, or (same count) by the MAC of
+    the ids under the link key the two parties share since training (no id digest crosses the server)."""
     d, a, ps = trained
     ids = list(map(str, d.ids_test))
     active, passives = _parties(d, a, ps, _ident())
     passives["site-3"] = PassivePredictor("site-3", ps["site-3"].model(), d.X_passive_test[1][:-1], ids[:-1])
     with pytest.raises(ProtocolError, match="site-3: 59 new rows here, 60 at the active party: every party must hold"):
+        run_prediction(active, passives)
+    active, passives = _parties(d, a, ps, _ident())
+    other = ids[:-1] + ["someone-else"]                   # site-3 lacks one id and holds another
+    passives["site-3"] = PassivePredictor("site-3", ps["site-3"].model(), d.X_passive_test[1], other)
+    with pytest.raises(ProtocolError, match="site-3: the new rows' ids differ from the active party's .*every party "
+                                            "must hold the same"):
         run_prediction(active, passives)
 
 

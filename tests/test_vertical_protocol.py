@@ -367,8 +367,9 @@ def test_messages_never_leak(model, L):
                 assert not any(int(c) in plain for c in cts)
         else:
             assert set(msg) <= {"type", "n_features", "alignment", "nodes", "ids", "sizes", "left", "stats"}
-            if "alignment" in msg:       # the passive's ids, hashed, under the active party's key: one ciphertext
-                assert msg["alignment"].dtype == np.uint8 and msg["alignment"].size == a.kh.public.ct_bytes
+            if "alignment" in msg:       # the passive's ids, hashed, and a link key under the active party's key
+                # (one ciphertext for a real key; two for these 512-bit test keys)
+                assert msg["alignment"].dtype == np.uint8 and msg["alignment"].size == 2 * a.kh.public.ct_bytes
             for e in msg.get("nodes", []):
                 # one node's candidates, or a sibling pair (positions among the parent's candidates, no features)
                 assert set(e) in ({"nid", "ids", "cts"}, {"id", "bits"},
@@ -382,7 +383,7 @@ def test_messages_never_leak(model, L):
                 assert set(nd) == {"nid", "depth", "leaf", "n", "owner", "left", "right", "split_id"}
     # a passive model has no labels, leaf values or other parties' splits
     for p in ps.values():
-        assert set(p.model()) == {"format", "party", "features", "splits"}
+        assert set(p.model()) == {"format", "party", "features", "splits", "link"}      # link: prediction's MAC key
 
 
 # ------------------------------------------------------------------------------- hostile input

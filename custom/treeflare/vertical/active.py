@@ -32,7 +32,8 @@ from ..crypto.workers import WorkerError
 from .gains import make_criterion, select
 from .inference import leaf_outputs, route_layers
 from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, alignment_pieces, alignment_value,
-                       check_split_id, count_traffic, expect_reply, int_array, int_list, require)
+                       check_split_id, count_traffic, expect_reply, int_array, int_list, join_pieces, require,
+                       split_alignment)
 from .objectives import make_objective, tree_channels
 from .params import VerticalParams
 from .quantize import apply_bins, fit_bins
@@ -93,6 +94,7 @@ class ActiveParty:
         self.layout_info: dict = {}
         self.passive_stats: dict = {}
         self.declared: dict = {}
+        self.links: dict = {}         # passive -> the link key it sent under this party's key (prediction runs' MAC)
         self.test_pred = None
         self.test_score = None
         self._exchanges = Exchanges(self._protocol)
@@ -164,21 +166,27 @@ class ActiveParty:
         self.close()
 
     def _check_alignment(self, p, reply) -> None:
-        """The passive party's alignment value (:func:`.messages.alignment_value` of its ids, encrypted under this
-        party's key) must decrypt to this party's own: same rows, same order.  Only ciphertexts crossed the server."""
+        """The passive party's alignment value (:func:`.messages.alignment_value` of its ids, with a link key,
+        encrypted under this party's key) must hold this party's own hash: same rows, same order.  Only ciphertexts
+        crossed the server.  The link key is kept for the model part (prediction runs check their rows with it)."""
         with _Timer(self.timings, "alignment"):
             pub = self.kh.public
-            want = alignment_pieces(alignment_value(self.ids_train, self.ids_test), pub)
+            count = len(alignment_pieces(0, pub))
             try:
-                raw = pub.wire_bytes(require(reply, "alignment", np.ndarray), len(want))
+                raw = pub.wire_bytes(require(reply, "alignment", np.ndarray), count)
                 pub.from_bytes(raw, check=True)
                 got = self.kh.decrypt_bytes(raw, 1)
             except (CiphertextError, WorkerError) as e:
                 raise ProtocolError(f"{p}: alignment ciphertext refused: {e}") from None
-        if [int(v) for v in got] != want:
+            width = pub.usable_bits - 1
+            if any(not 0 <= int(v) < (1 << width) for v in got):
+                raise ProtocolError(f"{p}: alignment ciphertext refused: it does not decrypt to an alignment value")
+            digest, link = split_alignment(join_pieces(got, pub))
+        if digest != alignment_value(self.ids_train, self.ids_test) or len(link) != 64:
             raise ProtocolError(f"{p}: its rows are not this party's ({self.n} training and {len(self.X_test)} test "
                                 "rows on both sides, but different sample ids or order): every party must train on "
                                 "the rows the PSI phase kept")
+        self.links[p] = link
 
     # ---------------------------------------------------------------- reference data
     def _channels(self, F):
@@ -477,7 +485,7 @@ class ActiveParty:
                 "objective": self.objective.name if self.objective else None,
                 "params": self.params.to_dict(), "n_classes": self.n_classes,
                 "base_score": self.base_score, "features": self.feature_names,
-                "passives": self.passives, "trees": self.trees}
+                "passives": self.passives, "links": dict(self.links), "trees": self.trees}
 
     def ops(self) -> dict:
         ops = Counter(self.kh.ops) if self.kh is not None else Counter()

@@ -4,13 +4,17 @@ bytes concatenated in one uint8 array under a key named ``cts``.
 
 Row alignment (:func:`alignment_value`, :func:`encrypt_alignment`, :func:`alignment_pieces`): no digest of the
 ids crosses the server in the clear (issue 22).  At training setup each passive party sends the integer of a
-SHA-256 over its training and test ids encrypted under the active party's Paillier key (fresh randomness, so
-the server sees one semantically secure ciphertext and cannot confirm a guessed id list); the active party
-decrypts it and compares it with its own.
+SHA-256 over its training and test ids, beside a fresh random 256-bit *link* key, encrypted under the active
+party's Paillier key (fresh randomness, so the server sees one semantically secure ciphertext and cannot confirm
+a guessed id list); the active party decrypts it and compares the hash with its own.  Both keep the link in their
+model parts, so a later prediction run (no Paillier key there) checks its rows with :func:`ids_mac`, an HMAC
+under the link and a fresh nonce: the server never saw the link, so it can neither confirm a guess nor tell two
+runs on the same rows apart.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
 
@@ -40,29 +44,45 @@ def ids_digest(ids) -> str:
     return h.hexdigest()
 
 
-_ALIGNMENT_TAG = b"treeflare.vertical.alignment/1"
-ALIGNMENT_BITS = 256
+_ALIGNMENT_TAG, _MAC_TAG = b"treeflare.vertical.alignment/1", b"treeflare.vertical.predict-ids/1"
+ALIGNMENT_BITS = LINK_BITS = 256
+_LINK_RE = re.compile(r"^[0-9a-f]{64}$")
+_NONCE_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _ids_bytes(*lists):
+    """Id lists as one unambiguous byte string: each list and each id length-prefixed."""
+    out = []
+    for ids in lists:
+        out.append(len(ids).to_bytes(8, "big"))
+        for v in ids:
+            b = str(v).encode()
+            out.append(len(b).to_bytes(8, "big") + b)
+    return b"".join(out)
 
 
 def alignment_value(ids_train, ids_test) -> int:
     """The integer of SHA-256 over a party's training ids, then its test ids, in row order (the order the protocol
     numbers rows in: after PSI every party's rows are sorted by id, so equal values mean the same rows in the same
-    order).  Each id is length-prefixed, so no two id lists give the same input.  Never sent in the clear."""
-    h = hashlib.sha256(_ALIGNMENT_TAG)
-    for kind, ids in ((b"train", ids_train), (b"test", ids_test)):
-        h.update(kind + len(ids).to_bytes(8, "big"))
-        for v in ids:
-            b = str(v).encode()
-            h.update(len(b).to_bytes(8, "big") + b)
-    return int.from_bytes(h.digest(), "big")
+    order).  Never sent in the clear."""
+    return int.from_bytes(hashlib.sha256(_ALIGNMENT_TAG + _ids_bytes(ids_train, ids_test)).digest(), "big")
 
 
-def alignment_pieces(value: int, pub) -> list:
-    """``value`` as plaintexts of this key: one for any real key (2048 bits and up), a few for the small test keys.
-    Each piece is below 2^(usable_bits - 1), so the key holder's centred decryption gives it back unchanged."""
+def alignment_pieces(value: int, pub, bits: int = ALIGNMENT_BITS + LINK_BITS) -> list:
+    """``value`` (``bits`` bits) as plaintexts of this key: one for any real key (1024 bits and up), a few for the
+    small test keys.  Each piece is below 2^(usable_bits - 1): the key holder's centred decryption returns it."""
     width = pub.usable_bits - 1
-    k = -(-ALIGNMENT_BITS // width)
-    return [(value >> (i * width)) & ((1 << width) - 1) for i in range(k)]
+    return [(value >> (i * width)) & ((1 << width) - 1) for i in range(-(-bits // width))]
+
+
+def join_pieces(pieces, pub) -> int:
+    width = pub.usable_bits - 1
+    return sum(int(v) << (i * width) for i, v in enumerate(pieces))
+
+
+def split_alignment(value: int) -> tuple:
+    """(the ids' hash, the link key as 64 hex digits) of a decrypted alignment value."""
+    return value & ((1 << ALIGNMENT_BITS) - 1), f"{value >> ALIGNMENT_BITS:064x}"
 
 
 def public_encrypt(pub, m: int):
@@ -84,9 +104,37 @@ def public_encrypt(pub, m: int):
     return c
 
 
-def encrypt_alignment(pub, ids_train, ids_test) -> np.ndarray:
-    """A passive party's alignment value, encrypted under the active party's key, as a ciphertext array."""
-    return pub.serialize([public_encrypt(pub, m) for m in alignment_pieces(alignment_value(ids_train, ids_test), pub)])
+def encrypt_alignment(pub, ids_train, ids_test, link: str) -> np.ndarray:
+    """A passive party's alignment value and link key, encrypted under the active party's key, as a ciphertext
+    array (one ciphertext for a real key)."""
+    value = alignment_value(ids_train, ids_test) | (int(check_link(link), 16) << ALIGNMENT_BITS)
+    return pub.serialize([public_encrypt(pub, m) for m in alignment_pieces(value, pub)])
+
+
+def new_link() -> str:
+    return secrets.token_hex(LINK_BITS // 8)
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def check_link(link) -> str:
+    if not isinstance(link, str) or not _LINK_RE.match(link):
+        raise ProtocolError("malformed link key (64 hex digits)")
+    return link
+
+
+def ids_mac(link: str, nonce: str, ids) -> str:
+    """HMAC-SHA256 of the ids, in row order, under the link key two parties share since training and a nonce."""
+    if not isinstance(nonce, str) or not _NONCE_RE.match(nonce):
+        raise ProtocolError("malformed nonce (32 hex digits)")
+    msg = _MAC_TAG + bytes.fromhex(nonce) + _ids_bytes(ids)
+    return hmac.new(bytes.fromhex(check_link(link)), msg, hashlib.sha256).hexdigest()
+
+
+def same_mac(a, b: str) -> bool:
+    return isinstance(a, str) and hmac.compare_digest(a, b)
 
 
 def check_split_id(sid) -> str:

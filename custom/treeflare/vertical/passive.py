@@ -1,8 +1,9 @@
 """The passive party: holds its own feature columns only and answers the active party's requests.
 
 At setup this party proves to the active party that it holds the same rows in the same order: it sends the hash
-of its ids encrypted under the active party's key (:func:`.messages.encrypt_alignment`), which only the active
-party can read and compare; the server sees one ciphertext.
+of its ids, with a fresh link key for later prediction runs, encrypted under the active party's key
+(:func:`.messages.encrypt_alignment`), which only the active party can read and compare; the server sees one
+ciphertext.
 
 Every request is checked against what was agreed at setup (trees, depth, minimum rows per node,
 key size) and against what this party saw and answered before:
@@ -45,7 +46,7 @@ from ..crypto.workers import WorkerError
 from .histo import HistEngine
 from .inference import PredictionAnswers
 from .messages import (PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, encrypt_alignment,
-                       int_array, int_list, require)
+                       int_array, int_list, new_link, require)
 from .params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
 from .quantize import apply_bins, fit_bins
 
@@ -82,6 +83,7 @@ class PassiveParty:
         self.min_key_bits = int(min_key_bits if min_key_bits is not None else self.policy.min_key_bits)
         self.allow_mock = bool(allow_mock if allow_mock is not None else self.policy.allow_mock)
         self.pub = None
+        self.link = new_link()        # shared with the active party under its key only: prediction runs' MAC key
         self.engine: HistEngine | None = None
         self.edges = None
         self.bins = None
@@ -166,7 +168,7 @@ class PassiveParty:
         # clear crosses the server)
         t = time.perf_counter()
         try:
-            alignment = encrypt_alignment(pub, self.ids_train, self.ids_test)
+            alignment = encrypt_alignment(pub, self.ids_train, self.ids_test, self.link)
         except CiphertextError as e:
             raise ProtocolError(f"cannot encrypt under the proposed key: {e}") from None
         self.ops["alignment_encryptions"] += 1
@@ -491,4 +493,4 @@ class PassiveParty:
 
     def model(self) -> dict:
         return {"format": PASSIVE_FORMAT, "party": self.name,
-                "features": self.feature_names, "splits": self.splits}
+                "features": self.feature_names, "splits": self.splits, "link": self.link}

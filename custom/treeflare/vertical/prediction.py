@@ -7,13 +7,16 @@
 
 New rows are joined on the id column: every party holds the same ids (in any row order), each sorts its rows by
 id, and the protocol numbers rows by their place in that order.  At setup the active party sends the number of
-rows; a party with another count refuses (naming both counts, not the ids).  No digest of the ids is sent: the
-server could confirm a guessed id list with it, and there is no key here to hide one under (training's check,
-:func:`.messages.encrypt_alignment`, needs the active party's Paillier key).  Counts suffice after the PSI phase
-that every prediction run starts with (``treeflare.flare.psi``): each party keeps exactly the intersection of
-the new rows' ids, computed by DH-PSI among all parties, and the phase's result workflow checks that every party
-kept the same number; equal sets, sorted by id, are the same rows in the same order.  A party that skips PSI or
-feeds other rows can only be caught by its counts here (see SECURITY.md).  The active party also
+rows; a party with another count refuses (naming both counts, not the ids).  No digest of the ids is sent (the
+server could confirm a guessed id list with it, and there is no Paillier key here to hide one under).  Instead
+the active party sends each passive party a fresh nonce and :func:`.messages.ids_mac` of its sorted ids: an
+HMAC under the *link* key that passive party chose in training and sent to the active party only under its
+Paillier key (both model parts keep it).  The server never saw the link, so it learns nothing from the MAC, not
+even whether two runs scored the same rows; the passive party recomputes it over its own ids and refuses on a
+difference (same rows, same order, or no answer).  A model part from before links (no ``link``) is checked by
+counts only; they suffice after the PSI phase every prediction run starts with (``treeflare.flare.psi``): each
+party keeps exactly the intersection of the new rows' ids and the phase checks every party kept the same number,
+and equal sets sorted by id are the same rows in the same order (see SECURITY.md).  The active party also
 sends, to each passive party, a digest of the split ids it expects that party to hold (random tokens, no row
 ids), so a model part from another training run is refused before any row is asked about.  Then the rows go through the trees by the very
 code training uses for its test rows (:mod:`.inference`), and the passive party checks every request the same way.
@@ -31,8 +34,8 @@ from collections import Counter
 import numpy as np
 
 from .inference import PredictionAnswers, leaf_outputs, route_layers
-from .messages import (ACTIVE_FORMAT, PASSIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, check_split_id,
-                       count_traffic, expect_reply, ids_digest, require)
+from .messages import (ACTIVE_FORMAT, PASSIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, check_link,
+                       check_split_id, count_traffic, expect_reply, ids_digest, ids_mac, new_nonce, require, same_mac)
 from .objectives import OBJECTIVES, make_objective
 from .passive import PassivePolicy
 
@@ -81,6 +84,13 @@ def check_active_model(model: dict, party: str | None = None) -> dict:
         raise bad("'passives' must list the passive sites")
     if not isinstance(feats, list) or not all(isinstance(f, str) for f in feats):
         raise bad("'features' must list this party's columns")
+    links = model.get("links", {})
+    try:
+        if not isinstance(links, dict) or not set(links) <= set(passives) or any(check_link(v) != v
+                                                                               for v in links.values()):
+            raise ProtocolError("")
+    except ProtocolError:
+        raise bad("'links' must map passive sites to link keys (64 hex digits)") from None
     kind, obj = model.get("model"), model.get("objective")
     if kind not in ("tree", "gbdt") or (kind == "gbdt" and obj not in OBJECTIVES):
         raise bad(f"unknown model {kind!r} / objective {obj!r}")
@@ -167,7 +177,14 @@ class ActivePredictor:
                 if not nd.get("leaf") and nd["owner"] != self.name:
                     owned[nd["owner"]].append(nd["split_id"])
         setup = {"type": "predict_setup", "version": PROTOCOL_VERSION, "n_rows": int(self.n)}
-        replies = yield {p: {**setup, "model": _split_ids_digest(owned[p])} for p in self.passives}
+        links = self.model.get("links", {})
+        out = {}
+        for p in self.passives:
+            out[p] = {**setup, "model": _split_ids_digest(owned[p])}
+            if p in links:
+                nonce = new_nonce()
+                out[p].update(nonce=nonce, ids=ids_mac(links[p], nonce, self.ids))
+        replies = yield out
         for p in self.passives:
             expect_reply(replies, p, "predict_ok")
         leaves = yield from route_layers(self.trees, self.X, self.name)
@@ -196,6 +213,11 @@ def check_passive_model(model: dict, party: str | None = None) -> dict:
     feats, splits = model.get("features"), model.get("splits")
     if not isinstance(feats, list) or not isinstance(splits, dict):
         raise bad("'features' and 'splits' missing")
+    if "link" in model:
+        try:
+            check_link(model["link"])
+        except ProtocolError:
+            raise bad("'link' must be a link key (64 hex digits)") from None
     for sid, s in splits.items():
         try:
             check_split_id(sid)
@@ -254,6 +276,14 @@ class PassivePredictor:
         if require(msg, "model", str) != _split_ids_digest(self.splits):
             raise ProtocolError("the active party's model does not match this party's model part "
                                 "(parts of different training runs?)")
+        link = self.model.get("link")
+        if link is not None:
+            if "ids" not in msg:
+                raise ProtocolError(f"{self.name}: the active party sent no check of the new rows' ids, though "
+                                    "this party's model part has a link key")
+            if not same_mac(require(msg, "ids", str), ids_mac(link, require(msg, "nonce", str), self.ids)):
+                raise ProtocolError(f"{self.name}: the new rows' ids differ from the active party's ({self.n} rows "
+                                    "on both sides): every party must hold the same ids (the rows the PSI phase kept)")
         self._answers = PredictionAnswers(self.splits, self.X)
         return {"type": "predict_ok"}
 
