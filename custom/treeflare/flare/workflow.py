@@ -5,6 +5,7 @@ A workflow subclasses :class:`ResultWorkflow` and implements :meth:`run_workflow
 an input nothing validated), the result says ``status: failed`` with the real error, is still written
 to the run folder (job scripts read it from there), and the run is ended with a system panic so FLARE
 reports the job as failed too. A result never says ``running`` once the workflow has returned.
+Its ``task_check_period`` is the one the server's communicator really polls with (:func:`poll_often`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from nvflare.apis.impl.controller import Controller
 from ..reporting import write_json_atomic
 
 
+def poll_often(controller, communicator) -> None:
+    """NVFlare 2.9's ``Controller.set_communicator`` sets ``communicator.task_check_period``, an attribute
+    ``WFCommServer`` never reads (it sleeps ``_task_check_period``, 0.2 s): set the one it reads, so a controller's
+    ``task_check_period`` takes effect.  Every :class:`ResultWorkflow` does this; other controllers call it from
+    their own ``set_communicator``."""
+    if hasattr(communicator, "_task_check_period"):
+        communicator._task_check_period = controller._task_check_period
+
+
 class JobFailed(RuntimeError):
     """The workflow cannot go on; the message says why (which site, which task)."""
 
@@ -24,6 +34,10 @@ class JobFailed(RuntimeError):
 class ResultWorkflow(Controller):
     JOB = ""
     RESULT_FILE = ""
+
+    def set_communicator(self, communicator):
+        super().set_communicator(communicator)
+        poll_often(self, communicator)
 
     def start_controller(self, fl_ctx):
         pass

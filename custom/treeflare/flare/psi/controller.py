@@ -28,19 +28,12 @@ from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 
 from ...data.intersection import DEFAULT_MIN_ROWS
 from ...reporting import write_json_atomic
-from ..workflow import JobFailed, ResultWorkflow
+from ..workflow import JobFailed, ResultWorkflow, poll_often
 from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, PsiProtocolError, check_kinds,
                        check_reply, check_result_reply, request, run_dir_of)
 
 PHASE_PROP = "treeflare.psi.phase"  # what the three workflows hand on to each other (a sticky, private prop)
 TASK_CHECK_PERIOD = 0.02  # the phase is a chain of short tasks: look for finished ones often
-
-
-def poll_often(controller, communicator) -> None:
-    """NVFlare 2.9's ``Controller.set_communicator`` sets ``communicator.task_check_period``, an attribute
-    ``WFCommServer`` never reads (it sleeps ``_task_check_period``, 0.2 s): set the one it reads."""
-    if hasattr(communicator, "_task_check_period"):
-        communicator._task_check_period = controller._task_check_period
 
 
 def check_min_rows(min_rows) -> int:
@@ -147,10 +140,6 @@ class _PsiPhase(ResultWorkflow):
         self.kinds = check_kinds(list(kinds))
         self.min_rows = check_min_rows(min_rows)
         self.task_timeout = int(task_timeout)
-
-    def set_communicator(self, communicator):
-        super().set_communicator(communicator)
-        poll_often(self, communicator)
 
     def ask(self, name: str, fl_ctx, abort_signal, data: dict | None = None) -> tuple[dict, dict]:
         task = Task(name=name, data=Shareable({"request": data or request(self.kinds)}), timeout=self.task_timeout)

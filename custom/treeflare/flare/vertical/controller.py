@@ -10,9 +10,11 @@ when it is pure), the number of candidates per node, which party won each split,
 reach each passive split and that split's prediction bits, and at the end the active site's test
 metrics and operation counts -- which it writes to ``vertical_result.json`` in its run folder.
 Both modes run after the job's PSI phase (``treeflare.flare.psi``), on the rows it kept at each site.
+In training it sees no digest of the ids: each passive site proves its rows match the active site's with a hash of
+its ids encrypted under the active site's key (one ciphertext; ``treeflare.vertical.messages``).
 In a prediction run (``mode="predict"``) it sees the number of new rows scored and of the active site's rows left
-unscored (the PSI phase's row counts give both), a digest of their ids, one digest per
-passive site of the split ids it holds, the rows that reach each passive split and that split's bits, and the
+unscored (the PSI phase's row counts give both), no digest of their ids, one digest per
+passive site of the split ids it holds (random tokens), the rows that reach each passive split and that split's bits, and the
 model's fingerprint; the predictions stay at the active site.  See SECURITY.md.
 
 Every reply is checked for shape (a dict with a ``type``, from a site that was addressed);
@@ -59,7 +61,8 @@ class VerticalController(ResultWorkflow):
             max_rounds: a bound on the number of protocol steps (a runaway active site is stopped).
             job_info: facts copied into the result (dataset, ...).
             task_check_period: how often the server looks for finished tasks (the protocol is a
-              long chain of short message exchanges, so poll often).
+              long chain of short message exchanges, so poll often); :class:`ResultWorkflow` makes the
+              communicator use it (``workflow.poll_often``: NVFlare 2.9 alone would keep 0.2 s).
             mode: "train", or "predict": a prediction run of a trained model, in which every site loads its own
               model part and new rows (see ``executor``); the server routes the same way.
         """
