@@ -172,6 +172,8 @@ class ActiveParty:
         with _Timer(self.timings, "alignment"):
             pub = self.kh.public
             count = len(alignment_pieces(0, pub))
+            if "alignment" not in reply:
+                raise ProtocolError(f"{p}: setup_ok without its alignment ciphertext")
             try:
                 raw = pub.wire_bytes(require(reply, "alignment", np.ndarray), count)
                 pub.from_bytes(raw, check=True)
