@@ -250,7 +250,7 @@ def tables(rows: dict) -> str:
     ordered = sorted(rows.values(), key=lambda r: (r["fpr"] != DEFAULT_FPR, r["ids"], r["parties_n"], r["fpr"]))
     head = ["ids per party", "parties", "Bloom FPR", "repeats", "intersection", "each party on its own core: CPU (s)",
             "measured wall, parties apart (s)", "all parties in one process: wall / CPU (s)",
-            "most sent / received by a party (MB)", "load avg 1m (start, end)", "measured"]
+            "most sent / received by a party (MB)", "load avg 1m (start, end)", "row finished"]
     summary = []
     for r in ordered:
         p = r["parties"].values()
