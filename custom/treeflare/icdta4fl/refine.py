@@ -7,11 +7,14 @@ candidate split (``refine_counts``); the server sums them (pairwise-masked: ``cr
 leaves with the true counts and re-splits where the sums say it pays, within the leaf and depth budget.
 
 * ``choose_start``: never worse than the pieces; a capped merge, or a one-round tree that scores lower on
-  the sites' validation rows than the best selected local tree, starts the refinement from that local tree.
+  the sites' validation rows than the best selected local tree, starts the refinement from that local tree
+  (one within the size budget only).
 * ``refine_tree``: relabel, then a tree knapsack picks, within budget, which splits to keep and which nodes to
-  re-split by their best candidate; every new node's counts are exact (read off the histograms).
+  re-split by one of their candidates (the best numeric, one-vs-rest and multiway split); every new node's counts
+  are exact (read off the histograms).
 * ``adopt_refined``: which grown tree (one per objective, two for "auto") replaces the previous tree, if any.
-(A little over 400 lines: the round's growth and its adopt rule are one decision and stay together.)
+(About 500 lines: the round's growth (a node's candidate moves, the knapsack over them, the rows that stop at a
+node) and its adopt rule are one decision and stay together; the wire side is ``refine_counts``.)
 """
 
 from __future__ import annotations
@@ -261,10 +264,12 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
 
     ``summed`` is the sum of the sites' ``count_vector`` (negative values from noise are clipped to 0).
     Counts add up, so every node whose leaves all sent histograms has one too (their sum). The round's
-    moves: keep a node's split, or cut the subtree there and split the node by its best candidate by Gini
-    (children are leaves with exact counts; their own histograms come next round), or make it a leaf. A
-    tree knapsack picks the moves that minimise the training rows the leaves get wrong (on the union of the
-    sites' rows) within ``max_leaves`` and ``max_depth``; ties prefer fewer leaves, then the existing split.
+    moves: keep a node's split, or cut the subtree there and split the node by one of its best candidates by
+    Gini (``_split_options``; children are leaves with exact counts; their own histograms come next round), or
+    make it a leaf. A tree knapsack picks the moves that minimise the training rows the leaves (and the rows that
+    stop at a node) get wrong (on the union of the sites' rows) within ``max_leaves`` outcomes (``n_outcomes``)
+    and ``max_depth``; ties go to the purer tree, then fewer leaves, then the existing split. ``collapse=False``
+    keeps same-class splits (the next round grows from them; collapse the last round's tree).
     ``objective="balanced"`` weighs every count by ``balanced_class_weights`` of the pooled class totals first,
     so the split search, the knapsack's errors and the leaves' votes are class-weighted and the tree's counts
     are weighted rows (as in a scikit-learn tree fitted with class_weight="balanced"). Returns the tree and stats.
