@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The accuracy-against-size front of ICDTA4FL, in process (no FLARE): the global tree at each leaf budget.
 
-Grid: the embedded data sets x {IID, label skew 0.5} x 5 sites x seeds x {cart, id3} x leaf budgets (``--sizes``).
+Grid: the embedded data sets (and higgs_subset) x {IID, label skew 0.5} x 5 sites x seeds x {cart, id3} x leaf budgets (``--sizes``).
 Per run, on the server's global test set: the global tree the job builds with ``--max-leaves L`` (the one-round
 tree and the refinement rounds, ``--rounds``, default the job's 1; the refinement sums the sites' count vectors in
 plaintext, which the job's pairwise-masked round decrypts to the same sums) beside
@@ -39,7 +39,7 @@ from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
 from treeflare.reporting import bench_settings, write_bench_block
 from treeflare.trees import Tree
 
-DATASETS = ["nursery", "car", "adult", "default_credit_card"]
+DATASETS = ["nursery", "car", "adult", "default_credit_card", "higgs_subset"]
 PARTITIONS = [("iid", None), ("label", 0.5)]
 ALGORITHMS = ["cart", "id3"]
 SIZES = [8, 16, 32, 64]
