@@ -11,6 +11,7 @@ import pytest
 
 from data_helpers import set_cell
 from flare_helpers import run_script
+from treeflare.icdta4fl.pipeline import DEFAULT_MAX_LEAVES
 
 pytestmark = pytest.mark.flare
 
@@ -78,6 +79,7 @@ def test_report_content(car_run):
     assert one["n_leaves"] >= 1 and 0.7 < one["accuracy"] <= 1
     assert g["accuracy"] >= one["accuracy"] - 0.02  # more data behind every leaf; held-out noise aside
     assert g["n_leaves"] <= report["aggregation"]["max_leaves"] and g["depth"] <= report["aggregation"]["max_depth"]
+    assert report["aggregation"]["max_leaves"] == DEFAULT_MAX_LEAVES  # the pipeline's one default reaches the job
     assert "global (ICDTA4FL, refined 1 round)" in proc.stdout and "one-round tree (the paper's)" in proc.stdout
     assert str(ws / "report.json") in proc.stdout
     # progress lines, printed while FLARE ran (--progress: stdout is not a terminal here), before the table
