@@ -108,6 +108,8 @@ def test_one_vs_rest_split_under_a_small_budget_and_its_rest_kept_across_rounds(
     assert tree.kind[0] == CATEGORICAL and list(tree.split_points[0]) == [5.0] and len(tree.children[0]) == 1
     assert refine.n_outcomes(tree) == 2
     assert np.mean(tree.predict(X) == y) > 0.9
+    wire = Tree.from_dict(tree.to_dict(), n_categories=[None, 10])  # what a site validates and counts on
+    assert np.array_equal(wire.predict(X), tree.predict(X))
     # next round: the sites' counts hold no row that stops at the node, yet its rest keeps its class
     plan2 = refine.plan_round(tree, cands)
     summed2 = refine.count_vector(tree, cands, plan2, X, y).astype(float)
