@@ -119,8 +119,12 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
+def is_link(v) -> bool:
+    return isinstance(v, str) and bool(_LINK_RE.match(v))
+
+
 def check_link(link) -> str:
-    if not isinstance(link, str) or not _LINK_RE.match(link):
+    if not is_link(link):
         raise ProtocolError("malformed link key (64 hex digits)")
     return link
 

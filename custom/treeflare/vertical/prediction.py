@@ -18,8 +18,9 @@ counts only; they suffice after the PSI phase every prediction run starts with (
 party keeps exactly the intersection of the new rows' ids and the phase checks every party kept the same number,
 and equal sets sorted by id are the same rows in the same order (see SECURITY.md).  The active party also
 sends, to each passive party, a digest of the split ids it expects that party to hold (random tokens, no row
-ids), so a model part from another training run is refused before any row is asked about.  Then the rows go through the trees by the very
-code training uses for its test rows (:mod:`.inference`), and the passive party checks every request the same way.
+ids), so a model part from another training run is refused before any row is asked about.  Then the rows go
+through the trees by the very code training uses for its test rows (:mod:`.inference`), and the passive party
+checks every request the same way.
 No key is needed: the answers are bits, which the server sees in training too (SECURITY.md).
 
 Messages: ``predict_setup`` -> ``predict_ok``; ``predict`` -> ``predictions`` (as in training); ``finish`` -> ``done``.
@@ -34,8 +35,8 @@ from collections import Counter
 import numpy as np
 
 from .inference import PredictionAnswers, leaf_outputs, route_layers
-from .messages import (ACTIVE_FORMAT, PASSIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, check_link,
-                       check_split_id, count_traffic, expect_reply, ids_digest, ids_mac, new_nonce, require, same_mac)
+from .messages import (ACTIVE_FORMAT, PASSIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, check_split_id,
+                       count_traffic, expect_reply, ids_digest, ids_mac, is_link, new_nonce, require, same_mac)
 from .objectives import OBJECTIVES, make_objective
 from .passive import PassivePolicy
 
@@ -84,13 +85,9 @@ def check_active_model(model: dict, party: str | None = None) -> dict:
         raise bad("'passives' must list the passive sites")
     if not isinstance(feats, list) or not all(isinstance(f, str) for f in feats):
         raise bad("'features' must list this party's columns")
-    links = model.get("links", {})
-    try:
-        if not isinstance(links, dict) or not set(links) <= set(passives) or any(check_link(v) != v
-                                                                               for v in links.values()):
-            raise ProtocolError("")
-    except ProtocolError:
-        raise bad("'links' must map passive sites to link keys (64 hex digits)") from None
+    links = model.get("links", {})     # absent in parts trained before link keys
+    if not isinstance(links, dict) or not set(links) <= set(passives) or not all(map(is_link, links.values())):
+        raise bad("'links' must map passive sites to link keys (64 hex digits)")
     kind, obj = model.get("model"), model.get("objective")
     if kind not in ("tree", "gbdt") or (kind == "gbdt" and obj not in OBJECTIVES):
         raise bad(f"unknown model {kind!r} / objective {obj!r}")
@@ -213,11 +210,8 @@ def check_passive_model(model: dict, party: str | None = None) -> dict:
     feats, splits = model.get("features"), model.get("splits")
     if not isinstance(feats, list) or not isinstance(splits, dict):
         raise bad("'features' and 'splits' missing")
-    if "link" in model:
-        try:
-            check_link(model["link"])
-        except ProtocolError:
-            raise bad("'link' must be a link key (64 hex digits)") from None
+    if "link" in model and not is_link(model["link"]):
+        raise bad("'link' must be a link key (64 hex digits)")
     for sid, s in splits.items():
         try:
             check_split_id(sid)

@@ -13,9 +13,10 @@ Both modes run after the job's PSI phase (``treeflare.flare.psi``), on the rows 
 In training it sees no digest of the ids: each passive site proves its rows match the active site's with a hash of
 its ids encrypted under the active site's key (one ciphertext; ``treeflare.vertical.messages``).
 In a prediction run (``mode="predict"``) it sees the number of new rows scored and of the active site's rows left
-unscored (the PSI phase's row counts give both), no digest of their ids, one digest per
-passive site of the split ids it holds (random tokens), the rows that reach each passive split and that split's bits, and the
-model's fingerprint; the predictions stay at the active site.  See SECURITY.md.
+unscored (the PSI phase's row counts give both), no digest of their ids (for each passive site a nonce and an
+HMAC under a key it never saw), one digest per passive site of the split ids it holds (random tokens), the rows
+that reach each passive split and that split's bits, and the model's fingerprint; the predictions stay at the
+active site.  See SECURITY.md.
 
 Every reply is checked for shape (a dict with a ``type``, from a site that was addressed);
 a site that fails, times out or sends a malformed payload ends the job with a logged reason
