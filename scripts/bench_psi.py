@@ -277,6 +277,13 @@ def tables(rows: dict) -> str:
                    f"(load average {goal['loadavg_start']:.1f} at start), {goal['critical_path_cpu_s']:.0f} CPU "
                    f"seconds along DH-PSI's critical path, i.e. what it takes with each party on an idle core of its "
                    f"own ({goal['repeats']} repeat(s)).")
+    for r in ordered:  # what another Bloom filter false-positive rate changes, against DhPSIController's
+        base = rows.get(key(r["ids"], r["parties_n"], DEFAULT_FPR))
+        if r["fpr"] != DEFAULT_FPR and base is not None:
+            sent = lambda row: max(x["sent"] for x in row["parties"].values())  # noqa: E731
+            verdict += (f" Bloom FPR {r['fpr']:g} instead of {DEFAULT_FPR:g} ({r['ids']:,} ids x {r['parties_n']}): "
+                        f"{r['critical_path_cpu_s']:.1f} CPU s against {base['critical_path_cpu_s']:.1f}, "
+                        f"{mb(sent(r))} MB sent by a party against {mb(sent(base))}.")
     return "\n".join([md_table(head, summary), "", "Where the time goes (medians per party, CPU seconds per stage "
                       "summed over DH-PSI's forward and backward passes):", "", md_table(detail_head, detail), "",
                       verdict])
