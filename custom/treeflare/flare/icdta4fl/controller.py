@@ -140,7 +140,9 @@ class ICDTA4FLController(ResultWorkflow):
         result.update({
             "n_sites": len(sites), "sites_trained": sites, "scorers": scorers,
             "selected_sites": [sites[i] for i in selected], "thresholds": thresholds,
-            "peer_scores": {"accuracy_mean": acc.mean(axis=0).tolist(), "macro_f1_mean": f1.mean(axis=0).tolist()},
+            # the whole matrix too (rows: scorers, columns: trees), so the report page can show who scored whom
+            "peer_scores": {"accuracy_mean": acc.mean(axis=0).tolist(), "macro_f1_mean": f1.mean(axis=0).tolist(),
+                            "accuracy": acc.tolist(), "macro_f1": f1.tolist()},
             "aggregation": stats,
             "sites": {s: {"n_train": trained[s]["n_train"], "n_test": trained[s]["n_test"],
                           "local": trained[s]["local"],
