@@ -100,6 +100,8 @@ def test_artifacts(car_run):
     rules = (ws / "rules.txt").read_text()
     assert rules.strip() and any(c in rules for c in ("unacc", "acc"))
     assert (ws / "global_tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (ws / "report.html").read_text()  # the run's page: its own tree and accuracy (report_html has the rest)
+    assert page.startswith("<!DOCTYPE html>") and f"{report['global']['accuracy']:.4f}" in page
     one = GlobalTree.load_json(ws / "global_tree_one_round.json")
     assert one.get_n_leaves() == report["one_round"]["n_leaves"]
     # the workspace predicts on raw rows: scripts/predict.py on the server's test set scores as the report says
