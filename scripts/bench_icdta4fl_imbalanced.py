@@ -11,7 +11,8 @@ benchmarked: no installable package ships it and nothing is downloaded.
 Per cell, on the server's global test set, mean over seeds: macro-F1 of the mean local tree, of a centralized
 CART (depth 5, the union of the sites' training rows), of a centralized CART with the global tree's leaf and depth
 budget, and of the refined tree for ``--refine-objective accuracy``, ``balanced`` and ``auto``; accuracy beside them;
-the leaf budget now (2 x the largest selected tree, floored by the median local tree) and before (selected only).
+the leaf budget now (the job's default, ``pipeline.DEFAULT_MAX_LEAVES``) and before issue 24 (the aggregation
+option ``max_leaves="auto"``: 2 x the largest selected tree, floored by the median local tree).
 
 Target (imbalanced data must not collapse to the majority), marked per objective: mean refined macro-F1 >= mean local macro-F1 and >= the
 same-budget centralized CART's minus 0.02.
@@ -108,7 +109,7 @@ def run_one(table, dataset, kind, alpha, n_sites, seed) -> dict:
            "minority_share": float(np.min(np.bincount(y_all)) / len(y_all)), "n_selected": len(selected),
            "mean_local_f1": float(np.mean(local["macro_f1"])), "mean_local_acc": float(np.mean(local["accuracy"])),
            "max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"],
-           "max_leaves_selected_only": 2 * max(trees[i].n_leaves for i in selected)}
+           "max_leaves_auto": 2 * stats["local_max_leaves"]}  # the budget before issue 24 (max_leaves="auto")
     for label, budget in (("central", {"max_depth": MAX_DEPTH}),
                           ("central_budget", {"max_depth": stats["max_depth"], "max_leaf_nodes": stats["max_leaves"]})):
         clf = DecisionTreeClassifier(min_samples_split=default_min_samples_split(len(y_all)), random_state=42,
@@ -135,7 +136,7 @@ def summarise(rows) -> list[dict]:
     for (ds, part, n), rs in cells.items():
         c = {"dataset": ds, "partition": part, "n_sites": n, "n_seeds": len(rs)}
         for f in rs[0]:
-            if f.endswith(("_f1", "_acc", "_leaves", "_share")) or f in ("max_leaves", "max_leaves_selected_only",
+            if f.endswith(("_f1", "_acc", "_leaves", "_share")) or f in ("max_leaves", "max_leaves_auto",
                                                                          "n_selected"):
                 c[f] = float(np.mean([r[f] for r in rs]))
         for objective in refine.OBJECTIVES:
@@ -164,8 +165,9 @@ def markdown(summary, rows, notes, settings) -> str:
              "trees and one-round tree; `auto` grows both and adopts the one the sites' validation rows prefer, "
              "`auto chose bal` = seeds where that was the balanced tree); `central` = CART on the union of the sites' "
              "rows (depth 5), `c-budget` = the same "
-             "with the global tree's leaf and depth budget; `budget` = mean leaf budget now (floored by the median "
-             "local tree) and with the selected trees only (before). Target: refined macro-F1 >= mean local and >= "
+             "with the global tree's leaf and depth budget; `budget` = mean leaf budget now (the job's default, "
+             f"`pipeline.DEFAULT_MAX_LEAVES` = {pipeline.DEFAULT_MAX_LEAVES}) and before issue 24 (`max_leaves=\"auto\"`: "
+             "2 x the largest selected tree, floored by the median local tree). Target: refined macro-F1 >= mean local and >= "
              f"c-budget - {pct(TOLERANCE)} points; **miss** marks a cell below it."]
     lines += [f"{n}." for n in notes]
     lines += ["", "| dataset | partition | sites | minority % | selected | budget (before) | mean local F1 | "
@@ -174,7 +176,7 @@ def markdown(summary, rows, notes, settings) -> str:
               "|" + "---|" * 21]
     for c in summary:
         lines.append(f"| {c['dataset']} | {c['partition']} | {c['n_sites']} | {pct(c['minority_share'])} | "
-                     f"{c['n_selected']:.1f} | {c['max_leaves']:.0f} ({c['max_leaves_selected_only']:.0f}) | "
+                     f"{c['n_selected']:.1f} | {c['max_leaves']:.0f} ({c['max_leaves_auto']:.0f}) | "
                      f"{pct(c['mean_local_f1'])} | {pct(c['central_f1'])} | {pct(c['central_budget_f1'])} | "
                      f"{pct(c['accuracy_f1'])} | {pct(c['balanced_f1'])} | {pct(c['auto_f1'])} | "
                      f"{pct(c['accuracy_acc'])} | {pct(c['balanced_acc'])} | {pct(c['auto_acc'])} | "
@@ -237,7 +239,7 @@ def main(argv=None):
                     print(f"{name} {kind} {n_sites} s{seed}: local F1 {row['mean_local_f1']:.3f} c-budget "
                           f"{row['central_budget_f1']:.3f} acc {row['accuracy_f1']:.3f} bal {row['balanced_f1']:.3f} "
                           f"auto {row['auto_f1']:.3f} "
-                          f"budget {row['max_leaves']} (was {row['max_leaves_selected_only']})", flush=True)
+                          f"budget {row['max_leaves']} (auto {row['max_leaves_auto']})", flush=True)
     command = "python scripts/bench_icdta4fl_imbalanced.py" + (" --quick" if args.quick else "")
     settings = bench_settings(seeds=seeds, sites=sites_list, partitions=[p for p, _ in PARTITIONS], label_alpha=0.5,
                               elapsed_s=round(time.perf_counter() - t0), command=command)
