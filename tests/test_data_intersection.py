@@ -130,6 +130,19 @@ def test_restrict_refuses_ids_the_party_does_not_hold():
 
 
 # -- the items through NVFlare's own DH-PSI (the driver scripts/bench_psi.py times) ---------------------------------
+def _dh_psi(run, attempts=3):
+    """``run()``, again with fresh keys when NVFlare's DhPSIWorkFlow's own check stops it: at a few ids
+    openmined-psi's Bloom filter now and then answers a false positive (measured: about 1 run in 100 at 6-50 ids,
+    whatever the FPR; none in 40 runs at 300), which the workflow detects and raises ('Intersection calculation
+    failed'). Any other error, or a wrong intersection, fails at once."""
+    for attempt in range(attempts):
+        try:
+            return run()
+        except RuntimeError as exc:
+            if "Intersection calculation failed" not in str(exc) or attempt == attempts - 1:
+                raise
+
+
 def test_dh_psi_keeps_exactly_the_items_all_parties_hold_per_kind():
     from flare_helpers import load_script
 
@@ -137,10 +150,10 @@ def test_dh_psi_keeps_exactly_the_items_all_parties_hold_per_kind():
     a = psi_items({"train": ["c1", "c2", "c3", "x9"], "test": ["t1", "c4"]})
     b = psi_items({"train": ["c3", "t1", "c2", "c4"], "test": ["t1", "c1"]})  # train t1 and test c1: other kinds
     c = psi_items({"train": ["c5", "c2", "c3"], "test": ["t1", "x9"]})
-    parties, controller, _ = bench.run_workflow([a, b, c])
+    parties, controller, _ = _dh_psi(lambda: bench.run_workflow([a, b, c]))
     for p in parties.values():
         assert split_items(p.local.kept) == {"train": ["c2", "c3"], "test": ["t1"]}
         assert p.sent > 0 and p.received > 0 and p.seconds["setup"] > 0
     assert len(controller.steps) >= 9  # prepare, two forward rounds of 4 steps, the backward pass
-    row = bench.one_run(60, 2, 0.5, bench.DEFAULT_FPR, seed=1)
+    row = _dh_psi(lambda: bench.one_run(60, 2, 0.5, bench.DEFAULT_FPR, seed=1))
     assert row["intersection"] == 30 and set(row["parties"]) == {"site-1", "site-2"}
