@@ -109,11 +109,14 @@ def test_random_ids_when_the_data_has_none(fed3):
     assert not set(other.server_test.ids) & set(fed3.server_test.ids)
 
 
-def test_the_datas_own_ids_are_kept():
+def test_the_datas_own_id_column_keeps_its_name_but_gets_random_values():
+    """Sequential customer numbers (an embedded data set's, a CSV's) would tell a party the others' private ids."""
     t = table(300, with_ids=True)
     fed = prepare_federation(t, 2, vertical=True, n_passive=1, overlap=0.6, seed=2)
     held = set.union(*train_ids(fed).values()) | set(fed.server_test.ids)
-    assert held <= set(t.ids) and fed.schema.id_column == "cid"
+    assert fed.schema.id_column == "cid" and not held & set(t.ids) and all(HEX_ID.match(i) for i in held)
+    whole = prepare_federation(t, 2, vertical=True, n_passive=1, seed=2)  # overlap 1: the data's own ids, as before
+    assert set.union(*train_ids(whole).values()) <= set(t.ids)
 
 
 def test_default_overlap_is_the_classic_split_byte_for_byte(tmp_path):

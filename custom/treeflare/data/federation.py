@@ -10,9 +10,10 @@ Layout written by :func:`write_federation` (and by ``scripts/prepare_data.py``):
 Vertical with ``overlap`` F < 1 (parties whose customers differ): F is each party's share of its own training
 rows that every party holds. Each party, the label party too, gets the shared rows plus rows no other party has
 (as many as makes the share F), in its own seeded order; every party gets its columns of all the global test
-rows, in its own order. Without an id column the ids are random 16-hex-digit tokens (not row numbers), so a
-party cannot guess the others' private ids from its own. F = 1 is the classic split: the same rows, in the same
-order, ids 0..n-1 when the data has none.
+rows, in its own order. The ids are random 16-hex-digit tokens (not row numbers), so a party cannot guess the
+others' private ids from its own; where the data has an id column it keeps its name and its values are replaced too
+(an embedded data set's, or your CSV's, are often sequential customer numbers, which would tell a party the others'
+ids). F = 1 is the classic split: the same rows, in the same order, the data's own ids, or 0..n-1 when it has none.
 
 The folder is written to a temporary sibling and renamed into place, so a failure never leaves a
 half-written federation. An existing folder is replaced only when asked and only when this module wrote it
@@ -126,10 +127,9 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
 
 
 def _with_ids(table: Table, seed: int, *, random: bool) -> Table:
-    """``table`` with its own id column, else a ``row_id`` one: row numbers, or seeded random tokens."""
-    if table.schema.id_column and table.ids is not None:
-        return table
-    numbered = table.with_row_ids()
+    """``table`` with an id column: its own, else ``row_id``; the values are row numbers (or the data's own) when
+    ``random`` is false, else seeded random tokens (also in place of the data's own values)."""
+    numbered = table if table.schema.id_column and table.ids is not None else table.with_row_ids()
     if not random:
         return numbered
     return Table(numbered.frame, numbered.y, numbered.schema, random_ids(len(numbered), seed), numbered.name)
