@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flare_helpers import (REPO, flare_lock, free_port, isolated_env, kill_token, load_script, processes_with_token,
@@ -172,39 +173,6 @@ def test_icdta4fl_on_the_sites_own_data_discovers_the_schema(poc, tmp_path):
     assert {f"p_{c}" for c in schema["classes"]} <= set(table.columns) and table["explanation"].str.len().min() > 0
 
 
-def _vertical_ready() -> bool:
-    return (REPO / "jobs" / "vertical_tree" / "job.py").is_file() and \
-        (REPO / "custom" / "treeflare" / "flare" / "vertical" / "executor.py").is_file()
-
-
-@pytest.mark.skipif(not _vertical_ready(), reason="the vertical job has not landed")
-def test_vertical_through_poc(poc, tmp_path):
-    """The vertical packed-Paillier job (small data, small test key) through the same POC."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(240, 5))
-    y = X[:, 0] + X[:, 3] - X[:, 4] + 0.3 * rng.normal(size=240) > 0
-    lines = ["uid,f0,f1,f2,f3,f4,target"] + [
-        f"u{i}," + ",".join(f"{v:.5f}" for v in X[i]) + f",{'yes' if y[i] else 'no'}" for i in range(240)]
-    csv = tmp_path / "small.csv"
-    csv.write_text("\n".join(lines) + "\n")
-    ws = poc["root"] / "vertical"
-    t = time.perf_counter()
-    proc = run_cmd(["bash", POC_SH, "run", "vertical_tree", "--model", "gbdt", "--trees", "1", "--csv", str(csv),
-                    "--label", "target", "--id", "uid", "--passive", "2", "--max-depth", "2", "--bins", "8",
-                    "--key-bits", "512", "--allow-insecure-key", "--workers", "1", "--task-timeout", "120",
-                    "--workspace", str(ws)], poc["env"], timeout=300)
-    poc["timings"]["vertical"] = time.perf_counter() - t
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-    r = json.loads((ws / "report.json").read_text())
-    assert r["job"] == "vertical_tree" and r["n_sites"] == 3
-    assert r["sites"] == {"active": "site-1", "passive": ["site-2", "site-3"]}
-    g = r["global"]
-    assert 0.6 < g["accuracy"] <= 1 and 0.6 < g["auc"] <= 1
-    assert r["crypto"]["scheme"] == "paillier" and r["crypto"]["key_bits"] == 512
-
-
 DEPLOY_MD = REPO / "docs" / "DEPLOY.md"
 
 
@@ -260,16 +228,20 @@ def test_running_on_real_sites_as_docs_deploy_writes_it(poc, tmp_path):
         cut = bounds[i] + 3 * len(rows) // 4
         write_bank_csv(horizontal / site / "train.csv", cols, rows=range(bounds[i], cut))
         write_bank_csv(horizontal / site / "test.csv", cols, rows=range(cut, bounds[i + 1]))
-    # vertical: the same 300 people at every party, in the same row order (training compares the parties' ordered
-    # id lists), each party its own columns
-    vertical, people = tmp_path / "vertical", range(600, 900)
+    # vertical: parties whose customers differ, as real ones do: 150 people at every party plus 25 only that party
+    # holds, each party its own columns and its own row order; the PSI phase finds the 150 (and the 75 test people
+    # all hold). This is the issue-22 POC run of PSI on site-bound data.
+    vertical, rng = tmp_path / "vertical", np.random.default_rng(22)
     cols["uid"] = [f"c{i:05d}" for i in range(len(cols["y"]))]
     held = {"site-1": ["uid", "age", "balance", "duration", "y"],
             "site-2": ["uid", "job", "marital", "education", "housing", "loan"],
             "site-3": ["uid", "contact", "month", "campaign", "pdays", "poutcome"]}
-    for site, columns in held.items():
-        write_bank_csv(vertical / site / "train.csv", cols, rows=people[:225], columns=columns)
-        write_bank_csv(vertical / site / "test.csv", cols, rows=people[225:], columns=columns)
+    shared, test_people = list(range(600, 750)), list(range(825, 900))
+    for i, (site, columns) in enumerate(held.items()):
+        own = shared + list(range(750 + 25 * i, 775 + 25 * i))
+        write_bank_csv(vertical / site / "train.csv", cols, rows=rng.permutation(own).tolist(), columns=columns)
+        write_bank_csv(vertical / site / "test.csv", cols, rows=rng.permutation(test_people).tolist(),
+                       columns=columns)
     t0 = time.perf_counter()
     try:
         # step 3: bind each site's data (a default binding, and the named one the vertical job reads)
@@ -358,6 +330,10 @@ def test_running_on_real_sites_as_docs_deploy_writes_it(poc, tmp_path):
         vreport = json.loads((tmp_path / "out" / "vt" / "report.json").read_text())
         assert vreport["sites"] == {"active": "site-1", "passive": ["site-2", "site-3"]}
         assert 0.5 < vreport["global"]["accuracy"] <= 1, vreport["global"]
+        psi = vreport["psi"]
+        assert psi["status"] == "completed" and vreport["n_train"] == len(shared), psi
+        assert all(p["rows_before"] == {"train": 175, "test": 75} and p["rows_after"] == {"train": 150, "test": 75}
+                   for p in psi["parties"].values()) and sorted(psi["parties"]) == sites, psi
         assert "plaintext oracle: not checked" in vt.stdout and "oracle: None" not in vt.stdout
     finally:
         for site in sites:  # the module's other tests read --data-root, which a binding would override
