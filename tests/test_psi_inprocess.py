@@ -72,6 +72,7 @@ class InProcessPSI:
         self.run_root = Path(run_root)
         self.messages = []  # (direction, site, task name, Shareable as it arrived)
         self.panics = []
+        self.warnings = []  # what the server's workflows logged at WARNING
         self.comps = {}
         for site in self.sites:
             comps = {LOCAL_PSI_ID: SiteIds(kinds=kinds, data_root=str(data_root), schema=schema),
@@ -126,6 +127,7 @@ class InProcessPSI:
             wf.get_num_standing_tasks = lambda: 0
             for level in LOGS:
                 setattr(wf, level, lambda *a, **k: None)
+            wf.log_warning = lambda fl_ctx, msg, *a, **k: self.warnings.append(msg)
             wf.system_panic = lambda reason, fl_ctx: (self.panics.append(reason), abort.trigger(reason))
         for wf in workflows:  # as FLARE's ServerRunner: in order, none after a panic
             wf.start_controller(ctx)
@@ -140,6 +142,23 @@ class InProcessPSI:
 
     def tasks_seen(self):
         return {name for _, _, name, _ in self.messages}
+
+    def prepares(self):
+        """Each DH-PSI run's PREPARE stage, in order: (its index in ``messages``, True for the identity check)."""
+        from nvflare.app_common.app_constant import PSIConst
+
+        seen, out = set(), []
+        for n, (d, site, name, m) in enumerate(self.messages):
+            if d == "to_site" and name == protocol.PSI_TASK and m.get(PSIConst.TASK_KEY) == PSIConst.TASK_PREPARE:
+                if site in seen or not out:
+                    seen, out = set(), out + [(n, m.get(protocol.VERIFY_KEY) is True)]
+                seen.add(site)
+        return out
+
+    def main_run(self):
+        """The messages of the first DH-PSI run (before its identity check)."""
+        runs = self.prepares()
+        return self.messages[:runs[1][0]] if len(runs) > 1 else self.messages
 
 
 # ---- what must never cross the server -------------------------------------------------------------------------
@@ -260,9 +279,11 @@ def test_the_workflow_order_reveals_a_pairwise_intersection_to_one_party_and_its
     sizes = [int(v) for d, s, name, m in run.messages if d == "to_server" and name == "PSI"
              for path, kind, v in leaves(dict(m)) if path.endswith("PSI_ITEMS_SIZE")]
     assert sizes[:3] == [130, 130, 135]  # prepare: every party's set size (train + test items)
-    assert sizes[3:] == [100, 90, 90, 90]  # site-2's pairwise intersection, then the final one, three times
+    assert sizes[3:7] == [100, 90, 90, 90]  # site-2's pairwise intersection, then the final one, three times
+    # then the identity check: a constant in every count (VERIFY_ITEMS per set size, pass and final intersection)
+    assert sizes[7:] == [protocol.VERIFY_ITEMS] * 7 and [v for _, v in run.prepares()] == [False, True]
     # the parties learn set sizes too: site-1 its partner's, site-3 (last) site-1's and the size site-2 had left
-    told = [(s, path.rsplit("/", 1)[-1], v) for d, s, name, m in run.messages if d == "to_site" and name == "PSI"
+    told = [(s, path.rsplit("/", 1)[-1], v) for d, s, name, m in run.main_run() if d == "to_site" and name == "PSI"
             for path, kind, v in leaves(dict(m)) if "PSI_ITEMS_SIZE" in path]
     assert ("site-1", "PSI_ITEMS_SIZE", "130") in told
     assert sorted(v for s, key, v in told if s == "site-3") == ["100", "130"]
@@ -371,6 +392,7 @@ def test_a_failing_dh_psi_ends_the_job_with_the_reason_and_nothing_kept(tmp_path
     assert "site-2" in result["error"]
     assert "result" not in result["timings_s"] and "dh_psi" in result["timings_s"]
     assert not list(run.run_root.rglob(INTERSECTION_FILE))
+    assert result["attempts"] == 1 and not run.warnings and len(run.prepares()) == 1  # not a consistency failure
 
 
 def test_prediction_rows_intersect_as_their_own_kind(tmp_path):
@@ -456,3 +478,117 @@ def test_parties_sharing_no_row_fail_with_the_reason_and_keep_nothing(tmp_path):
     assert two.run()["error"] == ("PSI result: the intersection holds 0 train rows, fewer than min_rows 1 "
                                   "(--psi-min-rows); the parties share too few rows to train on")
     assert not list(two.run_root.rglob(INTERSECTION_FILE))
+
+
+# ---- a Bloom-filter false positive: DH-PSI again, with fresh keys -------------------------------------------------
+
+def false_positive(run, site, attempts, swap=False):
+    """From now on, in the DH-PSI runs of the ``attempts`` given (1-based, identity checks not counted), ``site``'s
+    first intersection holds one more of its own items the partner lacks (openmined-psi's false positive), or, with
+    ``swap``, holds it instead of a true one (two false positives whose counts cancel out)."""
+    from nvflare.app_common.app_constant import PSIConst
+
+    handler, started = run.comps[site][DH_PSI_ID], []
+    start_run = handler.start_run
+
+    def counting_start(shareable, fl_ctx):
+        start_run(shareable, fl_ctx)
+        if not handler.verifying:
+            started.append(len(started) + 1)
+
+    def calculate(shareable):
+        if handler.verifying or not started or started[-1] not in attempts or started[-1] in faked:
+            return MeteredDhPSITaskHandler.calculate_intersection(handler, shareable)
+        faked.add(started[-1])
+        found = handler.psi_client.get_intersection(shareable.get(PSIConst.RESPONSE_MSG))
+        extra = next(i for i in handler.psi_client.items if i not in found)
+        handler.intersects = (found[1:] if swap else found) + [extra]
+        handler.local_psi_handler.save(handler.intersects)
+        reply = Shareable()
+        reply[PSIConst.ITEMS_SIZE] = len(handler.intersects)
+        return reply
+
+    faked = set()
+    handler.start_run, handler.calculate_intersection = counting_start, calculate
+    return faked
+
+
+def prepare_sizes(run):
+    """Each DH-PSI run's PREPARE replies: the set size each site reports, in order of the runs."""
+    runs = [n for n, _ in run.prepares()] + [len(run.messages)]
+    return [sorted([int(v) for d, s, name, m in run.messages[a:b] if d == "to_server" and name == protocol.PSI_TASK
+                    for path, kind, v in leaves(dict(m)) if path.endswith("PSI_ITEMS_SIZE")][:len(SITES)])
+            for a, b in zip(runs, runs[1:])]
+
+
+def assert_exact(run, result, held):
+    assert result["status"] == "completed", result
+    for site in SITES:
+        assert run.kept(site) == {k: true_intersection(held, k) for k in ("train", "test")}
+    assert not run.panics
+
+
+def test_a_false_positive_fails_nvflares_check_and_the_retry_starts_clean_at_every_site(tmp_path):
+    """Equal set sizes: site-1 is the DH "server" of the first pass and intersects only in the backward pass, where
+    one more id makes its count differ from the others'. Attempt 2 must start from every party's own ids: NVFlare's
+    handler would otherwise give its last intersection as its items."""
+    held = three_parties(tmp_path / "data")
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    faked = false_positive(run, "site-1", attempts={1})
+    result = run.run()
+    assert faked == {1}
+    assert_exact(run, result, held)
+    assert result["attempts"] == 2 and len(result["failed_attempts"]) == 1, result
+    assert "attempt 1: Intersection calculation failed: the intersection sizes from all sites must be equal" in \
+        result["failed_attempts"][0]
+    assert len(run.warnings) == 1 and "attempt 1 of 3 failed its consistency check" in run.warnings[0]
+    assert [v for _, v in run.prepares()] == [False, False, True]  # attempt 1, attempt 2, its identity check
+    assert prepare_sizes(run)[:2] == [[120, 120, 120]] * 2  # attempt 2: every party's own ids again, not a result
+    discard = [n for n, (d, s, name, m) in enumerate(run.messages) if name == protocol.TASK_DISCARD and d == "to_site"]
+    assert len(discard) == len(SITES) and discard[-1] < run.prepares()[1][0]  # the failed attempt's files: deleted
+    assert result["intersection_size"] == 90 and all(p["rows_after"] == {"train": 70, "test": 20}
+                                                     for p in result["parties"].values())
+
+
+def test_false_positives_whose_counts_cancel_out_are_caught_by_the_identity_check(tmp_path):
+    """site-1 keeps an id of its own instead of a shared one: every count NVFlare checks is right, the sets are not;
+    the identity check (DH-PSI on ``protocol.verification_items``) sees it and the attempt is retried."""
+    held = three_parties(tmp_path / "data")
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    false_positive(run, "site-1", attempts={1}, swap=True)
+    result = run.run()
+    assert_exact(run, result, held)
+    assert result["attempts"] == 2, result
+    assert result["failed_attempts"][0].startswith("attempt 1: the parties' intersections are not one set"), result
+    assert [v for _, v in run.prepares()] == [False, True, False, True]
+    every_id = {i for h in held.values() for ids in h.values() for i in ids}
+    assert leaked(all_leaves(run.messages), every_id) == []  # the identity check leaks no id or hash of one either
+
+
+def test_a_false_positive_in_every_attempt_ends_the_job_after_three_with_nothing_kept(tmp_path):
+    three_parties(tmp_path / "data", n_shared=20, n_own=5, n_test=5)
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    false_positive(run, "site-1", attempts={1, 2, 3})
+    result = run.run()
+    assert result["status"] == "failed" and result["attempts"] == 3 and len(result["failed_attempts"]) == 3, result
+    assert result["error"].startswith("DH-PSI failed: its intersections disagreed in all 3 attempts, each with fresh "
+                                      "keys"), result
+    assert "last: Intersection calculation failed" in result["error"] and run.panics == [result["error"]]
+    assert len(run.warnings) == 2 and len(run.prepares()) == 3
+    assert "result" not in result["timings_s"] and not list(run.run_root.rglob(INTERSECTION_FILE))
+
+
+def test_a_new_dh_psi_run_deletes_what_an_earlier_one_left_at_the_site(tmp_path):
+    from nvflare.app_common.app_constant import PSIConst
+
+    three_parties(tmp_path / "data", n_shared=5, n_own=1, n_test=2)
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs")
+    site, ctx = "site-1", run.site_ctx("site-1")
+    executor, handler = run.comps[site]["psi"], run.comps[site][DH_PSI_ID]
+    executor.initialize(ctx)
+    run.comps[site][LOCAL_PSI_ID].save(["train:stale"])
+    handler.intersects = ["train:stale"]
+    reply = executor.execute("PSI", Shareable({PSIConst.TASK_KEY: PSIConst.TASK_PREPARE,
+                                               PSIConst.BLOOM_FILTER_FPR: 1e-11}), ctx, Signal())
+    assert reply["DXO"]["data"][PSIConst.ITEMS_SIZE] == 8 and handler.intersects is None
+    assert not list(run.run_root.rglob(INTERSECTION_FILE))

@@ -4,7 +4,8 @@
    ends ``failed`` naming the site and the redacted reason, before any PSI message) and reports its rows per kind;
    a party with fewer training rows than ``min_rows`` ends it too (the intersection could not hold more).
 2. :class:`MeteredDhPSIController` -- NVFlare's ``DhPSIController`` (the DH-PSI workflow itself), polling its tasks
-   more often, timed, and ending the job with a clear reason (and the result file) if it fails.
+   more often, timed, retried with fresh keys when its own consistency check fails, followed by an identity check
+   of the intersections, and ending the job with a clear reason (and the result file) if it fails.
 3. :class:`PsiResultController` -- every site reports the rows it kept per kind and what PSI cost it; all parties
    must have kept the same numbers, and at least ``min_rows`` training rows. On a failure the sites delete their
    intersection. Writes ``psi_result.json`` (``protocol.RESULT_FILE``) in the server's run folder.
@@ -12,6 +13,26 @@
 The result file is written whatever happens: by the phase that failed, or by the result phase. The server handles
 row counts, seconds and byte counts only: the ids stay at the sites, and DH-PSI's messages carry only values
 encrypted under keys the server never holds.
+
+**False positives.** openmined-psi's Bloom filter, at a handful of ids, puts an id into a pass's intersection that
+the partner does not hold in about 1 run in 100, whatever the configured rate. Let T be the true intersection of
+three parties in NVFlare's order (P0 the DH "server" of P1, then P1 of P2; P2 the server of the backward pass):
+P1 gets I1 = (S0 & S1) + F1, P2 gets I2 = (S2 & I1) + F2, then P0 keeps B0 = (S0 & I2) + G0, P1 keeps
+B1 = (I1 & I2) + G1 and P2 keeps I2 (F, G: false positives, never items the partner holds). NVFlare checks
+|I2| <= |I1| and |B0| = |B1| = |I2|. One false positive either drops out (F1 outside S2: B0 = B1 = I2 = T) or breaks
+a count (F1 in S2 or F2: |B0| or |B1| is |I2| - 1; G: |B| = |I2| + 1): NVFlare's check fails and the attempt is
+retried (:data:`MAX_ATTEMPTS`, fresh keys: NVFlare makes new ones at every setup, our handler starts clean at every
+``PREPARE``, and the sites delete the failed attempt's intersection). But two can cancel out: F2 = {x} with x in
+S0 & S2 and not in S1, and G1 = {g}, give B0 = I2 = T + {x}, B1 = T + {g}: equal counts, different sets (two
+parties: F1 = {y}, G0 = {g}, likewise). No count of these passes tells that apart, so after every attempt that
+passes NVFlare's checks the sites run DH-PSI once more, on ``protocol.verification_items`` of the set each keeps
+(``VERIFY_ITEMS`` strings derived from the whole set): equal sets give the same items, and since a false positive
+is only ever an item the partner lacks, every pass then keeps all of them; different sets share none, and all of
+them would have to be false positives to pass. Every count must be ``VERIFY_ITEMS``, else the attempt is retried.
+What this adds to the leaks: the server sees the same kind of blinded DH-PSI messages, of items it cannot invert,
+and counts equal to a constant; a party learns whether its set is every other's. A retry reveals what the attempt
+it replaces would have (the same sets, the same order); a failed attempt's false positive told its receiver that an
+id of its own was in the partner's set, which the retry's true answer then contradicts, about its own id.
 """
 
 from __future__ import annotations
@@ -23,17 +44,23 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 from nvflare.apis.dxo import from_shareable
+from nvflare.app_common.app_constant import PSIConst
 from nvflare.app_common.psi.dh_psi.dh_psi_controller import DhPSIController
+from nvflare.app_common.psi.dh_psi.dh_psi_workflow import DhPSIWorkFlow
 from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 
 from ...data.intersection import DEFAULT_MIN_ROWS
 from ...reporting import write_json_atomic
 from ..workflow import JobFailed, ResultWorkflow, poll_often
-from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, PsiProtocolError, check_kinds,
-                       check_reply, check_result_reply, request, run_dir_of)
+from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_ITEMS, VERIFY_KEY,
+                       PsiProtocolError, check_kinds, check_reply, check_result_reply, request, run_dir_of)
 
 PHASE_PROP = "treeflare.psi.phase"  # what the three workflows hand on to each other (a sticky, private prop)
 TASK_CHECK_PERIOD = 0.02  # the phase is a chain of short tasks: look for finished ones often
+# DH-PSI attempts before the job fails. Attempts fail independently (fresh keys), each with the ~1-2.5% measured at
+# a handful of ids, so three all fail about once in 10^5 jobs or fewer; a failure that repeats (not chance: a bug,
+# or a party that changes its answers) still ends the job after three runs of DH-PSI, not an unbounded number.
+MAX_ATTEMPTS = 3
 
 
 def check_min_rows(min_rows) -> int:
@@ -213,8 +240,51 @@ class PromptBroadcastAndWait(BroadcastAndWait):
         client_task.result = None
 
 
+class PsiInconsistent(RuntimeError):
+    """A DH-PSI run whose intersections do not agree (NVFlare's own consistency check, or our identity check): a
+    Bloom-filter false positive, so another attempt with fresh keys may succeed."""
+
+
+class CheckedDhPSIWorkFlow(DhPSIWorkFlow):
+    """NVFlare's DH-PSI workflow, telling its consistency failures (:class:`PsiInconsistent`) from any other error,
+    and telling the sites at ``PREPARE`` whether this run is the identity check (``verify``)."""
+
+    def __init__(self, verify: bool = False):
+        super().__init__()
+        self.verify = bool(verify)
+
+    def prepare_sites(self, abort_signal):
+        # NVFlare's prepare_sites, with VERIFY_KEY in the PREPARE task and our prompt BroadcastAndWait
+        inputs = Shareable()
+        inputs[PSIConst.TASK_KEY] = PSIConst.TASK_PREPARE
+        inputs[PSIConst.BLOOM_FILTER_FPR] = self.bloom_filter_fpr
+        inputs[VERIFY_KEY] = self.verify
+        bop = PromptBroadcastAndWait(self.fl_ctx, self.controller)
+        results = bop.broadcast_and_wait(task_name=self.task_name, task_input=inputs, fl_ctx=self.fl_ctx,
+                                         targets=None, min_responses=len(self.fl_ctx.get_engine().get_clients()),
+                                         abort_signal=abort_signal)
+        if not results:
+            abort_signal.trigger("no items to perform PSI")
+            raise RuntimeError("There is no item to perform PSI calculation")
+        self.ordered_sites = self.get_ordered_sites(results)
+
+    def check_processed_sites(self, last_site, processed_sites):
+        try:
+            super().check_processed_sites(last_site, processed_sites)
+        except RuntimeError as exc:
+            raise PsiInconsistent(" ".join(str(exc).split())) from exc
+
+    def check_final_intersection_sizes(self, intersect_site):
+        try:
+            super().check_final_intersection_sizes(intersect_site)
+        except RuntimeError as exc:
+            raise PsiInconsistent(" ".join(str(exc).split())) from exc
+
+
 class MeteredDhPSIController(DhPSIController):
-    """NVFlare's DH-PSI workflow: polled every ``task_check_period`` seconds, timed, and failing cleanly."""
+    """NVFlare's DH-PSI workflow: polled every ``task_check_period`` seconds, timed, retried on a consistency
+    failure (module docstring), checked for identical intersections, and failing cleanly. ``psi_result.json`` gets
+    ``attempts`` and, per failed attempt, why (``failed_attempts``)."""
 
     def __init__(self, sites: list | None = None, kinds=("train", "test"), min_rows: int = DEFAULT_MIN_ROWS,
                  task_timeout: int = 600, task_check_period: float = TASK_CHECK_PERIOD):
@@ -235,35 +305,87 @@ class MeteredDhPSIController(DhPSIController):
         dh_psi_workflow.BroadcastAndWait = PromptBroadcastAndWait  # the name the workflow's module calls
         super().start_controller(fl_ctx)
 
+    def load_psi_workflow(self, fl_ctx, verify: bool = False) -> CheckedDhPSIWorkFlow:
+        workflow = CheckedDhPSIWorkFlow(verify=verify)
+        workflow.initialize(fl_ctx, controller=self)
+        return workflow
+
+    def _attempt(self, abort_signal, fl_ctx) -> None:
+        """One DH-PSI run from the parties' ids (``main_workflow``), then the identity check."""
+        self.psi_workflow = self.main_workflow = self.load_psi_workflow(fl_ctx)
+        super().control_flow(abort_signal, fl_ctx)
+        if abort_signal is not None and abort_signal.triggered:
+            return
+        self.psi_workflow = check = self.load_psi_workflow(fl_ctx, verify=True)
+        not_one_set = "the parties' intersections are not one set (equal counts, different ids)"
+        try:
+            super().control_flow(abort_signal, fl_ctx)
+        except PsiInconsistent as exc:  # different sets share no verification item: a pass came back short
+            raise PsiInconsistent(f"{not_one_set}: the identity check: {exc}") from exc
+        if abort_signal is not None and abort_signal.triggered:
+            return
+        missing = sorted(set(self.sites) - {site.name for site in check.ordered_sites})
+        if missing:
+            raise RuntimeError(f"the identity check of the intersections got no set size from {', '.join(missing)} "
+                               f"(see that site's log)")
+        counts = {**{s.name: s.size for s in check.ordered_sites}, **check.forward_processed,
+                  **check.backward_processed}
+        if any(n != VERIFY_ITEMS for n in counts.values()):
+            raise PsiInconsistent(f"{not_one_set}: {VERIFY_ITEMS} items of each party's set expected in every pass of the identity "
+                                  f"check, got {counts}")
+
     def control_flow(self, abort_signal, fl_ctx):
         result = phase_state(fl_ctx, self.sites, self.kinds, self.min_rows)
         start = time.perf_counter()
         error = None
+        failed = result.setdefault("failed_attempts", [])
         try:
-            super().control_flow(abort_signal, fl_ctx)
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                result["attempts"] = attempt
+                try:
+                    self._attempt(abort_signal, fl_ctx)
+                    break
+                except PsiInconsistent as exc:
+                    failed.append(f"attempt {attempt}: {str(exc)[:500]}")
+                    self._discard(fl_ctx, abort_signal)  # its intersections are never used
+                    if attempt == MAX_ATTEMPTS:
+                        raise JobFailed(f"DH-PSI failed: its intersections disagreed in all {MAX_ATTEMPTS} attempts, "
+                                        f"each with fresh keys (not a Bloom-filter false positive by chance: a "
+                                        f"party whose ids or answers change?); last: {str(exc)[:1000]}") from exc
+                    self.log_warning(fl_ctx, f"PSI: DH-PSI attempt {attempt} of {MAX_ATTEMPTS} failed its "
+                                             f"consistency check ({str(exc)[:500]}); again with fresh keys")
+                    if abort_signal is not None and abort_signal.triggered:
+                        break
             if abort_signal is not None and abort_signal.triggered:
                 error = "DH-PSI was aborted (see the server log)"
+        except JobFailed as exc:
+            error = str(exc)
+            self.log_error(fl_ctx, error)
         except KeyError as exc:  # NVFlare's workflow reads each site's result without looking: one was missing
-            error = f"DH-PSI failed: no result from {exc} (it failed or stopped; see that site's log)"
+            error = self._explained(f"DH-PSI failed: no result from {exc} (it failed or stopped; see that site's log)")
             self.log_error(fl_ctx, f"{error}\n{traceback.format_exc()}")
             self._discard(fl_ctx, abort_signal)
         except Exception as exc:  # noqa: BLE001 -- NVFlare's workflow fails by raising; the report must say why
-            error = f"DH-PSI failed: {type(exc).__name__}: {str(exc)[:1000]}"
+            error = self._explained(f"DH-PSI failed: {type(exc).__name__}: {str(exc)[:1000]}")
             self.log_error(fl_ctx, f"{error}\n{traceback.format_exc()}")
             self._discard(fl_ctx, abort_signal)
         finally:
             result["timings_s"]["dh_psi"] = time.perf_counter() - start
-        passes = getattr(getattr(self, "psi_workflow", None), "forward_processed", None) or {}
-        if error and 0 in passes.values():  # NVFlare's handler cannot go on from an empty set: say what happened
-            error = ("PSI: the parties share no rows (a pass's intersection was already empty, and NVFlare's "
-                     f"DH-PSI stops there: {error})")
         if error:
             result["status"], result["error"] = "failed", error
             write_json_atomic(run_dir_of(fl_ctx) / RESULT_FILE, result)
             self.system_panic(error, fl_ctx)
 
+    def _explained(self, error: str) -> str:
+        """``error``, saying what happened when a pass's intersection was empty (NVFlare's handler cannot go on)."""
+        passes = getattr(getattr(self, "main_workflow", None), "forward_processed", None) or {}
+        if 0 in passes.values():
+            return ("PSI: the parties share no rows (a pass's intersection was already empty, and NVFlare's "
+                    f"DH-PSI stops there: {error})")
+        return error
+
     def _discard(self, fl_ctx, abort_signal) -> None:
-        """The sites delete what DH-PSI's passes saved (a phase that failed keeps nothing)."""
+        """The sites delete what DH-PSI's passes saved (a failed attempt or phase keeps nothing)."""
         try:
             task = Task(name=TASK_DISCARD, data=Shareable({"request": request(self.kinds)}),
                         timeout=min(self.task_timeout, 60))

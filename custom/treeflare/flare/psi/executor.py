@@ -6,7 +6,8 @@ tasks.
   checked by ``data.intersection.check_ids``); ``save()`` keeps the intersection in the site's run folder
   (``protocol.intersection_dir``), never anywhere else.
 * :class:`MeteredDhPSITaskHandler` -- NVFlare's ``DhPSITaskHandler``, counting the seconds this site spends in
-  PSI tasks and the bytes of the PSI messages it receives and sends.
+  PSI tasks and the bytes of the PSI messages it receives and sends; every DH-PSI run (an attempt, or the identity
+  check after one: ``controller``) starts clean at its ``PREPARE`` stage.
 * :class:`PsiSiteExecutor` -- our tasks around DH-PSI: the check before it (so a duplicate id never reaches
   NVFlare's own uniqueness check, whose error quotes the duplicates), the result after it, and the discard
   when the phase fails after DH-PSI.
@@ -18,6 +19,7 @@ import time
 
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.app_common.app_constant import PSIConst
 from nvflare.app_common.psi.psi_spec import PSI
 from nvflare.app_opt.psi.dh_psi.dh_psi_task_handler import DhPSITaskHandler
 
@@ -26,8 +28,8 @@ from ...data.federation import read_partition
 from ...data.intersection import INTERSECTION_FILE, check_ids, psi_items, read_intersection, write_intersection
 from ..site_config import load_binding
 from ..site_executor import SiteExecutor
-from .protocol import (TASK_CHECK, TASK_DISCARD, TASK_RESULT, PsiProtocolError, check_kinds, check_request,
-                       intersection_dir, result_reply, run_dir_of)
+from .protocol import (TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_KEY, PsiProtocolError, check_kinds,
+                       check_request, intersection_dir, result_reply, run_dir_of, verification_items)
 
 LOCAL_PSI_ID = "treeflare_local_psi"
 DH_PSI_ID = "treeflare_dh_psi"
@@ -99,6 +101,23 @@ class SiteIds(PSI):
         site = self.fl_ctx.get_identity_name()
         write_intersection(intersection_dir(run_dir_of(self.fl_ctx)), self.intersection, site=site)
 
+    def kept_items(self, fl_ctx) -> list[str]:
+        """The items of the intersection this party keeps (its ``intersection.json``)."""
+        site = fl_ctx.get_identity_name()
+        return psi_items(read_intersection(intersection_dir(run_dir_of(fl_ctx)), site=site))
+
+    def forget(self, fl_ctx) -> None:
+        """Delete what an earlier DH-PSI attempt saved: a new one starts from nothing."""
+        self.intersection = None
+        delete_intersection(run_dir_of(fl_ctx))
+
+
+def delete_intersection(run_dir) -> None:
+    folder = intersection_dir(run_dir)
+    (folder / INTERSECTION_FILE).unlink(missing_ok=True)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
 
 def payload_bytes(value) -> int:
     """The bytes of the PSI messages in ``value`` (bytes and strings, in dicts, lists, sets: the protobufs and
@@ -121,18 +140,44 @@ def psi_message_bytes(shareable) -> int:
 
 
 class MeteredDhPSITaskHandler(DhPSITaskHandler):
-    """NVFlare's DH-PSI task handler, metered: seconds in PSI tasks, bytes of PSI messages in and out."""
+    """NVFlare's DH-PSI task handler, metered (seconds in PSI tasks, bytes of PSI messages in and out), and reset
+    at each DH-PSI run's ``PREPARE`` stage: NVFlare's handler keeps its last pass's intersection (``intersects``,
+    which ``get_items()`` then returns instead of the party's ids), its items and its PSI client and server, so a
+    second run in the same job would start from the first one's result. An attempt starts from the party's own ids
+    and deletes any intersection an earlier attempt saved; the identity check (``VERIFY_KEY`` set) starts from
+    ``protocol.verification_items`` of the intersection this party keeps, and saves nothing."""
 
     def __init__(self, local_psi_id: str = LOCAL_PSI_ID):
         super().__init__(local_psi_id)
         self.seconds = 0.0
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.verifying = False
+
+    def start_run(self, shareable, fl_ctx) -> None:
+        self.intersects, self.items, self.psi_client, self.psi_server = None, None, None, None
+        self.verifying = shareable.get(VERIFY_KEY) is True
+        if self.verifying:
+            if not isinstance(self.local_psi_handler, SiteIds):
+                raise PsiProtocolError("the identity check of the intersections needs treeflare's PSI component")
+            self.items = verification_items(self.local_psi_handler.kept_items(fl_ctx))
+        elif isinstance(self.local_psi_handler, SiteIds):
+            self.local_psi_handler.forget(fl_ctx)
+
+    def calculate_intersection(self, shareable: Shareable):
+        if not self.verifying:
+            return super().calculate_intersection(shareable)
+        self.intersects = self.psi_client.get_intersection(shareable.get(PSIConst.RESPONSE_MSG))
+        result = Shareable()
+        result[PSIConst.ITEMS_SIZE] = len(self.intersects)  # the identity check's result is this count only
+        return result
 
     def execute_task(self, task_name, shareable, fl_ctx, abort_signal):
         start = time.perf_counter()
         try:
             self.bytes_received += psi_message_bytes(shareable)
+            if task_name == PSIConst.TASK and shareable.get(PSIConst.TASK_KEY) == PSIConst.TASK_PREPARE:
+                self.start_run(shareable, fl_ctx)
             result = super().execute_task(task_name, shareable, fl_ctx, abort_signal)
             self.bytes_sent += psi_message_bytes(result)
             return result
@@ -186,9 +231,6 @@ class PsiSiteExecutor(SiteExecutor):
         return reply
 
     def _discard(self, site: str, task: Shareable, fl_ctx) -> Shareable:
-        folder = intersection_dir(run_dir_of(fl_ctx))
-        (folder / INTERSECTION_FILE).unlink(missing_ok=True)
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-        self.log_info(fl_ctx, f"{site}: the PSI phase failed; its intersection is deleted")
+        delete_intersection(run_dir_of(fl_ctx))
+        self.log_info(fl_ctx, f"{site}: a PSI attempt or the phase failed; its intersection is deleted")
         return make_reply(ReturnCode.OK)

@@ -5,11 +5,15 @@ party keeps its intersection, and the checks of the small dicts our tasks exchan
   read and checked its ids (``data.intersection.check_ids``) or replied an error naming itself, never an id;
 * ``TASK_RESULT`` (after DH-PSI): request ``{"kinds": [...]}``; reply ``{"rows_after": {kind: n}, "seconds": s,
   "bytes_sent": b, "bytes_received": b}`` -- what the site kept and what PSI cost it;
-* ``TASK_DISCARD`` (only when the phase fails after DH-PSI): the site deletes its intersection; reply empty.
+* ``TASK_DISCARD`` (when the phase fails after DH-PSI, and between DH-PSI attempts): the site deletes its
+  intersection; reply empty;
+* ``VERIFY_KEY`` (a field of DH-PSI's own ``PREPARE`` stage): true when the DH-PSI run that starts is the identity
+  check of the intersections (``controller`` says why), whose items are :func:`verification_items`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -23,6 +27,10 @@ RESULT_FILE = "psi_result.json"
 JOB_NAME = "psi"
 FOLDER = "psi"
 MAX_ROWS = 10**9  # a count above this is not a count a site could have sent honestly
+VERIFY_KEY = "treeflare_psi_verify"
+# Items each party puts into the identity check. Parties whose intersections differ share none of them, so the check
+# passes only if every one is a Bloom-filter false positive: at the ~1% per item seen with tiny sets, 1e-64.
+VERIFY_ITEMS = 32
 
 
 class PsiProtocolError(ValueError):
@@ -32,6 +40,15 @@ class PsiProtocolError(ValueError):
 def intersection_dir(run_dir) -> Path:
     """Where a party keeps its intersection: ``<the site's run folder of the job>/psi/`` (``intersection.json``)."""
     return Path(run_dir) / FOLDER
+
+
+def verification_items(items) -> list[str]:
+    """What a party puts into the identity check: ``VERIFY_ITEMS`` strings derived from its whole intersection
+    (sorted), equal at two parties exactly when their intersections are. They cross the server only as DH-PSI
+    items do, blinded under keys the sites hold; the server never sees them, nor the digest they come from."""
+    text = "\n".join(["treeflare.psi.intersection"] + sorted(str(i) for i in items))  # never a bare id's hash
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return [hashlib.sha256(f"treeflare.psi.verify:{j}:{digest}".encode()).hexdigest() for j in range(VERIFY_ITEMS)]
 
 
 def run_dir_of(fl_ctx) -> Path:
