@@ -121,6 +121,30 @@ def test_one_vs_rest_split_under_a_small_budget_and_its_rest_kept_across_rounds(
     assert leaf.n_nodes == 1
 
 
+def test_a_kept_one_vs_rest_node_is_charged_two_outcomes_in_later_rounds():
+    """Issue 24: adult ID3 reached 33 outcomes of 32 in rounds 2-3, a one-vs-rest node kept from round 1 priced as
+    one outcome. Code 5 of 10 holds classes 1 and 2 (split by x0 at 0.5), every other code class 0."""
+    rng = np.random.default_rng(0)
+    x0, x1 = rng.uniform(size=3000), rng.integers(0, 10, 3000).astype(float)
+    X, y = np.column_stack([x0, x1]), np.where(x1 == 5, np.where(x0 < 0.5, 1, 2), 0)
+    kinds, n_cat = ["numeric", "categorical"], [None, 10]
+    stump = fit_id3(X, y, n_classes=3, feature_kinds=kinds, n_categories=n_cat, max_depth=0)
+    local = fit_id3(X, y, n_classes=3, feature_kinds=kinds, n_categories=n_cat, max_depth=2)  # x0's thresholds
+    cands = refine.candidates_from_trees([local], feature_kinds=kinds, n_categories=n_cat, bounds=None)
+    for budget in (2, 3):
+        tree = stump
+        for _ in range(3):
+            plan = refine.plan_round(tree, cands)
+            summed = refine.count_vector(tree, cands, plan, X, y).astype(float)
+            tree, _ = refine.refine_tree(tree, cands, plan, summed, max_leaves=budget, collapse=False)
+            assert refine.within_budget(tree, max_leaves=budget), (budget, refine.n_outcomes(tree))
+        # round 1 splits code 5 off (2 outcomes); with 3, a later round splits its child by x0. A re-split of the
+        # kept root is priced with the rows that stop there (its histogram holds only code 5's): without that, the
+        # root became an x0 split on code 5's counts alone, 10% accurate
+        assert tree.kind[0] == CATEGORICAL and list(tree.split_points[0]) == [5.0]
+        assert np.mean(tree.predict(X) == y) == pytest.approx(0.95 if budget == 2 else 1.0, abs=0.01)
+
+
 def test_front_script_quick(tmp_path):
     front = load_script("scripts/bench_icdta4fl_front.py", "bench_icdta4fl_front")
     summary = front.main(["--quick", "--out", str(tmp_path)])

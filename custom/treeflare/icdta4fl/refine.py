@@ -212,6 +212,13 @@ def _n_outcomes(split) -> int:
     return len(split[4]) + (1 if split[2] == CATEGORICAL and len(split[4]) == 1 else 0)
 
 
+def _own_outcome(tree: Tree, v: int) -> int:
+    """1 where a kept internal node is an outcome of its own (one-vs-rest, as ``n_outcomes`` counts it), else 0: a
+    one-vs-rest split kept from an earlier round costs its rest as when it was made (issue 24: adult ID3 reached
+    33 outcomes of 32 in rounds 2-3 when kept nodes were priced by their children alone)."""
+    return int(tree.kind[v] == CATEGORICAL and len(tree.split_points[v]) == 1)
+
+
 class _Nodes:
     """A tree as growable lists (children are appended, so they keep larger indices than their parent)."""
 
@@ -313,6 +320,7 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
     # leaves and 1.2 points below a centralized CART); the weight keeps the whole tree's Gini under one error
     tie = 0.5 / max(float(relabelled.counts[0].sum()), 1.0)
     # node -> (training errors as a leaf, candidate new splits, errors of the rows that stop at its split)
+    unseen = _unseen_mass(relabelled)
     options = {}
     for v in range(relabelled.n_nodes):
         counts = relabelled.counts[v]
@@ -322,7 +330,7 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
             splits = [o for o in _split_options(node_hist[v], candidates, used[v], min_child)
                       if o[0] * counts.sum() > 1e-9 * max(counts.sum(), 1.0)]
         stop_cost = _stop_cost(stops[v][0], counts, tie) if v in stops and relabelled.children[v] is not None else 0.0
-        options[v] = (leaf_cost, splits, stop_cost)
+        options[v] = (leaf_cost, splits, stop_cost, unseen[v])
     plan_of = _knapsack(relabelled, options, budget, tie)
     b_root = int(np.argmin(np.round(plan_of[0][0], 9))) + 1  # fewest leaves among the best
     grown, known_total, n_split = _apply_choices(relabelled, candidates, options, plan_of, b_root)
@@ -387,6 +395,17 @@ def _stop_mass(tree: Tree) -> dict:
     return out
 
 
+def _unseen_mass(tree: Tree) -> np.ndarray:
+    """Per node: the training rows that stop at it or at an internal node below it (``_stop_mass``). The sites'
+    histograms hold only the rows that reach a leaf, so a node's histogram (its leaves' sum) lacks these."""
+    stops = _stop_mass(tree)
+    out = np.zeros(tree.n_nodes)
+    for v in range(tree.n_nodes - 1, -1, -1):  # children have larger indices
+        kids = tree.children[v]
+        out[v] = (float(stops[v][0].sum()) if v in stops else 0.0) + (0.0 if kids is None else out[kids].sum())
+    return out
+
+
 def _minplus(a: np.ndarray, b: np.ndarray, cap: int):
     """c[k] = min over i + j = k (as leaf counts: (i+1) + (j+1) = k+1+1) of a[i] + b[j], with the argmin i."""
     n = min(len(a) + len(b) - 1, cap)
@@ -406,7 +425,7 @@ def _knapsack(tree: Tree, options: dict, budget: int, tie: float = 0.0) -> dict:
     split i of the node's options, and for keep, the argmin arrays of the children's budget split)."""
     out = {}
     for v in range(tree.n_nodes - 1, -1, -1):
-        leaf_cost, splits, stop_cost = options[v]
+        leaf_cost, splits, stop_cost, unseen = options[v]
         f = np.array([leaf_cost])
         how = np.zeros(1, dtype=np.int8)
         merges = None
@@ -415,7 +434,8 @@ def _knapsack(tree: Tree, options: dict, budget: int, tie: float = 0.0) -> dict:
             for c in tree.children[v][1:]:
                 acc, arg = _minplus(acc, out[int(c)][0], budget)
                 merges.append(arg)
-            keep = np.concatenate([[np.inf] * (len(tree.children[v]) - 1), acc + stop_cost])[:budget]
+            fixed = len(tree.children[v]) - 1 + _own_outcome(tree, v)  # outcomes beyond the children's one each
+            keep = np.concatenate([[np.inf] * fixed, acc + stop_cost])[:budget]
             f = np.concatenate([f, np.full(len(keep) - 1, np.inf)]) if len(keep) > 1 else f
             how = np.zeros(len(f), dtype=np.int8)
             better = keep < f - 1e-9
@@ -424,7 +444,10 @@ def _knapsack(tree: Tree, options: dict, budget: int, tie: float = 0.0) -> dict:
             k = _n_outcomes(split)
             if k <= budget:
                 node_total = np.sum(split[4], axis=0) + split[5]  # what the node predicts rows that stop there
-                cost = float(np.sum([_cost(g, tie) for g in split[4]]) + _stop_cost(split[5], node_total, tie))
+                # rows missing from the node's histogram (they stop below it) counted wrong: an upper bound, so a
+                # re-split of a kept one-vs-rest node is not priced on its one child's rows alone
+                cost = float(np.sum([_cost(g, tie) for g in split[4]]) + _stop_cost(split[5], node_total, tie)
+                             + unseen)
                 if len(f) < k:
                     f = np.concatenate([f, np.full(k - len(f), np.inf)])
                     how = np.concatenate([how, np.zeros(k - len(how), dtype=np.int8)])
@@ -467,7 +490,7 @@ def _apply_choices(tree: Tree, candidates: SplitCandidates, options: dict, plan_
             n_split += 1
         else:  # keep the split: unwind the children's budget split
             kids = [int(c) for c in tree.children[v]]
-            rest_b = b - 1 - (len(kids) - 1)  # index into the merged array
+            rest_b = b - 1 - (len(kids) - 1) - _own_outcome(tree, v)  # index into the merged array
             budgets = []
             for c, arg in zip(kids[:0:-1], merges[::-1]):
                 i = int(arg[rest_b])
