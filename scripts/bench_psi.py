@@ -50,24 +50,8 @@ GOAL = {"ids": 1_000_000, "parties": 2, "seconds": 60.0}
 
 from treeflare.data.intersection import psi_items  # noqa: E402
 from treeflare.data.partition import random_ids  # noqa: E402
+from treeflare.flare.psi.protocol import psi_message_bytes  # noqa: E402
 from treeflare.reporting import bench_settings, write_bench_block, write_json_atomic, write_text_atomic  # noqa: E402
-
-
-def payload_bytes(value) -> int:
-    """The bytes of PSI messages in ``value``: protobuf bytes and strings, in dicts, lists and sets."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return len(value)
-    if isinstance(value, str):
-        return len(value.encode("utf-8"))
-    if isinstance(value, dict):
-        return sum(payload_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return sum(payload_bytes(v) for v in value)
-    return 0
-
-
-def psi_bytes(shareable) -> int:
-    return sum(payload_bytes(v) for k, v in shareable.items() if str(k).startswith("PSI_"))
 
 
 class LocalItems:
@@ -107,13 +91,13 @@ class Party:
 
         stage = {PSIConst.TASK_PREPARE: "prepare", PSIConst.TASK_SETUP: "setup", PSIConst.TASK_REQUEST: "request",
                  PSIConst.TASK_RESPONSE: "response", PSIConst.TASK_INTERSECT: "intersect"}[shareable[PSIConst.TASK_KEY]]
-        self.received += psi_bytes(shareable)
+        self.received += psi_message_bytes(shareable)
         t, cpu = time.perf_counter(), time.process_time()
         result = self.handler.execute_task(task_name, shareable, self.ctx, Signal())
         seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
         self.seconds[stage] += seconds
         self.cpu[stage] += cpu
-        self.sent += psi_bytes(result)
+        self.sent += psi_message_bytes(result)
         return DXO(data_kind=DataKind.PSI, data=result).to_shareable(), seconds, cpu
 
 

@@ -23,7 +23,9 @@ def ids_table(ids, name="site-2"):
 @pytest.mark.parametrize("ids, line, problem, count", [
     (["a", "b", SECRET, "c", SECRET, SECRET], 6, "duplicate id", "2 train row(s) repeat"),
     (["a", "  ", "b", None, ""], 3, "empty id", "3 train row(s) with an empty id"),
-    (np.array(["a", float("nan"), "nan"], dtype=object), 3, "empty id", "1 train row(s) with an empty id"),
+    # a NaN cell, and the text "nan" that the CSV reader reads as missing too (as "NA", "?", "null", ...)
+    (np.array(["a", float("nan"), "nan"], dtype=object), 3, "empty id", "2 train row(s) with an empty id"),
+    (["a", "NA", "b"], 3, "empty id", "1 train row(s) with an empty id"),
 ])
 def test_check_ids_names_the_line_never_the_id(ids, line, problem, count):
     with pytest.raises(DataError) as exc:

@@ -23,8 +23,8 @@ from treeflare.flare.psi import protocol
 from treeflare.flare.psi.audit import leaves
 from treeflare.flare.psi.controller import (MeteredDhPSIController, PsiCheckController, PsiResultController,
                                             evaluate_check, evaluate_result)
-from treeflare.flare.psi.executor import (DH_PSI_ID, LOCAL_PSI_ID, MeteredDhPSITaskHandler, PsiSiteExecutor,
-                                          SiteIds, payload_bytes)
+from treeflare.flare.psi.executor import DH_PSI_ID, LOCAL_PSI_ID, MeteredDhPSITaskHandler, PsiSiteExecutor, SiteIds
+from treeflare.flare.psi.protocol import payload_bytes
 from treeflare.flare.workflow import JobFailed
 
 common_decomposers.register()
@@ -475,9 +475,26 @@ def test_parties_sharing_no_row_fail_with_the_reason_and_keep_nothing(tmp_path):
         result
     assert not list(run.run_root.rglob(INTERSECTION_FILE))
     two = InProcessPSI(tmp_path / "data", tmp_path / "runs2", min_rows=1, sites=SITES[:2])  # DH-PSI ends; we fail
-    assert two.run()["error"] == ("PSI result: the intersection holds 0 train rows, fewer than min_rows 1 "
-                                  "(--psi-min-rows); the parties share too few rows to train on")
+    assert two.run()["error"].startswith("PSI: the parties share no rows (a pass's intersection was already empty")
     assert not list(two.run_root.rglob(INTERSECTION_FILE))
+
+
+def test_an_empty_pass_ends_the_phase_and_no_party_learns_ids_outside_the_intersection(tmp_path):
+    """site-1 and site-2 (the two smallest sets, so DH-PSI pairs them first) share nothing; site-3 shares 6 ids with
+    site-2 and 4 with site-1. NVFlare's handler goes on from an EMPTY pass with the party's whole set, so site-3 once
+    learnt site-2's 6 ids although nothing is shared by all three: the phase must stop at the empty pass."""
+    tok = lambda n: [secrets.token_hex(8) for _ in range(n)]  # noqa: E731
+    with_2, with_1 = tok(6), tok(4)
+    ids = {"site-1": with_1 + tok(6), "site-2": with_2 + tok(5), "site-3": with_2 + with_1 + tok(10)}
+    for site, train in ids.items():
+        write_party(tmp_path / "data" / site, train, tok(3))
+    run = InProcessPSI(tmp_path / "data", tmp_path / "runs", min_rows=1)
+    result = run.run()
+    assert result["status"] == "failed" and result["attempts"] == 1 and not result["failed_attempts"], result
+    assert result["error"].startswith("PSI: the parties share no rows (a pass's intersection was already empty")
+    handler = run.comps["site-3"][DH_PSI_ID]
+    assert handler.intersects is None  # site-3 never took part in a pass: it learnt nothing of the others' sets
+    assert not list(run.run_root.rglob(INTERSECTION_FILE))
 
 
 # ---- a Bloom-filter false positive: DH-PSI again, with fresh keys -------------------------------------------------

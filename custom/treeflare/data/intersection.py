@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .csv_io import MISSING
 from .errors import DataError, where
 from .table import Table
 
@@ -47,7 +48,8 @@ def check_ids(ids, *, site: str, kind: str = "train", file: str | None = None, c
     # a missing cell (None, or NaN from a numeric read) is an empty id, not the text "nan"
     text = np.array([("" if v is None or (isinstance(v, float) and v != v) else str(v)).strip() for v in ids],
                     dtype=object)
-    blank = np.flatnonzero(text == "")
+    # and so is every marker the CSV reader reads as missing ("NA", "?", "null", ...): training would refuse it later
+    blank = np.flatnonzero(np.isin(text.astype(str), MISSING))
     if blank.size:
         line = int(blank[0]) + 2
         raise DataError(f"{where(file, column, line, site)}: {blank.size} {kind} row(s) with an empty id; every "

@@ -147,8 +147,9 @@ def evaluate_result(sites, replies: dict, problems: dict, kinds, min_rows: int, 
     if kind and first[kind] < min_rows:
         raise JobFailed(f"PSI result: the intersection holds {first[kind]} {kind} rows, fewer than min_rows "
                         f"{min_rows} (--psi-min-rows); the parties share too few rows to train on")
-    if sum(first.values()) == 0:
-        raise JobFailed("PSI result: the intersection is empty; the parties share no rows")
+    empty = [k for k in kinds if first.get(k, 0) == 0]  # e.g. no shared test row: the job cannot score, say so now
+    if empty:
+        raise JobFailed(f"PSI result: the parties share no {' and no '.join(empty)} rows")
     return int(sum(first.values()))
 
 
@@ -245,6 +246,10 @@ class PsiInconsistent(RuntimeError):
     Bloom-filter false positive, so another attempt with fresh keys may succeed."""
 
 
+class PsiNothingShared(RuntimeError):
+    """A pass of DH-PSI found no id in common: the intersection is empty, whatever later passes would say."""
+
+
 class CheckedDhPSIWorkFlow(DhPSIWorkFlow):
     """NVFlare's DH-PSI workflow, telling its consistency failures (:class:`PsiInconsistent`) from any other error,
     and telling the sites at ``PREPARE`` whether this run is the identity check (``verify``)."""
@@ -267,6 +272,21 @@ class CheckedDhPSIWorkFlow(DhPSIWorkFlow):
             abort_signal.trigger("no items to perform PSI")
             raise RuntimeError("There is no item to perform PSI calculation")
         self.ordered_sites = self.get_ordered_sites(results)
+        # NVFlare's ordering silently leaves out a site that answered no size (or 0): the others would intersect
+        # without it. Every party takes part, or none does.
+        absent = sorted({c.name for c in self.fl_ctx.get_engine().get_clients()} - {s.name for s in self.ordered_sites})
+        if absent:
+            raise RuntimeError(f"DH-PSI: no set size from {', '.join(absent)} (every party must take part)")
+
+    def pairwise_intersect(self, ordered_sites, response_msg):
+        sizes = super().pairwise_intersect(ordered_sites, response_msg)
+        if 0 in sizes.values():
+            if self.verify:  # the identity check: different kept sets share none of their derived items
+                raise PsiInconsistent(f"a pass of the identity check found nothing in common: {sizes}")
+            # stop here: no later pass may run on a set that is already empty (see MeteredDhPSITaskHandler.get_items)
+            raise PsiNothingShared("PSI: the parties share no rows (a pass's intersection was already empty; the "
+                                   "phase stops there, so no later pass compares any other id)")
+        return sizes
 
     def check_processed_sites(self, last_site, processed_sites):
         try:
@@ -361,6 +381,10 @@ class MeteredDhPSIController(DhPSIController):
         except JobFailed as exc:
             error = str(exc)
             self.log_error(fl_ctx, error)
+        except PsiNothingShared as exc:
+            error = str(exc)
+            self.log_error(fl_ctx, error)
+            self._discard(fl_ctx, abort_signal)
         except KeyError as exc:  # NVFlare's workflow reads each site's result without looking: one was missing
             error = self._explained(f"DH-PSI failed: no result from {exc} (it failed or stopped; see that site's log)")
             self.log_error(fl_ctx, f"{error}\n{traceback.format_exc()}")

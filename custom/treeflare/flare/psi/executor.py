@@ -29,6 +29,7 @@ from ...data.intersection import INTERSECTION_FILE, check_ids, psi_items, read_i
 from ..site_config import load_binding
 from ..site_executor import SiteExecutor
 from .protocol import (TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_KEY, PsiProtocolError, check_kinds,
+                       psi_message_bytes,
                        check_request, intersection_dir, result_reply, run_dir_of, verification_items)
 
 LOCAL_PSI_ID = "treeflare_local_psi"
@@ -119,26 +120,6 @@ def delete_intersection(run_dir) -> None:
         folder.rmdir()
 
 
-def payload_bytes(value) -> int:
-    """The bytes of the PSI messages in ``value`` (bytes and strings, in dicts, lists, sets: the protobufs and
-    their keys), not FLARE's framing."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return len(value)
-    if isinstance(value, str):
-        return len(value.encode("utf-8"))
-    if isinstance(value, dict):
-        return sum(payload_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return sum(payload_bytes(v) for v in value)
-    return 0
-
-
-def psi_message_bytes(shareable) -> int:
-    if shareable is None:
-        return 0
-    return sum(payload_bytes(v) for k, v in shareable.items() if str(k).startswith("PSI_"))
-
-
 class MeteredDhPSITaskHandler(DhPSITaskHandler):
     """NVFlare's DH-PSI task handler, metered (seconds in PSI tasks, bytes of PSI messages in and out), and reset
     at each DH-PSI run's ``PREPARE`` stage: NVFlare's handler keeps its last pass's intersection (``intersects``,
@@ -163,6 +144,16 @@ class MeteredDhPSITaskHandler(DhPSITaskHandler):
             self.items = verification_items(self.local_psi_handler.kept_items(fl_ctx))
         elif isinstance(self.local_psi_handler, SiteIds):
             self.local_psi_handler.forget(fl_ctx)
+
+    def get_items(self):
+        # NVFlare's get_items tests ``if not self.intersects``, so after a pass whose intersection is EMPTY it goes on
+        # with the party's whole set: the next pass would then compare, and another party learn, ids outside the
+        # intersection. Here an empty intersection is one (the server's workflow stops the phase at a zero count).
+        if self.intersects is not None:
+            self.items = self.intersects
+        elif self.items is None:
+            self.items = self.local_psi_handler.load_items()  # SiteIds: checked (unique, none blank) before any PSI
+        return self.items
 
     def calculate_intersection(self, shareable: Shareable):
         if not self.verifying:

@@ -119,3 +119,24 @@ def check_result_reply(data, kinds) -> dict:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise PsiProtocolError(f"{name} is not a byte count")
     return {"rows_after": rows, "seconds": float(seconds), "bytes_sent": int(sent), "bytes_received": int(received)}
+
+
+# what a party's PSI messages weigh (the site's meter and scripts/bench_psi.py count the same way)
+def payload_bytes(value) -> int:
+    """The bytes of the PSI messages in ``value`` (bytes and strings, in dicts, lists, sets: the protobufs and
+    their keys), not FLARE's framing."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(payload_bytes(v) for v in value)
+    return 0
+
+
+def psi_message_bytes(shareable) -> int:
+    if shareable is None:
+        return 0
+    return sum(payload_bytes(v) for k, v in shareable.items() if str(k).startswith("PSI_"))

@@ -32,6 +32,7 @@ from nvflare.apis.shareable import Shareable
 
 from ..progress import PROGRESS_ID, format_duration, remaining
 from ..workflow import JobFailed, ResultWorkflow
+from ...vertical.params import MAX_PREDICT_ROWS
 from .protocol import MSG, MSG_TYPES, REPLY_TYPES, STEP
 
 RESULT_FILE = "vertical_result.json"
@@ -108,6 +109,10 @@ class VerticalController(ResultWorkflow):
                     raise JobFailed(f"{self.active_site}: final step without a result")
                 if self.mode == "predict" and not (isinstance(res.get("n_rows"), int) and res["n_rows"] >= 0):
                     raise JobFailed(f"{self.active_site}: prediction result without a row count")
+                unscored = res.get("n_unscored", 0)  # its rows no other party holds; the summary adds it up
+                if self.mode == "predict" and not (isinstance(unscored, int) and not isinstance(unscored, bool)
+                                                   and 0 <= unscored <= MAX_PREDICT_ROWS):
+                    raise JobFailed(f"{self.active_site}: prediction result with an invalid count of unscored rows")
                 result.update({k: v for k, v in res.items() if k in _RESULT_KEYS[self.mode]})
                 result["server_protocol_s"] = time.perf_counter() - t0
                 result["messages_routed"] = routed
