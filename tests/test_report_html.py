@@ -271,7 +271,9 @@ def _chromium(page: Path, tmp: Path, *extra: str) -> tuple[str, list[dict]]:
     Chromium's net log; Chromium's own background requests have no origin and are left out)."""
     profile = tmp / f"profile-{page.stem}"
     netlog = tmp / f"netlog-{page.stem}.json"
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    # --disable-dev-shm-usage: a container's small /dev/shm must not crash the screenshot
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+           "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={profile}", f"--log-net-log={netlog}", *extra, page.as_uri()]
     env = {**os.environ, "HOME": str(tmp)}
