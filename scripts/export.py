@@ -13,7 +13,8 @@ an XGBoost model through onnxmltools (numeric features only: a model with catego
 Default --out: global_tree.joblib / global_tree.onnx / model.onnx beside the model.
 
 Before the file is written, the export is checked against the model on check rows: --check-csv rows, or rows
-made from the schema and the model's own thresholds (every threshold, the float values next to it, missing
+made from the schema and the model: for the global tree one row per leaf, built from the leaf's decision path,
+then 400 random rows from the model's own thresholds (every threshold, the float values next to it, missing
 values, every category and an unknown one). sklearn: labels and probabilities equal bit for bit; onnx: labels
 equal, probabilities within 2**-23 (onnxruntime's tree ensembles output float32). A failed check writes
 nothing and exits 1; bad input: ``error: ...``, exit 2.
@@ -85,9 +86,10 @@ def threshold_values(loaded) -> dict[str, list[float]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def check_rows(loaded, n: int = 400, seed: int = 0):
-    """Rows that go down every branch: each numeric column takes a threshold, the floats just below and
-    above it, a value from its range, or NaN; each categorical/ordinal column a category, missing or unknown."""
+def random_rows(loaded, n: int = 400, seed: int = 0):
+    """Random rows near the thresholds: each numeric column takes a threshold, the floats just below and above
+    it, its float32 neighbour, a value from its range, or NaN; each categorical/ordinal column a category,
+    missing or unknown."""
     import pandas as pd
 
     rng = np.random.default_rng(seed)
@@ -106,6 +108,110 @@ def check_rows(loaded, n: int = 400, seed: int = 0):
             options = list(f.categories) + [None] + (["(unseen category)"] if f.kind == "categorical" else [])
             cols[f.name] = pd.Series([options[i] for i in rng.integers(0, len(options), n)], dtype=object)
     return pd.DataFrame(cols)
+
+
+def _encoded_columns(loaded) -> list[tuple[int, int | None]]:
+    """Per column of the global tree's encoded matrix: (schema feature, category index of a CART one-hot
+    column or None)."""
+    from treeflare.icdta4fl.sklearn_export import encoder_columns
+
+    out = []
+    for i, c in enumerate(encoder_columns(loaded.schema, loaded.model.encoding)):
+        one_hot = c["kind"] == "categorical" and loaded.model.encoding == "cart"
+        out += [(i, u) for u in range(c["n_out"])] if one_hot else [(i, None)]
+    return out
+
+
+def _path_constraints(tree, columns, leaf: int, parents) -> dict:
+    """Schema feature -> what the path from the root to ``leaf`` asks of it: ("interval", lo, hi) for
+    lo < x <= hi, ("nan",), ("code", c or None) for an ID3 category (None: missing), ("onehot", {u: allowed
+    0/1 values})."""
+    from treeflare.trees.tree import NUMERIC
+
+    need: dict = {}
+    child = leaf
+    while parents[child] >= 0:
+        n = int(parents[child])
+        pos = [int(c) for c in tree.children[n]].index(child)
+        i, u = columns[int(tree.feature[n])]
+        points = tree.split_points[n]
+        if tree.kind[n] == NUMERIC:
+            if tree.missing_only(n) and pos == len(tree.children[n]) - 1:
+                need[i] = ("nan",)
+            else:
+                lo = float(points[pos - 1]) if pos > 0 else -np.inf
+                hi = float(points[pos]) if pos < len(points) else np.inf
+                if u is not None:  # a one-hot column: which of 0 and 1 fall in (lo, hi]
+                    allowed = need.setdefault(i, ("onehot", {}))[1]
+                    allowed[u] = allowed.get(u, {0, 1}) & {v for v in (0, 1) if lo < v <= hi}
+                elif need.get(i, ("interval",))[0] == "interval":
+                    _, a, b = need.get(i, ("interval", -np.inf, np.inf))
+                    need[i] = ("interval", max(a, lo), min(b, hi))
+        else:
+            need.setdefault(i, ("code", int(points[pos]) if pos < len(points) else None))
+        child = n
+    return need
+
+
+def _value(feature, need):
+    """A value meeting ``need`` for ``feature``; raises LookupError where none does (an unreachable leaf)."""
+    kind = need[0]
+    if kind == "nan":
+        return np.nan if feature.kind == "numeric" else None
+    if kind == "code":
+        return None if need[1] is None else feature.categories[need[1]]
+    if kind == "onehot":
+        must = [u for u, ok in need[1].items() if ok == {1}]
+        if len(must) > 1 or any(not ok for ok in need[1].values()):
+            raise LookupError
+        if must:
+            return feature.categories[must[0]]
+        banned = {u for u, ok in need[1].items() if ok == {0}}
+        return next((c for u, c in enumerate(feature.categories) if u not in banned), None)
+    _, lo, hi = need
+    if feature.kind == "ordinal":  # codes 0..L-1
+        code = max(int(np.floor(lo)) + 1 if np.isfinite(lo) else 0, 0)
+        if code > hi or code >= len(feature.categories):
+            raise LookupError
+        return feature.categories[code]
+    if np.isfinite(hi):
+        return hi  # x <= hi
+    return max(lo + 1.0, np.nextafter(lo, np.inf)) if np.isfinite(lo) else 0.0
+
+
+def leaf_rows(loaded, base):
+    """One row per leaf of the global tree, from its decision path: for each node on the path, a value on the
+    leaf's side of its threshold (the threshold itself, or just above the one below), its category, or a
+    missing value for a missing-only child; the other columns as in ``base`` (rows cycled)."""
+    tree = loaded.model.tree_
+    columns, parents = _encoded_columns(loaded), tree.parents()
+    features = loaded.schema.features
+    rows = []
+    leaves = [n for n in range(tree.n_nodes) if tree.children[n] is None]
+    for k, leaf in enumerate(leaves):
+        row = base.iloc[k % len(base)].to_dict()
+        try:
+            for i, need in _path_constraints(tree, columns, leaf, parents).items():
+                row[features[i].name] = _value(features[i], need)
+        except LookupError:  # no row reaches this leaf
+            continue
+        rows.append(row)
+    return rows
+
+
+def check_rows(loaded, n: int = 400, seed: int = 0):
+    """Rows that go down every branch: for the global tree, one row per leaf built from its decision path
+    (``leaf_rows``), then ``n`` random rows near the thresholds (``random_rows``), which also reach the nodes
+    where a NaN or an unlisted category stops; for XGBoost, the random rows."""
+    import pandas as pd
+
+    random = random_rows(loaded, n, seed)
+    if loaded.kind != "icdta4fl" or not len(random):
+        return random
+    paths = pd.DataFrame(leaf_rows(loaded, random), columns=random.columns)
+    for f in loaded.schema.features:  # keep the random rows' dtypes (numbers float64, categories text or None)
+        paths[f.name] = paths[f.name].astype(random[f.name].dtype)
+    return pd.concat([paths, random], ignore_index=True)
 
 
 def _rows(loaded, args):

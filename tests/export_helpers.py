@@ -115,3 +115,18 @@ def hand_made_id3(missing_pos: int) -> GlobalTree:
     tree = Tree(kinds, 3, kind, feature, points, [None if c is None else np.array(c) for c in children], counts,
                 n_categories=[None, None, 4, None], missing=missing)
     return GlobalTree(tree, MIXED.classes, feature_space(MIXED, "id3")[0], data_schema=MIXED, encoding="id3")
+
+
+def deep_id3() -> GlobalTree:
+    """An ID3 tree over MIXED's codes whose deepest leaves need red, size L, v in (5, 5 + 1e-6] and u on a side
+    of 1e-6 at once: random rows near the thresholds rarely reach them."""
+    kind = [CATEGORICAL, NUMERIC, NUMERIC, NUMERIC] + [LEAF] * 6
+    feature = [2, 3, 1, 0] + [-1] * 6
+    points = [np.array([0.0]), np.array([1.0]), np.array([5.0, 5.000001]), np.array([0.0, 1e-6])] + [None] * 6
+    children = [[1], [4, 2], [5, 3, 6], [7, 8, 9]] + [None] * 6
+    counts = [[40, 40, 40], [30, 30, 30], [20, 20, 20], [10, 10, 10], [9, 1, 0], [1, 9, 0], [0, 1, 9], [8, 1, 1],
+              [1, 8, 1], [1, 1, 8]]
+    tree = Tree(["numeric", "numeric", "categorical", "numeric"], 3, kind, feature, points,
+                [None if c is None else np.array(c) for c in children], counts, n_categories=[None, None, 4, None],
+                missing=[-1] * 10)
+    return GlobalTree(tree, MIXED.classes, feature_space(MIXED, "id3")[0], data_schema=MIXED, encoding="id3")

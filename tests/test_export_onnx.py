@@ -13,7 +13,7 @@ import onnx
 import pytest
 import xgboost as xgb
 
-from export_helpers import (EMBEDDED, cart_with_missing_children, embedded, hand_made_id3, mixed_rows)
+from export_helpers import (EMBEDDED, cart_with_missing_children, deep_id3, embedded, hand_made_id3, mixed_rows)
 from flare_helpers import load_script
 from treeflare.data import load_dataset
 from treeflare.onnx_export import (OnnxExportError, input_columns, pipeline_to_onnx, run_onnx, tree_onnx_inputs,
@@ -181,3 +181,47 @@ def test_thresholds_that_are_no_float32_route_neighbouring_values_exactly(thresh
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         assert np.array_equal(model.to_sklearn().predict_proba(rows), model.predict_proba(rows))
+
+
+def test_a_leaf_whose_best_class_is_a_float32_tie_is_refused():
+    """Counts [10, 1e8, 1e8 + 3]: classes b and c are equal in float32 (onnxruntime would say b), c wins in
+    float64; the export is refused, naming the node."""
+    from export_helpers import MIXED
+    from treeflare.icdta4fl.encoding import feature_space
+    from treeflare.icdta4fl.model import GlobalTree
+    from treeflare.trees.tree import LEAF, NUMERIC, Tree
+
+    tie = [10.0, 1e8, 1e8 + 3]
+    proba = np.array(tie) / sum(tie)
+    assert proba[1] < proba[2] and np.float32(proba[1]) == np.float32(proba[2])
+    tree = Tree(["numeric", "numeric", "categorical", "numeric"], 3, [NUMERIC, LEAF, LEAF], [0, -1, -1],
+                [np.array([0.0]), None, None], [np.array([1, 2]), None, None], [np.add(tie, 9), [9, 0, 0], tie],
+                n_categories=[None, None, 4, None], missing=[0, -1, -1])
+    model = GlobalTree(tree, MIXED.classes, feature_space(MIXED, "id3")[0], data_schema=MIXED, encoding="id3")
+    with pytest.raises(OnnxExportError, match=r"node 2 of the global tree .*equal in float32"):
+        pipeline_to_onnx(model.to_sklearn(), MIXED)
+    tree.counts[2] = [10.0, 1e8, 1e8 + 30]  # distinct in float32 too: exported, labels agree
+    assert_onnx_same(model, mixed_rows(200, 9)[0])
+
+
+def _leaves(model):
+    return {n for n in range(model.tree_.n_nodes) if model.tree_.children[n] is None}
+
+
+def test_check_rows_reach_every_leaf_the_random_rows_miss(tmp_path):
+    """The pre-write check's leaf rows (one per leaf, from its decision path) reach the deep leaves that its 400
+    random rows miss; also on a CART tree's one-hot columns."""
+    from treeflare.prediction import load_model
+
+    model = deep_id3()
+    model.save_json(tmp_path / "global_tree.json")
+    loaded = load_model(tmp_path, None)
+    assert _leaves(model) - set(model.apply(export_script.random_rows(loaded)))  # what the check missed before
+    rows = export_script.check_rows(loaded)
+    assert set(model.apply(rows)) >= _leaves(model)
+    assert export_script.main(["--model", str(tmp_path), "--format", "sklearn"]) == 0
+    cart, _ = embedded("adult", "cart")
+    (tmp_path / "cart").mkdir()
+    cart.save_json(tmp_path / "cart" / "global_tree.json")
+    loaded = load_model(tmp_path / "cart", None)
+    assert set(cart.apply(export_script.check_rows(loaded))) >= _leaves(cart)

@@ -103,13 +103,34 @@ def _float_probabilities(onx) -> None:
             out.type.tensor_type.elem_type = 1
 
 
+def _refuse_float32_ties(clf) -> None:
+    """onnxruntime picks the label from its float32 scores (the first class on a tie), the global tree from
+    float64 probabilities: a leaf whose best class differs between the two would label its rows differently
+    (e.g. counts [10, 1e8, 1e8 + 3]), so such a tree is refused, naming the leaf."""
+    tree = clf.tree_
+    values = tree.value[:, 0, :]
+    leaves = np.nonzero(tree.children_left < 0)[0]
+    wide, narrow = np.argmax(values[leaves], axis=1), np.argmax(values[leaves].astype(np.float32), axis=1)
+    bad = np.nonzero(wide != narrow)[0]
+    if bad.size:
+        leaf = int(leaves[bad[0]])
+        source = getattr(clf, "treeflare_nodes_", None)
+        ours = f"node {int(source[leaf])} of the global tree" if source is not None else "a node"
+        raise OnnxExportError(
+            f"{ours} (scikit-learn leaf {leaf}; {bad.size} such leaves in all): its top two class probabilities "
+            "are equal in float32 but distinct in float64, and onnxruntime picks the label from float32 scores "
+            "(the first class on a tie), so ONNX would label its rows differently; use the scikit-learn export")
+
+
 def pipeline_to_onnx(pipeline, schema):
     """The ONNX model (``onnx.ModelProto``) of a pipeline made by ``GlobalTree.to_sklearn()``, inputs named as
-    the schema's features."""
+    the schema's features. Refused (``OnnxExportError``) where a leaf's best class is a float32 tie
+    (``_refuse_float32_ties``)."""
     from skl2onnx import convert_sklearn
 
     _register_snap()
     clf = pipeline.steps[-1][1]
+    _refuse_float32_ties(clf)
     onx = convert_sklearn(pipeline, "treeflare_global_tree", initial_types=_initial_types(schema, pipeline),
                           options={id(clf): {"zipmap": False}},
                           target_opset={"": TARGET_OPSET, "ai.onnx.ml": ML_OPSET})

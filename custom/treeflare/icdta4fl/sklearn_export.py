@@ -299,7 +299,9 @@ def to_sklearn(model, *, criterion: str | None = None, portable: bool = False):
     ``criterion`` only labels the impurity shown in plots (default: entropy for ID3, gini for CART).
     Numeric columns go through :class:`Float32Snap` (exact for every float64 input);
     ``portable=True`` passes them through instead, for a pipeline of scikit-learn's classes only (loads without
-    treeflare), exact where the numeric inputs are float32 values (e.g. integers below 2**24)."""
+    treeflare), exact where the numeric inputs are float32 values (e.g. integers below 2**24).
+    Caveat: the pipeline's encoders match category text exactly, while ``GlobalTree`` strips surrounding spaces
+    (" red" is red to the model, an unknown category to the pipeline): strip category text before predicting."""
     from sklearn.pipeline import Pipeline
     from sklearn.tree import DecisionTreeClassifier
 
@@ -323,6 +325,8 @@ def to_sklearn(model, *, criterion: str | None = None, portable: bool = False):
     clf.n_classes_ = len(clf.classes_)
     clf.max_features_ = n_out
     clf.tree_ = _sk_tree(builder, n_out, clf.n_classes_, tree.counts)
+    # per scikit-learn node, the node of ours it comes from (named by the ONNX export's refusals)
+    clf.treeflare_nodes_ = np.array([r[5] for r in builder.rows], dtype=np.int64)
     snaps = {}
     if not portable:  # our column j of a numeric feature -> its schema position
         schema_pos = _schema_positions(columns, encoding)
