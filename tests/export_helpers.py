@@ -37,9 +37,10 @@ def with_holes(frame: pd.DataFrame, schema: Schema, seed: int = 0, rate: float =
 
 
 @functools.lru_cache(maxsize=None)
-def embedded(dataset: str, algorithm: str):
+def embedded(dataset: str, algorithm: str, refine_rounds: int = 0):
     """(global tree carrying its schema, test rows: the held-out rows as they are and again with holes) on the
-    first rows of an embedded data set."""
+    first rows of an embedded data set. ``refine_rounds``: the refined tree, as the job returns it (its default
+    is one round), instead of the one-round tree."""
     table = load_dataset(dataset)
     table = table.subset(np.arange(min(N_ROWS, len(table.y))))
     n_train = len(table.y) * 2 // 3
@@ -49,9 +50,12 @@ def embedded(dataset: str, algorithm: str):
               "y_test": y[n_train + i::3]} for i in range(3)]
     out = run_in_process(sites, algorithm=algorithm, classes=list(table.schema.classes), feature_kinds=kinds,
                          feature_names=names, n_categories=n_cat,
-                         category_names=category_names(table.schema, algorithm), local_params={"max_depth": 4})
+                         category_names=category_names(table.schema, algorithm), local_params={"max_depth": 4},
+                         refine_rounds=refine_rounds)
     model = out["model"]
-    if model.get_n_leaves() < 4:  # on so few rows the global tree may collapse (car, CART): a local tree instead
+    if refine_rounds:  # the job's global tree after refinement: the refined tree under the one-round model's names
+        model = GlobalTree(out["refined"]["tree"], table.schema.classes, names, category_names(table.schema, algorithm))
+    elif model.get_n_leaves() < 4:  # on so few rows the global tree may collapse (car, CART): a local tree instead
         tree = Tree.from_dict(train_local_tree(X[:n_train], y[:n_train], algorithm=algorithm,
                                                n_classes=len(table.schema.classes), feature_kinds=kinds,
                                                n_categories=n_cat, params={"max_depth": 4}))

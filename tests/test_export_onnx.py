@@ -225,3 +225,29 @@ def test_check_rows_reach_every_leaf_the_random_rows_miss(tmp_path):
     cart.save_json(tmp_path / "cart" / "global_tree.json")
     loaded = load_model(tmp_path / "cart", None)
     assert set(cart.apply(export_script.check_rows(loaded))) >= _leaves(cart)
+
+
+@pytest.mark.parametrize("algorithm", ["id3", "cart"])
+def test_refined_global_tree_exports_exactly(algorithm):
+    """The job's default tree (one refinement round) on adult: its one-vs-rest categorical nodes (ID3: a node with
+    one value and one child, the other values stopping or going on through ``missing``; CART: a split on one
+    one-hot column) predict bit for bit in scikit-learn and label alike in onnxruntime."""
+    from treeflare.trees.tree import CATEGORICAL
+
+    model, rows = embedded("adult", algorithm, refine_rounds=1)
+    tree = model.tree_
+    inner = [n for n in range(tree.n_nodes) if tree.children[n] is not None]
+    if algorithm == "id3":
+        one_vs_rest = [n for n in inner if tree.kind[n] == CATEGORICAL and len(tree.split_points[n]) == 1
+                       and len(tree.children[n]) == 1]
+        reached = model.apply(rows)
+        assert one_vs_rest and np.isin(reached, one_vs_rest).any()  # rows stop there (the "rest")
+    else:
+        categorical = {f.name for f in model.data_schema.features if f.kind == "categorical"}
+        assert any(model.feature_names_in_[int(tree.feature[n])].split("=")[0] in categorical for n in inner)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        pipeline = model.to_sklearn()
+        assert np.array_equal(pipeline.predict_proba(rows), model.predict_proba(rows))
+        assert np.array_equal(pipeline.predict(rows), model.predict(rows))
+    assert_onnx_same(model, rows)
