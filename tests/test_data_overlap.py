@@ -117,6 +117,9 @@ def test_the_datas_own_id_column_keeps_its_name_but_gets_random_values():
     assert fed.schema.id_column == "cid" and not held & set(t.ids) and all(HEX_ID.match(i) for i in held)
     whole = prepare_federation(t, 2, vertical=True, n_passive=1, seed=2)  # overlap 1: the data's own ids, as before
     assert set.union(*train_ids(whole).values()) <= set(t.ids)
+    # your CSV (the job scripts pass keep_ids with --csv): its ids are yours, and the rows you predict on carry them
+    kept = prepare_federation(t, 2, vertical=True, n_passive=1, overlap=0.6, seed=2, keep_ids=True)
+    assert set.union(*train_ids(kept).values()) | set(kept.server_test.ids) <= set(t.ids)
 
 
 def test_default_overlap_is_the_classic_split_byte_for_byte(tmp_path):

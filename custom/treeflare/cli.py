@@ -219,7 +219,8 @@ def prepare_from_args(table: Table, args: argparse.Namespace):
     """``prepare_federation`` with the options of :func:`add_partition_args` (and :func:`add_vertical_args`)."""
     if getattr(args, "vertical", False):
         return prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True,
-                                  n_passive=args.passive, overlap=overlap_of(args))
+                                  n_passive=args.passive, overlap=overlap_of(args),
+                                  keep_ids=bool(getattr(args, "csv", None)))  # your CSV's ids are yours
     alpha = None if args.partition == "iid" else args.alpha  # iid ignores alpha; don't record it
     return prepare_federation(table, n_sites=args.sites, kind=args.partition, alpha=alpha, seed=args.seed)
 

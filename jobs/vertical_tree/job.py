@@ -328,7 +328,7 @@ def main(argv=None) -> int:
         objective = choose_objective(table.schema, args.model, args.objective)
         fed = prepare_federation(table, n_sites=args.passive + 1, seed=args.seed, vertical=True,
                                  n_passive=args.passive, stratify=objective != "squared_error" or args.model == "tree",
-                                 overlap=overlap_of(args))
+                                 overlap=overlap_of(args), keep_ids=bool(args.csv))  # your CSV's ids stay yours
         data_dir = write_federation(fed, workspace / "data", overwrite=True)
         sites, schema, dataset = fed.site_names, fed.schema, fed.summary["dataset"]
     else:

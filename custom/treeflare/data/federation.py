@@ -12,8 +12,8 @@ rows that every party holds. Each party, the label party too, gets the shared ro
 (as many as makes the share F), in its own seeded order; every party gets its columns of all the global test
 rows, in its own order. The ids are random 16-hex-digit tokens (not row numbers), so a party cannot guess the
 others' private ids from its own; where the data has an id column it keeps its name and its values are replaced too
-(an embedded data set's, or your CSV's, are often sequential customer numbers, which would tell a party the others'
-ids). F = 1 is the classic split: the same rows, in the same order, the data's own ids, or 0..n-1 when it has none.
+(an embedded data set's are sequential numbers, which would tell a party the others' ids), except with ``keep_ids``
+(the job scripts' ``--csv --id``: your ids are yours, and the new rows you predict on carry them). F = 1 is the classic split: the same rows, in the same order, the data's own ids, or 0..n-1 when it has none.
 
 The folder is written to a temporary sibling and renamed into place, so a failure never leaves a
 half-written federation. An existing folder is replaced only when asked and only when this module wrote it
@@ -76,17 +76,19 @@ def natural_key(name: str):
 def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: float | None = None, seed: int = 0,
                        *, vertical: bool = False, n_passive: int = 1, test_size: float = GLOBAL_TEST_SIZE,
                        local_test_size: float = LOCAL_TEST_SIZE, stratify: bool = True,
-                       overlap: float = 1.0) -> Federation:
+                       overlap: float = 1.0, keep_ids: bool = False) -> Federation:
     """Hold out a global test set, then partition the rest among sites (rows, or columns if vertical).
 
     ``stratify=False`` holds out a plain random share instead of a per-class one (for a real-valued
     label, whose "classes" are mostly single rows). ``overlap`` (vertical only, in (0, 1]): each party's share
-    of its own training rows that all parties hold (see the module docstring); 1.0 = every party the same rows."""
+    of its own training rows that all parties hold (see the module docstring); 1.0 = every party the same rows.
+    ``keep_ids``: below full overlap, keep the data's own id values (your CSV's ``--id``: they are yours, and new
+    rows to predict carry them) instead of drawing random ones (an embedded data set's sequential ids)."""
     overlap = check_overlap(overlap)
     if overlap < 1 and not vertical:
         raise DataError("--overlap applies only to a vertical split (parties holding columns)")
     if vertical:
-        table = _with_ids(table, seed, random=overlap < 1)
+        table = _with_ids(table, seed, random=overlap < 1, keep_own=keep_ids)
     y = table.y_codes()
     if len(table.schema.classes) < 2 or len(np.unique(y)) < 2:
         raise DataError(f"{table.name or 'data'}: the label has a single class; need at least 2")
@@ -126,11 +128,12 @@ def prepare_federation(table: Table, n_sites: int, kind: str = "iid", alpha: flo
     return Federation(table.schema, sites, server_test, summary)
 
 
-def _with_ids(table: Table, seed: int, *, random: bool) -> Table:
+def _with_ids(table: Table, seed: int, *, random: bool, keep_own: bool = False) -> Table:
     """``table`` with an id column: its own, else ``row_id``; the values are row numbers (or the data's own) when
-    ``random`` is false, else seeded random tokens (also in place of the data's own values)."""
-    numbered = table if table.schema.id_column and table.ids is not None else table.with_row_ids()
-    if not random:
+    ``random`` is false, else seeded random tokens (also in place of the data's own values unless ``keep_own``)."""
+    own = bool(table.schema.id_column and table.ids is not None)
+    numbered = table if own else table.with_row_ids()
+    if not random or (own and keep_own):
         return numbered
     return Table(numbered.frame, numbered.y, numbered.schema, random_ids(len(numbered), seed), numbered.name)
 
