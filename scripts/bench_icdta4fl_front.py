@@ -167,8 +167,9 @@ def readme_summary(summary, settings) -> str:
     lines += ["", f"Accuracy in %, mean over {len(datasets)} data sets ({', '.join(datasets)}) x IID and label skew "
               f"0.5, {N_SITES} sites, seeds {settings['seeds']}, {settings['rounds']} refinement round; in process, "
               f"load average {settings['loadavg'][0]} at {settings['time']} (commit {settings['commit']}). Written by "
-              "`scripts/bench_icdta4fl_front.py`; per data set, the plots and the misses: "
-              "[docs/icdta4fl.md](docs/icdta4fl.md#the-size-budget)."]
+              "`scripts/bench_icdta4fl_front.py`; per data set, the table and the misses: "
+              "[docs/icdta4fl.md](docs/icdta4fl.md#the-size-budget); accuracy against leaves per data set: "
+              + ", ".join(f"[{d}](scripts/results/icdta4fl_front_{d}.png)" for d in datasets) + "."]
     return "\n".join(lines) + "\n"
 
 
