@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -40,6 +38,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 from treeflare.cli import main_guard
 from treeflare.data import DataError
 from treeflare.prediction import load_model
+from treeflare.reporting import write_bytes_atomic
 
 FORMATS = ("sklearn", "onnx")
 ONNX_PROBA_TOL = 2.0 ** -23  # float32 rounding of a probability in [0, 1] (and 1 - p for binary), with margin
@@ -265,18 +264,6 @@ def export_onnx(loaded, rows) -> tuple[bytes, str]:
                   f"equal, probabilities within {diff:.2g} (float32 output)")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 @main_guard
 def main(argv=None) -> int:
     from treeflare.icdta4fl.sklearn_export import ExportError
@@ -299,7 +286,7 @@ def main(argv=None) -> int:
     except CheckFailed as exc:
         print(f"error: {loaded.path}: the export was not written: {exc}", file=sys.stderr)
         return 1
-    write_atomic(out, data)
+    write_bytes_atomic(out, data)
     print(f"wrote {out}: {summary}")
     return 0
 

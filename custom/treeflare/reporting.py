@@ -60,12 +60,17 @@ def write_json_atomic(path, obj, indent: int = 2) -> Path:
 
 
 def write_text_atomic(path, text: str) -> Path:
+    return write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path, data: bytes) -> Path:
+    """Write next to the destination, then rename: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
