@@ -10,9 +10,11 @@ Its ``task_check_period`` is the one the server's communicator really polls with
 
 from __future__ import annotations
 
+import time
 import traceback
 from pathlib import Path
 
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.impl.controller import Controller
 
 from ..reporting import write_json_atomic
@@ -25,6 +27,26 @@ def poll_often(controller, communicator) -> None:
     their own ``set_communicator``."""
     if hasattr(communicator, "_task_check_period"):
         communicator._task_check_period = controller._task_check_period
+
+
+def replies_of(task, sites, key: str = "reply") -> tuple[dict, dict]:
+    """(site -> the field ``key`` of its reply, site -> problem) for the sites asked: a site that timed out, failed
+    or sent nothing is a problem (its error text, cut to 2,000 characters), a reply from a site not asked ignored."""
+    replies, problems = {}, {}
+    for ct in task.client_tasks:
+        site, reply = ct.client.name, ct.result
+        if site not in sites:
+            continue
+        if reply is None:
+            problems[site] = "no reply (timed out)"
+        elif reply.get_return_code() != ReturnCode.OK:
+            problems[site] = f"{reply.get('error') or reply.get_return_code()}"[:2000]
+        else:
+            replies[site] = reply.get(key)
+    for site in sites:
+        if site not in replies and site not in problems:
+            problems[site] = "no reply"
+    return replies, problems
 
 
 class JobFailed(RuntimeError):
@@ -54,12 +76,25 @@ class ResultWorkflow(Controller):
     def run_workflow(self, result: dict, run_dir: Path, abort_signal, fl_ctx) -> None:
         raise NotImplementedError
 
+    # A workflow that is one phase of several (the PSI phase before a job's own) hands its part of the result on,
+    # unwritten and still ``running``, when it succeeds; it writes the result (and ends the run) only on failure.
+    WRITES_ON_SUCCESS = True
+
+    def start_result(self, fl_ctx) -> dict:
+        """The result this run fills (a phase may continue one an earlier workflow began)."""
+        return self.initial_result()
+
+    def record_time(self, result: dict, seconds: float) -> None:
+        """Where the workflow's own seconds go in the result (nowhere by default)."""
+
     def control_flow(self, abort_signal, fl_ctx):
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
-        result = self.initial_result()
+        result = self.start_result(fl_ctx)
+        start = time.perf_counter()
         try:
             self.run_workflow(result, run_dir, abort_signal, fl_ctx)
-            result["status"] = "completed"
+            if self.WRITES_ON_SUCCESS:
+                result["status"] = "completed"
         except JobFailed as exc:
             result["status"], result["error"] = "failed", str(exc)
             self.log_error(fl_ctx, f"{self.JOB} failed: {exc}")
@@ -67,6 +102,8 @@ class ResultWorkflow(Controller):
             result["status"], result["error"] = "failed", f"{type(exc).__name__}: {exc}"
             self.log_error(fl_ctx, f"{self.JOB} failed: {result['error']}\n{traceback.format_exc()}")
         finally:
-            write_json_atomic(run_dir / self.RESULT_FILE, result)
-        if result["status"] != "completed":
+            self.record_time(result, time.perf_counter() - start)
+            if result["status"] != "running":
+                write_json_atomic(run_dir / self.RESULT_FILE, result)
+        if result["status"] == "failed":
             self.system_panic(result.get("error", f"{self.JOB} did not complete"), fl_ctx)

@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvflare.apis.controller_spec import Task
-from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
 from ...data import DataError, Schema
 from ...data.discovery import (DEFAULT_MIN_CATEGORY_ROWS, SchemaConflict, check_min_category_rows, check_profile,
                                column_parties, discovery_summary, merge_profiles)
 from ...reporting import write_json_atomic
-from ..workflow import JobFailed, ResultWorkflow
+from ..workflow import JobFailed, ResultWorkflow, replies_of
 from .protocol import TASK
 
 JOB_NAME = "schema_discovery"
@@ -56,24 +55,14 @@ class SchemaDiscoveryController(ResultWorkflow):
                                 abort_signal=abort_signal)
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed("aborted during schema discovery")
-        profiles, problems = {}, {}
-        for ct in task.client_tasks:
-            site, reply = ct.client.name, ct.result
-            if site not in self.sites:
-                continue
-            if reply is None:
-                problems[site] = "no reply (timed out)"
-            elif reply.get_return_code() != ReturnCode.OK:
-                problems[site] = f"{reply.get('error') or reply.get_return_code()}"[:2000]
-            else:
-                try:
-                    profiles[site] = check_profile(reply.get("profile"), site, declared_ordinal=self.ordinal,
-                                                   min_category_rows=self.min_category_rows)
-                except DataError as exc:
-                    problems[site] = str(exc)
-        for site in self.sites:
-            if site not in profiles and site not in problems:
-                problems[site] = "no reply"
+        raw, problems = replies_of(task, self.sites, key="profile")
+        profiles = {}
+        for site, profile in raw.items():
+            try:
+                profiles[site] = check_profile(profile, site, declared_ordinal=self.ordinal,
+                                               min_category_rows=self.min_category_rows)
+            except DataError as exc:
+                problems[site] = str(exc)
         if problems:
             raise JobFailed("schema discovery: " + "; ".join(f"{s}: {p}" for s, p in problems.items()))
         profiles = {s: profiles[s] for s in self.sites}  # site order, whatever the order of the replies

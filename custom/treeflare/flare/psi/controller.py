@@ -51,7 +51,7 @@ from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 
 from ...data.intersection import DEFAULT_MIN_ROWS
 from ...reporting import write_json_atomic
-from ..workflow import JobFailed, ResultWorkflow, poll_often
+from ..workflow import JobFailed, ResultWorkflow, poll_often, replies_of
 from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_ITEMS, VERIFY_KEY,
                        PsiProtocolError, check_kinds, check_reply, check_result_reply, request, run_dir_of)
 
@@ -86,25 +86,6 @@ def phase_state(fl_ctx, sites, kinds, min_rows) -> dict:
         state = initial_result(sites, kinds, min_rows)
         fl_ctx.set_prop(PHASE_PROP, state, private=True, sticky=True)
     return state
-
-
-def replies_of(task: Task, sites) -> tuple[dict, dict]:
-    """(site -> reply dict under ``"reply"``, site -> problem) for the sites asked."""
-    replies, problems = {}, {}
-    for ct in task.client_tasks:
-        site, reply = ct.client.name, ct.result
-        if site not in sites:
-            continue
-        if reply is None:
-            problems[site] = "no reply (timed out)"
-        elif reply.get_return_code() != ReturnCode.OK:
-            problems[site] = f"{reply.get('error') or reply.get_return_code()}"[:2000]
-        else:
-            replies[site] = reply.get("reply")
-    for site in sites:
-        if site not in replies and site not in problems:
-            problems[site] = "no reply"
-    return replies, problems
 
 
 def evaluate_check(sites, replies: dict, problems: dict, kinds, min_rows: int, parties: dict) -> None:
@@ -177,25 +158,11 @@ class _PsiPhase(ResultWorkflow):
             raise JobFailed(f"aborted during the PSI phase ({name})")
         return replies_of(task, self.sites)
 
-    def control_flow(self, abort_signal, fl_ctx):
-        result = phase_state(fl_ctx, self.sites, self.kinds, self.min_rows)
-        start = time.perf_counter()
-        try:
-            self.run_workflow(result, run_dir_of(fl_ctx), abort_signal, fl_ctx)
-            if self.WRITES_ON_SUCCESS:
-                result["status"] = "completed"
-        except JobFailed as exc:
-            result["status"], result["error"] = "failed", str(exc)
-            self.log_error(fl_ctx, f"{self.JOB} failed: {exc}")
-        except Exception as exc:  # noqa: BLE001 - whatever went wrong must reach the report, not vanish
-            result["status"], result["error"] = "failed", f"{type(exc).__name__}: {exc}"
-            self.log_error(fl_ctx, f"{self.JOB} failed: {result['error']}\n{traceback.format_exc()}")
-        finally:
-            result["timings_s"][self.PART] = time.perf_counter() - start
-            if result["status"] != "running":
-                write_json_atomic(run_dir_of(fl_ctx) / self.RESULT_FILE, result)
-        if result["status"] == "failed":
-            self.system_panic(result["error"], fl_ctx)
+    def start_result(self, fl_ctx) -> dict:
+        return phase_state(fl_ctx, self.sites, self.kinds, self.min_rows)
+
+    def record_time(self, result: dict, seconds: float) -> None:
+        result["timings_s"][self.PART] = seconds
 
 
 class PsiCheckController(_PsiPhase):
