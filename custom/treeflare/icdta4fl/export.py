@@ -7,7 +7,7 @@ read a ``GlobalTree`` and the estimator knows nothing of them, so the import goe
   larger tree is drawn down to the deepest level that keeps at most ``max_leaves`` visible leaves, truncated nodes
   are marked "...", and a note says so.
 
-All three word a split the same way (``_condition``): thresholds, categories, one-hot columns, ordinal levels,
+All three word a split the same way (``condition``): thresholds, categories, one-hot columns, ordinal levels,
 and "or missing" on the child a NaN follows.
 """
 
@@ -52,7 +52,7 @@ def export_text(model: GlobalTree, max_depth=None, decimals=3) -> str:
                              f"(p={proba[node, c]:.2f}, support={support[node]:.1f})")
             for pos in range(len(tree.children[node]) - 1, -1, -1):
                 child = int(tree.children[node][pos])
-                stack.append((child, _condition(tree, node, pos, feature_names, category_names, decimals)))
+                stack.append((child, condition(tree, node, pos, feature_names, category_names, decimals)))
     return "\n".join(lines) + "\n"
 
 
@@ -63,7 +63,7 @@ def explain_row(model: GlobalTree, x) -> list[str]:
     out = []
     for parent, child in zip(path, path[1:]):
         pos = int(np.flatnonzero(tree.children[parent] == child)[0])
-        out.append(_condition(tree, parent, pos, model.feature_names_in_, model.category_names, 3))
+        out.append(condition(tree, parent, pos, model.feature_names_in_, model.category_names, 3))
     return out
 
 
@@ -77,6 +77,20 @@ def _visible_depth(tree, max_leaves: int) -> int:
     return 0
 
 
+def visible_nodes(tree, max_leaves: int) -> tuple[list[int], int]:
+    """(the nodes drawn, depth-first, left child first; the depth drawn to) when at most ``max_leaves`` leaves are
+    drawn: the picture and the report page cut a large tree at the same depth."""
+    limit = _visible_depth(tree, max_leaves)
+    depths = tree.node_depths()
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        if tree.kind[node] != LEAF and depths[node] < limit:
+            stack.extend(int(c) for c in tree.children[node][::-1])
+    return order, limit
+
+
 def plot_tree(model: GlobalTree, path, *, max_leaves=64, title=None, dpi=110) -> None:
     """A PNG of the tree at ``path``: a box per node (majority class, its share, support), the condition on
     each edge; see the module docstring for large trees."""
@@ -85,19 +99,13 @@ def plot_tree(model: GlobalTree, path, *, max_leaves=64, title=None, dpi=110) ->
     import matplotlib.pyplot as plt
 
     tree = model.tree_
-    limit = _visible_depth(tree, max_leaves)
+    order, limit = visible_nodes(tree, max_leaves)
     depths = tree.node_depths()
     proba = tree.node_proba()
     support = tree.counts.sum(axis=1)
 
     # layout: visible leaves left to right in depth-first order, parents centred over children
     x = {}
-    order, stack = [], [0]
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        if tree.kind[node] != LEAF and depths[node] < limit:
-            stack.extend(int(c) for c in tree.children[node][::-1])
     next_x = 0
     for node in order:
         if tree.kind[node] == LEAF or depths[node] >= limit:
@@ -125,7 +133,7 @@ def plot_tree(model: GlobalTree, path, *, max_leaves=64, title=None, dpi=110) ->
             for pos, child in enumerate(tree.children[node]):
                 child = int(child)
                 ax.plot([cx, x[child]], [cy - 0.15, -depths[child] + 0.15], color="0.5", lw=0.7)
-                text = _condition(tree, node, pos, model.feature_names_in_, model.category_names, 2)
+                text = condition(tree, node, pos, model.feature_names_in_, model.category_names, 2)
                 ax.text((cx + x[child]) / 2, (cy - depths[child]) / 2, text, ha="center",
                         va="center", fontsize=6, color="0.2",
                         bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
@@ -148,7 +156,7 @@ def _fmt(value, decimals):
     return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
 
 
-def _condition(tree, node, pos, names, category_names, decimals) -> str:
+def condition(tree, node, pos, names, category_names, decimals) -> str:
     """Words for 'child ``pos`` of ``node``', with "or missing" on the child a NaN follows."""
     j = int(tree.feature[node])
     name = str(names[j])

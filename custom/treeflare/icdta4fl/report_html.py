@@ -19,7 +19,7 @@ import numpy as np
 
 from ..reporting import write_text_atomic
 from ..trees.tree import LEAF
-from .export import _condition, _visible_depth, export_text
+from .export import condition, export_text, visible_nodes
 
 __all__ = ["CLASS_COLOURS", "render_report_html", "write_report_html"]
 
@@ -298,16 +298,10 @@ def tree_svg(model, max_leaves: int = MAX_DRAWN_LEAVES) -> tuple[str, int]:
     (a page scrolls down more easily than sideways); boxes coloured by majority class, each edge's condition
     written before the box it leads to, the full text in tooltips."""
     tree = model.tree_
-    limit = _visible_depth(tree, max_leaves)
+    order, limit = visible_nodes(tree, max_leaves)
     depths = tree.node_depths()
     proba = tree.node_proba()
     support = tree.counts.sum(axis=1)
-    order, stack = [], [0]
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        if tree.kind[node] != LEAF and depths[node] < limit:
-            stack.extend(int(c) for c in tree.children[node][::-1])
     boxes, edges = {}, {}
     for node in order:
         c = int(np.argmax(proba[node]))
@@ -316,7 +310,7 @@ def tree_svg(model, max_leaves: int = MAX_DRAWN_LEAVES) -> tuple[str, int]:
                        + (["..."] if cut else []))
         if tree.kind[node] != LEAF and not cut:
             for pos, child in enumerate(tree.children[node]):
-                edges[int(child)] = (node, _condition(tree, node, pos, model.feature_names_in_,
+                edges[int(child)] = (node, condition(tree, node, pos, model.feature_names_in_,
                                                       model.category_names, 3))
     box_chars = max(len(t) for _, lines in boxes.values() for t in lines)
     box_w = min(max(box_chars * _CHAR_PX + 16, 80.0), 200.0)
