@@ -54,6 +54,9 @@ class PublicContext:
     ct_bytes: int
     key_bits: int
 
+    # the modulus ciphertexts are multiplied under (n^2 for Paillier); None where "ciphertexts" are plaintexts
+    modulus = None
+
     def __init__(self):
         self.ops = Counter()
 
@@ -121,6 +124,7 @@ class PaillierPublic(PublicContext):
         super().__init__()
         self.pk = pk
         self.n, self.nsq = pk.n, pk.nsq
+        self.modulus = pk.nsq
         self.usable_bits = pk.usable_bits
         self.ct_bytes = pk.ct_bytes
         self.key_bits = pk.bits

@@ -59,9 +59,9 @@ def _segments(keys: np.ndarray) -> list:
 
 
 def _mul_of(pub):
-    if pub.scheme == "paillier":
-        nsq = pub.nsq
-        return lambda a, b: a * b % nsq
+    if pub.modulus is not None:
+        mod = pub.modulus
+        return lambda a, b: a * b % mod
     return lambda a, b: a + b
 
 
@@ -129,7 +129,7 @@ def _op_setup(st, args, blobs):
     st["groups"] = [tuple(g) for g in args["groups"]]
     st["C"] = None
     # the C kernel for this key's ciphertexts (None: gmpy2 arithmetic), checked once per worker
-    st["native"] = native.products(pub.nsq) if pub.scheme == "paillier" else None
+    st["native"] = native.products(pub.modulus) if pub.modulus is not None else None
     return {}, []
 
 
@@ -196,7 +196,7 @@ class HistEngine:
         self.pub = pub
         self.n, self.n_features = bins.shape
         self.nbins = [int(v) for v in nbins]
-        k = max(1, min(int(workers or 1), self.n // 256 or 1)) if pub.scheme == "paillier" else 1
+        k = max(1, min(int(workers or 1), self.n // 256 or 1)) if pub.modulus is not None else 1
         self.pool = make_pool(k, [_MODULE])
         groups = _groups(self.n_features)
         b32 = np.ascontiguousarray(bins, dtype=np.int32).tobytes()
