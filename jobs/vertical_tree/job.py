@@ -98,6 +98,9 @@ def parse_args(argv=None):
     c.add_argument("--key-bits", type=int, default=2048,
                    help="Paillier modulus bits: 2048 (default, ~112-bit security), 3072 (~128-bit, about 2.5x slower "
                         "encryption), 4096 (about 5x slower; key generation 1-3 minutes); docs/vertical.md has measured costs")
+    c.add_argument("--scheme", choices=["paillier", "ou"], default="paillier",
+                   help="paillier (default) or ou: Okamoto-Uchiyama, ciphertexts mod n instead of n^2 (faster, same "
+                        "key sizes; SECURITY.md says why they give the same security)")
     c.add_argument("--precision", type=int, default=53, help="gbdt fixed-point bits (default 53)")
     c.add_argument("--packing", type=on_off, default=True, help="on|off: pack a row's values in one plaintext")
     c.add_argument("--compress", type=on_off, default=True, help="on|off: several results per returned ciphertext")
@@ -172,7 +175,7 @@ def vertical_params(args, objective: str = "binary"):
             max_depth=args.max_depth, bins=args.bins, learning_rate=args.learning_rate, reg_lambda=args.reg_lambda,
             min_child_weight=args.min_child_weight, min_rows_node=args.min_rows_node, key_bits=args.key_bits,
             precision=args.precision, packing=args.packing, compress=args.compress, obfuscation=args.obfuscation,
-            workers=args.workers, allow_insecure_key=args.allow_insecure_key).validate()
+            workers=args.workers, allow_insecure_key=args.allow_insecure_key, scheme=args.scheme).validate()
     except ValueError as exc:
         raise DataError(str(exc)) from None
 
@@ -398,8 +401,9 @@ def main(argv=None) -> int:
     write_json_atomic(workspace / "report.json", report)
     g = report["global"]
     what = args.model if args.model == "tree" else f"gbdt ({objective})"
+    he = "Okamoto-Uchiyama" if crypto["scheme"] == "ou" else "Paillier"
     print(f"\nvertical {what} on {report['dataset']}: 1 active + {args.passive} passive sites, "
-          f"{crypto['key_bits']}-bit Paillier, packing {'on' if params.packing else 'off'}, "
+          f"{crypto['key_bits']}-bit {he}, packing {'on' if params.packing else 'off'}, "
           f"compression {'on' if params.compress else 'off'}")
     cols = (["rmse", "mae", "r2"] if objective == "squared_error" and args.model == "gbdt" else
             ["accuracy", "macro_f1", "auc" if "auc" in g else "mlogloss"])

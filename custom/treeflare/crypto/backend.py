@@ -11,25 +11,28 @@ Two objects per scheme:
   ``serialize`` / ``deserialize`` (fixed-width big-endian bytes in one uint8
   array; every received ciphertext is range-checked).
 
-Backends: ``paillier`` (gmpy2, see :mod:`.paillier`) and ``mock`` (identity "encryption" on
-Python ints, the plaintext oracle).  Both expose the same plaintext capacity
-(``usable_bits``) for a given key size, so slot layouts and packing are identical.
+Backends: ``paillier`` (gmpy2, see :mod:`.paillier`), ``ou`` (Okamoto-Uchiyama, see :mod:`.ou`: ciphertexts
+mod n = p^2 q, plaintexts in Z_p, so ``usable_bits`` is about a third of the key size) and ``mock`` (identity
+"encryption" on Python ints, the plaintext oracle, with Paillier's capacity).  Slot layouts and packing plans
+take each context's ``usable_bits``; sums are exact whatever the capacity, so the models are identical.
 """
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 
 import numpy as np
 from gmpy2 import mpz
 
+from .ou import OuPrivateKey, OuPublicKey
 from .paillier import (MAX_KEY_BITS, MIN_TEST_BITS, CiphertextError, PaillierPrivateKey, PaillierPublicKey,
                        check_key_bits)
 from .workers import make_pool
 
 __all__ = [
     "CiphertextError", "KeyHolder", "PublicContext", "MockPublicKey", "MockKeyHolder",
-    "PaillierKeyHolder", "PaillierPublic", "make_key_holder", "public_from_message",
-    "ints_to_bytes", "bytes_to_ints", "public_to_json", "public_from_json",
+    "PaillierKeyHolder", "PaillierPublic", "OuKeyHolder", "OuPublic", "make_key_holder", "public_from_message",
+    "ints_to_bytes", "bytes_to_ints", "public_to_json", "public_from_json", "micro_rates",
 ]
 
 # below this many values per worker the pool is not worth a round trip
@@ -148,6 +151,39 @@ class PaillierPublic(PublicContext):
         return self.pk.to_message()
 
 
+class OuPublic(PublicContext):
+    """Okamoto-Uchiyama: ciphertexts mod n (half Paillier's size at the same n), plaintexts in Z_p."""
+
+    scheme = "ou"
+
+    def __init__(self, pk: OuPublicKey):
+        super().__init__()
+        self.pk = pk
+        self.n = pk.n
+        self.modulus = pk.n
+        self.usable_bits = pk.usable_bits
+        self.ct_bytes = pk.ct_bytes
+        self.key_bits = pk.bits
+
+    def add(self, a, b):
+        return a * b % self.n
+
+    def shift(self, a, w: int):
+        return self.pk.shift(a, w)
+
+    def one(self):
+        return mpz(1)
+
+    def check(self, c) -> None:
+        self.pk.check(c)
+
+    def check_many(self, cts) -> None:
+        self.pk.check_many(cts)
+
+    def to_message(self) -> dict:
+        return self.pk.to_message()
+
+
 class MockPublicKey(PublicContext):
     """Identity 'encryption': ciphertext == plaintext integer.  Plaintext oracle only."""
 
@@ -180,12 +216,16 @@ def public_to_json(pub: PublicContext) -> dict:
     """The public key as plain JSON (for the party's own worker processes)."""
     if pub.scheme == "paillier":
         return {"scheme": "paillier", "n": int(pub.n)}
+    if pub.scheme == "ou":
+        return {"scheme": "ou", "n": int(pub.n), "g": int(pub.pk.g), "h": int(pub.pk.h)}
     return pub.to_message()
 
 
 def public_from_json(d: dict) -> PublicContext:
     if d.get("scheme") == "paillier":
         return PaillierPublic(PaillierPublicKey(int(d["n"])))
+    if d.get("scheme") == "ou":
+        return OuPublic(OuPublicKey(int(d["n"]), int(d["g"]), int(d["h"])))
     return public_from_message(d)
 
 
@@ -194,6 +234,8 @@ def public_from_message(msg: dict) -> PublicContext:
         raise CiphertextError("public key message malformed")
     if msg["scheme"] == "paillier":
         return PaillierPublic(PaillierPublicKey.from_message(msg))
+    if msg["scheme"] == "ou":
+        return OuPublic(OuPublicKey.from_message(msg))
     if msg["scheme"] == "mock":
         try:
             bits = check_key_bits(msg.get("bits"), minimum=MIN_TEST_BITS, maximum=MAX_KEY_BITS)
@@ -270,9 +312,17 @@ class PaillierKeyHolder(KeyHolder):
     def __init__(self, key: PaillierPrivateKey, workers: int = 1):
         super().__init__()
         self.key = key
-        self.public = PaillierPublic(key.public)
+        self.public = self._public_context(key.public)
         self.key_bits = key.public.bits
         self._pools: dict = {}
+
+    @staticmethod
+    def _public_context(pk):
+        return PaillierPublic(pk)
+
+    def _plain_modulus(self) -> int:
+        """The plaintext space's modulus (n for Paillier, p for Okamoto-Uchiyama: the key holder knows it)."""
+        return int(self.public.n)
 
     @classmethod
     def generate(cls, key_bits: int = 2048, obfuscation: str = "full", allow_insecure: bool = True):
@@ -295,7 +345,7 @@ class PaillierKeyHolder(KeyHolder):
         self._pool(1 << 30, workers)
 
     def encrypt_bytes(self, values, workers: int = 1) -> bytes:
-        n = int(self.public.n)
+        n = self._plain_modulus()
         values = [int(v) % n for v in values]
         values = [v - n if v > n // 2 else v for v in values]     # same plaintext, fits the pipe width
         self.ops["encryptions"] += len(values)
@@ -327,20 +377,109 @@ class PaillierKeyHolder(KeyHolder):
         self._pools = {}
 
 
+class OuKeyHolder(PaillierKeyHolder):
+    """The Okamoto-Uchiyama key holder: the same batches and worker pool as Paillier's (the workers rebuild the key
+    from its ``worker_state``, which names the scheme)."""
+
+    @staticmethod
+    def _public_context(pk):
+        return OuPublic(pk)
+
+    def _plain_modulus(self) -> int:
+        return int(self.key.p)
+
+    @classmethod
+    def generate(cls, key_bits: int = 2048, obfuscation: str = "full", allow_insecure: bool = True):
+        if obfuscation != "full":
+            raise ValueError("Okamoto-Uchiyama has one randomness mode ('full'); 'djn' is Paillier's")
+        return cls(OuPrivateKey.generate(key_bits, allow_insecure))
+
+
 def make_key_holder(scheme: str, key_bits: int, obfuscation: str = "full",
                     allow_insecure: bool = True) -> KeyHolder:
     if scheme == "mock":
         return MockKeyHolder(key_bits)
     if scheme == "paillier":
         return PaillierKeyHolder.generate(key_bits, obfuscation, allow_insecure)
+    if scheme == "ou":
+        return OuKeyHolder.generate(key_bits, obfuscation, allow_insecure)
     raise ValueError(f"unknown HE scheme {scheme!r}")
+
+
+# --------------------------------------------------------------------------------------
+# single-core rates (scripts/bench_vertical.py's micro section calls this for each scheme)
+# --------------------------------------------------------------------------------------
+def micro_rates(scheme: str, key_bits: int, n_ops: int = 600, repeats: int = 3, obfuscation: str = "full") -> dict:
+    """Operation rates of one scheme in this process, one core: the median of ``repeats`` bursts each.
+
+    * ``enc_per_s`` / ``dec_per_s``: the key holder's batches (``encrypt_many`` / ``decrypt_many``: the C kernel
+      where :func:`.native.status` says on, its tables built before timing), ``..._python``: the same batches
+      with every product in Python;
+    * ``mul_per_s``: ciphertext products (a homomorphic addition, the passive party's histogram step) in gmpy2,
+      ``mul_per_s_native``: the same products in the C kernel (Montgomery form kept between products, as the
+      histogram engine runs them), None without the kernel;
+    * ``shift139_per_s``: c^(2^139) (one compression step of a 139-bit field).
+
+    Plaintexts are random values of 140 bits (one packed (g, h) row at 53-bit precision is about that size)."""
+    import statistics
+    import time
+
+    from . import native
+
+    def rate(fn, n):
+        runs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            runs.append(n / (time.perf_counter() - t))
+        return statistics.median(runs)
+
+    kh = make_key_holder(scheme, key_bits, obfuscation, allow_insecure=True)
+    key, pub = kh.key, kh.public
+    if scheme == "ou":
+        slow = OuPrivateKey.from_worker_state(key.worker_state())
+        slow.use_native = False
+    else:
+        slow = PaillierPrivateKey.from_worker_state(key.worker_state())
+        slow._native, slow._native_dec = [], []          # the Python products (the kernel's caches say "none")
+    vals = [secrets.randbits(140) for _ in range(n_ops)]
+    out = {"scheme": scheme, "key_bits": int(key_bits), "obfuscation": obfuscation, "repeats": repeats,
+           "n_ops": n_ops, "bytes_per_ct": pub.ct_bytes, "usable_bits": pub.usable_bits,
+           "native_kernel": native.status()}
+    key.encrypt_many(vals[:8])                           # tables (and the kernel's) built before timing
+    out["enc_per_s"] = rate(lambda: key.encrypt_many(vals), n_ops)
+    few = vals[: max(8, n_ops // 4)]
+    out["enc_per_s_python"] = rate(lambda: slow.encrypt_many(few), len(few))
+    cts = key.encrypt_many(vals)
+    key.decrypt_many(cts[:8])
+    out["dec_per_s"] = rate(lambda: key.decrypt_many(cts), n_ops)
+    out["dec_per_s_python"] = rate(lambda: slow.decrypt_many(cts[: len(few)]), len(few))
+    mod = pub.modulus
+    n_mul = 20 * n_ops
+
+    def py_products():
+        acc = mpz(1)
+        for i in range(n_mul):
+            acc = acc * cts[i % n_ops] % mod
+    out["mul_per_s"] = rate(py_products, n_mul)
+    nat = native.products(mod)
+    out["mul_per_s_native"] = None
+    if nat is not None:
+        table = nat.load(cts)
+        idx = np.arange(n_mul, dtype=np.int32) % n_ops
+        starts = np.unique(np.r_[np.arange(0, n_mul, 320), n_mul]).astype(np.int64)   # 320 products a segment
+        out["mul_per_s_native"] = rate(lambda: nat.values(nat.segment_products(table, idx, starts)), n_mul)
+    out["shift139_per_s"] = rate(lambda: [pub.shift(c, 139) for c in cts[: len(few)]], len(few))
+    kh.close()
+    return out
 
 
 # --------------------------------------------------------------------------------------
 # worker-process operations (see .workers): the key holder's own processes
 # --------------------------------------------------------------------------------------
 def _op_key(state, args, blobs):
-    key = PaillierPrivateKey.from_worker_state(args["state"])
+    st = args["state"]
+    key = (OuPrivateKey if st.get("scheme") == "ou" else PaillierPrivateKey).from_worker_state(st)
     state["key"] = key
     return {}, []
 

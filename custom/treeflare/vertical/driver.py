@@ -163,7 +163,7 @@ def crypto_report(active: ActiveParty) -> dict:
             "units_per_row": int(li.get("units_per_row", 1)),
             "slot_widths": li.get("widths"), "packing": li.get("packing"), "compress": li.get("compress"),
             # whether the key holder's encryptions ran in the C kernel (same integers either way)
-            "native_kernel": native.status() if active.kh.public.scheme == "paillier" else None}
+            "native_kernel": native.status() if active.kh.public.scheme in ("paillier", "ou") else None}
 
 
 # ---------------------------------------------------------------------------- synthetic data

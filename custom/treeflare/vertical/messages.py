@@ -98,6 +98,8 @@ def public_encrypt(pub, m: int):
             if gmpy2.gcd(r, n) == 1:
                 break
         c = (1 + (mpz(m) % n) * n) * gmpy2.powmod(r, n, nsq) % nsq
+    elif pub.scheme == "ou":
+        c = pub.pk.encrypt(m)          # g^m h^r mod n, r uniform in [0, n) (treeflare.crypto.ou)
     else:
         raise CiphertextError(f"no public-key encryption for scheme {pub.scheme!r}")
     pub.check(c)

@@ -29,7 +29,7 @@ class VerticalParams:
     precision: int = 53            # gbdt fixed-point bits
     packing: bool = True           # pack all channels of a row in one plaintext (claims 3/4)
     compress: bool = True          # several split results per returned ciphertext (claim 6)
-    scheme: str = "paillier"       # "paillier" | "mock" (plaintext oracle only)
+    scheme: str = "paillier"       # "paillier" | "ou" (Okamoto-Uchiyama, opt-in) | "mock" (plaintext oracle only)
     obfuscation: str = "full"      # "full" r^n | "djn" short exponent (faster, extra assumption)
     workers: int = 0               # worker processes per party for the crypto; 0 = os.cpu_count()
     hist_subtraction: bool = True  # the larger sibling's sums = the parent's minus the smaller's (at the active)
@@ -54,8 +54,10 @@ class VerticalParams:
             raise ValueError("precision must be in [8, 60] bits")
         if not 2 <= self.min_rows_node <= 1_000_000:
             raise ValueError("min_rows_node must be in [2, 1000000]")
-        if self.scheme not in ("paillier", "mock"):
-            raise ValueError("scheme must be 'paillier' or 'mock'")
+        if self.scheme not in ("paillier", "ou", "mock"):
+            raise ValueError("scheme must be 'paillier', 'ou' (Okamoto-Uchiyama) or 'mock'")
+        if self.scheme == "ou" and self.obfuscation != "full":
+            raise ValueError("obfuscation 'djn' is Paillier's; Okamoto-Uchiyama takes 'full'")
         if self.obfuscation not in ("full", "djn"):
             raise ValueError("obfuscation must be 'full' or 'djn'")
         check_key_bits(self.key_bits, self.allow_insecure_key)
