@@ -47,6 +47,24 @@ def test_no_pickle_eval_exec_in_package():
     assert not found, f"forbidden constructs: {found}"
 
 
+def test_dask_only_in_its_pool_module():
+    """Dask's protocol pickles task functions and results, inside a party's own cluster only (SECURITY.md): one
+    module, crypto/dask_pool.py, may import it, and what it submits is its own top-level functions."""
+    users = set()
+    for p in _sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if any(n.split(".")[0] in ("dask", "distributed") for n in names):
+                users.add(str(p.relative_to(PACKAGE)))
+    assert users == {"crypto/dask_pool.py"}
+    tree = ast.parse((PACKAGE / "crypto" / "dask_pool.py").read_text())
+    top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    submitted = [c.args[0] for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                 and c.func.attr == "submit"]
+    assert submitted and all(isinstance(a, ast.Name) and a.id in top for a in submitted)
+
+
 def test_the_scanner_catches_them(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import pickle\nfrom marshal import loads\nimport shelve\nx = eval('1')\nexec('y=2')\n"

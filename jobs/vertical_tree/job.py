@@ -68,6 +68,15 @@ def on_off(v: str) -> bool:
     return v == "on"
 
 
+def workers_option(v: str):
+    from treeflare.crypto.workers import parse_workers
+
+    try:
+        return parse_workers(v, "--workers")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_args(argv=None):
     from treeflare.flare.runner import add_run_args
     from treeflare.flare.site_config import add_binding_arg
@@ -106,7 +115,10 @@ def parse_args(argv=None):
     c.add_argument("--compress", type=on_off, default=True, help="on|off: several results per returned ciphertext")
     c.add_argument("--obfuscation", choices=["full", "djn"], default="full",
                    help="full: fresh r^n (default); djn: short-exponent randomness (faster, extra assumption)")
-    c.add_argument("--workers", type=int, default=0, help="crypto processes per site (0 = all cores)")
+    c.add_argument("--workers", type=workers_option, default=0,
+                   help="crypto workers per site: N processes (0 = all cores), dask://HOST:PORT (a Dask scheduler "
+                        "the site runs) or dask-local:N (a local Dask cluster of N processes); a site's "
+                        "$TREEFLARE_VERTICAL_WORKERS overrides it")
     c.add_argument("--allow-insecure-key", action="store_true",
                    help="permit --key-bits < 2048 (tests and comparisons only)")
     c.add_argument("--no-oracle", action="store_true", help="skip the plaintext-oracle comparison")

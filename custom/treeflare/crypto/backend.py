@@ -27,7 +27,7 @@ from gmpy2 import mpz
 from .ou import OuPrivateKey, OuPublicKey
 from .paillier import (MAX_KEY_BITS, MIN_TEST_BITS, CiphertextError, PaillierPrivateKey, PaillierPublicKey,
                        check_key_bits)
-from .workers import make_pool
+from .workers import is_cluster, make_pool, parse_workers
 
 __all__ = [
     "CiphertextError", "KeyHolder", "PublicContext", "MockPublicKey", "MockKeyHolder",
@@ -331,13 +331,13 @@ class PaillierKeyHolder(KeyHolder):
     def _pool(self, n_items: int, workers):
         """The pool of ``workers`` processes (started once, kept until :meth:`close`), or None when the batch is
         too small to share out; a small batch on a big pool simply makes fewer tasks (``_n_tasks``)."""
-        workers = max(1, int(workers or 1))
-        if min(workers, n_items // _MIN_PER_WORKER) <= 1:
+        workers = parse_workers(workers or 1)   # a Dask cluster spec (.dask_pool) or a number of processes
+        if n_items < _MIN_PER_WORKER or not is_cluster(workers) and min(workers, n_items // _MIN_PER_WORKER) <= 1:
             return None
         pool = self._pools.get(workers)
         if pool is None:
             pool = make_pool(workers, ["treeflare.crypto.backend"])
-            pool.map("key", [{"state": self.key.worker_state()}] * workers)
+            pool.map("key", [{"state": self.key.worker_state()}] * pool.n)
             self._pools[workers] = pool
         return pool
 

@@ -17,10 +17,15 @@ the code path of every computation is the same with 1 or N workers.
 
 A worker exits when its stdin closes (so it never outlives its parent) and ignores Ctrl-C (the
 parent decides).
+
+A party bigger than one machine names a Dask cluster instead of a process count (:func:`parse_workers`):
+``dask://HOST:PORT`` (a scheduler the party runs) or ``dask-local:N`` (a local cluster of N worker
+processes); :mod:`.dask_pool` runs the same operations there with the same interface.  Every pool also has
+:meth:`map_reduce`: one request per worker, the replies combined by a merge operation (in this process for
+local pools, by a tree reduction on the cluster for Dask).
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import selectors
@@ -33,21 +38,9 @@ import weakref
 from pathlib import Path
 
 from ..processes import close_and_wait
+from .pool_ops import WorkerError, load_ops, merge_request
 
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])   # the folder that holds the treeflare package
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed (its error message, or its exit)."""
-
-
-def _load_ops(modules) -> dict:
-    ops = {}
-    for name in modules:
-        if not name.startswith("treeflare."):
-            raise ValueError(f"worker operations must come from the treeflare package, not {name!r}")
-        ops.update(importlib.import_module(name).OPS)
-    return ops
 
 
 # ------------------------------------------------------------------------------------ framing
@@ -84,14 +77,26 @@ def read_frame(fh) -> tuple:
 
 
 # ------------------------------------------------------------------------------------ pools
+def _merge_here(ops, state, merge_op: str, merge_args: dict, replies: list) -> tuple:
+    """The replies of a map combined left to right by ``merge_op`` in this process."""
+    acc = replies[0]
+    for nxt in replies[1:]:
+        acc = ops[merge_op](state, merge_request(merge_args, acc, nxt), list(acc[1]) + list(nxt[1]))
+    return acc
+
+
+
 class LocalPool:
     """The operations run in this process, one 'worker'."""
 
     n = 1
 
     def __init__(self, modules):
-        self._ops = _load_ops(modules)
+        self._ops = load_ops(modules)
         self._state: dict = {}
+
+    def map_reduce(self, op: str, args_list, blobs_list, merge_op: str, merge_args: dict) -> tuple:
+        return _merge_here(self._ops, self._state, merge_op, merge_args, self.map(op, args_list, blobs_list))
 
     def map(self, op: str, args_list, blobs_list=None) -> list:
         (args,) = args_list
@@ -133,6 +138,14 @@ class WorkerPool:
             self.close()
             raise
         self._finalizer = weakref.finalize(self, close_and_wait, list(self._procs))
+        self._merge_ops = load_ops(self.modules)
+        self._merge_state: dict = {}
+
+    def map_reduce(self, op: str, args_list, blobs_list, merge_op: str, merge_args: dict) -> tuple:
+        """:meth:`map`, the replies merged here (a reply is as large as the merge's input: shipping partials to a
+        worker and back would cost more than merging them)."""
+        replies = self.map(op, args_list, blobs_list)
+        return _merge_here(self._merge_ops, self._merge_state, merge_op, merge_args, replies)
 
     def map(self, op: str, args_list, blobs_list=None) -> list:
         args_list = list(args_list)
@@ -208,9 +221,56 @@ class WorkerPool:
             pass
 
 
-def make_pool(workers: int, modules):
-    """A :class:`WorkerPool` of ``workers`` processes, or a :class:`LocalPool` for ``workers <= 1``."""
-    return WorkerPool(workers, modules) if workers and workers > 1 else LocalPool(modules)
+MAX_WORKERS = 256
+WORKERS_HELP = (f"an integer in [0, {MAX_WORKERS}] (local worker processes, 0 = all cores), 'dask://HOST:PORT' "
+                f"(a Dask scheduler this party runs) or 'dask-local:N' (a local Dask cluster of N worker processes, "
+                f"N in [1, {MAX_WORKERS}])")
+
+
+def parse_workers(spec, option: str = "workers"):
+    """The canonical form of a ``workers`` setting: an int in [0, MAX_WORKERS] (local processes) or a cluster
+    spec string ``dask://HOST:PORT`` / ``dask-local:N``.  A bad one is refused naming ``option`` (not echoing
+    the value, which may be a host name)."""
+    bad = ValueError(f"{option} must be {WORKERS_HELP}")
+    if isinstance(spec, bool):
+        raise bad
+    if isinstance(spec, int):
+        if not 0 <= spec <= MAX_WORKERS:
+            raise bad
+        return spec
+    if not isinstance(spec, str):
+        raise bad
+    text = spec.strip()
+    if text.isdigit():
+        return parse_workers(int(text), option)
+    if text.startswith("dask-local:"):
+        n = text[len("dask-local:"):]
+        if not n.isdigit() or not 1 <= int(n) <= MAX_WORKERS:
+            raise bad
+        return f"dask-local:{int(n)}"
+    if text.startswith("dask://"):
+        host, sep, port = text[len("dask://"):].rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host   # [IPv6]
+        if (not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535
+                or any(c in host for c in "/@?#[] ") or len(host) > 253):
+            raise bad
+        return f"dask://{'[' + host + ']' if ':' in host else host}:{int(port)}"
+    raise bad
+
+
+def is_cluster(spec) -> bool:
+    """``spec`` (already parsed) names a Dask cluster rather than a number of local processes."""
+    return isinstance(spec, str)
+
+
+def make_pool(workers, modules):
+    """The pool a ``workers`` setting asks for: a Dask pool for a cluster spec (:mod:`.dask_pool`), a
+    :class:`WorkerPool` of ``workers`` processes, or a :class:`LocalPool` for ``workers <= 1``."""
+    workers = parse_workers(workers)
+    if is_cluster(workers):
+        from .dask_pool import DaskPool    # dask is imported only by a party that asks for it
+        return DaskPool(workers, modules)
+    return WorkerPool(workers, modules) if workers > 1 else LocalPool(modules)
 
 
 # ------------------------------------------------------------------------------------ worker side
@@ -220,7 +280,7 @@ def _serve(modules) -> None:
     # the protocol owns the real stdout; anything printed goes to stderr
     fout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    ops = _load_ops(modules)
+    ops = load_ops(modules)
     state: dict = {}
     while True:
         try:

@@ -1,19 +1,23 @@
 """Encrypted per-feature, per-bin sums at a passive party (the hot loop) and the compression of
-returned results, on a persistent pool of worker processes (:mod:`treeflare.crypto.workers`).
+returned results, on a persistent pool of workers (:mod:`treeflare.crypto.workers`: local processes,
+or a Dask cluster the party runs).
 
-Every worker holds the tree's ciphertexts and the bins (loaded once per tree; each worker checks a
-share of the ciphertexts).  A layer's work is cut into pieces -- a node, or a slice of a large node's
-rows -- that go to whichever worker is free next, so a worker slowed down by other load on a shared
-machine simply does fewer; the party multiplies the partial per-bin products of a node's pieces.
+The rows are **sharded** over the workers: worker i holds only its contiguous block of rows -- their
+bins (as uint8/uint16 where the bin counts allow) and, per tree, their ciphertexts -- so a party's
+memory for ciphertexts is spread over its workers instead of copied to each.  For a layer, every worker
+gets the rows of each node that fall in its block and returns per-bin partial products; the partials are
+multiplied together by the pool's ``map_reduce`` (here for local processes, a tree reduction on the
+cluster for Dask).  A product mod m does not depend on the order of its factors, so the sums are the
+same integers with any number of workers.
 
 Features are summed **in pairs**: the rows of a node are first multiplied into the joint cells
 (bin of feature a, bin of feature b), then each feature's bins are products of its cells.  That
-takes |rows| + |cells| multiplications for two features instead of 2 |rows|, and the result is
-the same integer (a product mod n^2 does not depend on the order of its factors).
+takes |rows| + |cells| multiplications for two features instead of 2 |rows|.
 
 Where the C kernel (:mod:`treeflare.crypto.native`) is usable, a worker keeps its rows' ciphertexts in
 the kernel's Montgomery form and multiplies cells and bins eight at a time; compression packs eight
-groups at once.  Same integers as the gmpy2 path, which runs otherwise.
+groups at once.  Same integers as the gmpy2 path, which runs otherwise.  Compression needs no rows:
+its shares go to whichever worker is free.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import numpy as np
 
 from ..crypto import native
 from ..crypto.backend import even_ranges, public_from_json, public_to_json
-from ..crypto.workers import make_pool
+from ..crypto.workers import is_cluster, make_pool, parse_workers
 
 _MODULE = "treeflare.vertical.histo"
 
@@ -119,43 +123,98 @@ def _node_hist(st, rows: np.ndarray) -> list:
     return out
 
 
+_BIN_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "int32": np.int32}
+
+
+def _bin_dtype(nbins) -> str:
+    top = max(nbins, default=1)
+    return "uint8" if top <= 256 else "uint16" if top <= 65536 else "int32"
+
+
 def _op_setup(st, args, blobs):
+    """This worker's block of rows: their bins (``rows`` = [lo, hi) of the party's rows)."""
     st.clear()
     st["pub"] = pub = public_from_json(args["pub"])
     st["mul"] = _mul_of(pub)
     st["nbins"] = [int(v) for v in args["nbins"]]
     nf = len(st["nbins"])
-    st["bins"] = np.frombuffer(blobs[0], dtype=np.int32).reshape(-1, nf) if nf else np.zeros((0, 0), np.int32)
+    lo, hi = (int(v) for v in args["rows"])
+    dtype = _BIN_DTYPES[args["dtype"]]
+    st["bins"] = np.frombuffer(blobs[0], dtype=dtype).reshape(hi - lo, nf) if nf else np.zeros((hi - lo, 0), dtype)
     st["groups"] = [tuple(g) for g in args["groups"]]
     st["C"] = None
+    st.pop("C52", None)
     # the C kernel for this key's ciphertexts (None: gmpy2 arithmetic), checked once per worker
     st["native"] = native.products(pub.modulus) if pub.modulus is not None else None
     return {}, []
 
 
 def _op_load(st, args, blobs):
-    """The tree's ciphertexts (row-major, ``units`` per row); this worker checks rows [lo, hi)."""
+    """The tree's ciphertexts of this worker's rows (row-major, ``units`` per row), each one checked."""
     pub, units = st["pub"], int(args["units"])
+    st["C"] = None
+    st.pop("C52", None)
     flat = pub.from_bytes(blobs[0], check=False)
     if len(flat) != st["bins"].shape[0] * units:
         raise ValueError("ciphertext count does not match the rows")
-    lo, hi = (int(v) for v in args["check"])
-    pub.check_many(flat[lo * units:hi * units])
+    pub.check_many(flat)
     st["C"] = [flat[u::units] for u in range(units)]
     if st["native"] is not None:
         st["C52"] = [st["native"].load(c) for c in st["C"]]
+        st["C"] = [None] * units       # the kernel's copy is the one used: do not hold both
     return {}, []
 
 
 def _op_hist(st, args, blobs):
+    """Per node (one blob of this worker's local row indices each): its partial histograms, flat."""
     pub = st["pub"]
     one = pub.one()
     out = []
     st["mults"] = 0
-    for raw in blobs:            # one or more row sets (global row indices)
-        h = _node_hist(st, np.frombuffer(raw, dtype=np.int32))
+    n_local = st["bins"].shape[0]
+    for raw in blobs:
+        rows = np.frombuffer(raw, dtype=np.int32)
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n_local):
+            raise ValueError("row index outside this worker's rows")
+        h = _node_hist(st, rows)
         out.append(pub.to_bytes(one if c is None else c for f in h for b in f for c in b))
     return {"mults": st["mults"]}, out
+
+
+def _merge_pub(st, args):
+    pub = st.get("pub")
+    if pub is None:     # a local pool merges in the party's process, which has no worker state
+        pub = st.get("merge_pub")
+        if pub is None:
+            pub = st["merge_pub"] = public_from_json(args["pub"])
+    return pub
+
+
+def _op_merge(st, args, blobs):
+    """Two workers' partial histograms (blobs[:split] and blobs[split:], one per node) multiplied per cell."""
+    pub = _merge_pub(st, args)
+    split = int(args["split"])
+    left, right = blobs[:split], blobs[split:]
+    if len(left) != len(right):
+        raise ValueError("partial histograms of different node counts")
+    one = pub.one()
+    mults = sum(int(r.get("mults", 0)) for r in args["results"])
+    out = []
+    for a, b in zip(left, right):
+        xa, xb = pub.from_bytes(a, check=False), pub.from_bytes(b, check=False)
+        if len(xa) != len(xb):
+            raise ValueError("partial histograms of different sizes")
+        merged = []
+        for x, y in zip(xa, xb):
+            if x == one:
+                merged.append(y)
+            elif y == one:
+                merged.append(x)
+            else:
+                merged.append(pub.add(x, y))
+                mults += 1
+        out.append(pub.to_bytes(merged))
+    return {"mults": mults}, out
 
 
 def _horner(pub, group, widths):
@@ -185,58 +244,66 @@ def _op_compress(st, args, blobs):
     return {}, [pub.to_bytes(out)]
 
 
-OPS = {"hist_setup": _op_setup, "hist_load": _op_load, "hist": _op_hist, "hist_compress": _op_compress}
+OPS = {"hist_setup": _op_setup, "hist_load": _op_load, "hist": _op_hist, "hist_merge": _op_merge,
+       "hist_compress": _op_compress}
 
 
 # --------------------------------------------------------------------------------- party side
 class HistEngine:
     """A passive party's histogram and compression machinery for one run."""
 
-    def __init__(self, pub, bins: np.ndarray, nbins: list, workers: int = 1):
+    def __init__(self, pub, bins: np.ndarray, nbins: list, workers=1):
         self.pub = pub
         self.n, self.n_features = bins.shape
         self.nbins = [int(v) for v in nbins]
-        k = max(1, min(int(workers or 1), self.n // 256 or 1)) if pub.modulus is not None else 1
-        self.pool = make_pool(k, [_MODULE])
-        groups = _groups(self.n_features)
-        b32 = np.ascontiguousarray(bins, dtype=np.int32).tobytes()
-        self.pool.map("hist_setup", [{"pub": public_to_json(pub), "nbins": self.nbins, "groups": groups}] * self.pool.n,
-                      [[b32]] * self.pool.n)
+        workers = parse_workers(workers)
+        if pub.modulus is None:           # the plaintext oracle: nothing worth a pool
+            workers = 1
+        elif not is_cluster(workers):     # blocks of at least 256 rows
+            workers = max(1, min(workers or 1, self.n // 256 or 1))
+        self.pool = make_pool(workers, [_MODULE])
+        try:
+            self.shards = even_ranges(self.n, self.pool.n)
+            groups = _groups(self.n_features)
+            dtype = _bin_dtype(self.nbins)
+            pub_json = public_to_json(pub)
+            self._merge_args = {"pub": pub_json}
+            self.pool.map("hist_setup", [{"pub": pub_json, "nbins": self.nbins, "groups": groups, "rows": [a, b],
+                                          "dtype": dtype} for a, b in self.shards],
+                          [[np.ascontiguousarray(bins[a:b], dtype=_BIN_DTYPES[dtype]).tobytes()]
+                           for a, b in self.shards])
+        except BaseException:
+            self.pool.close()
+            raise
         self.units = 0
         self.counts = {"multiplications": 0}
 
     def load(self, raw: bytes, units: int) -> None:
-        """The tree's ciphertexts, ``units`` per row, row-major; each worker checks a share."""
-        self.pool.map("hist_load", [{"units": units, "check": [a, b]} for a, b in even_ranges(self.n, self.pool.n)],
-                      [[raw]] * self.pool.n)
+        """The tree's ciphertexts, ``units`` per row, row-major: each worker gets (and checks) its rows' only."""
+        w = self.pub.ct_bytes
+        if len(raw) != self.n * units * w:
+            raise ValueError("ciphertext bytes do not match the rows")
+        self.pool.map("hist_load", [{"units": units}] * self.pool.n,
+                      [[raw[a * units * w:b * units * w]] for a, b in self.shards])
         self.units = units
 
     def histograms(self, nodes: dict) -> dict:
         """{key: global row indices} -> {key: hist[f][b] = [unit ciphertexts]} (neutral for empty bins)."""
         keys = list(nodes)
-        k = self.pool.n
-        tasks, owner = [], []
+        per_worker = [[] for _ in self.shards]
         for key in keys:
-            rows = np.ascontiguousarray(nodes[key], dtype=np.int32)
-            pieces = 1 if k == 1 else max(1, min(2 * k, rows.size // 2048))
-            for a, b in even_ranges(rows.size, pieces):
-                tasks.append(({}, [rows[a:b].tobytes()]))
-                owner.append(key)
-        replies = self.pool.run_tasks("hist", tasks)
-        self.counts["multiplications"] += sum(int(res["mults"]) for res, _ in replies)
+            rows = np.asarray(nodes[key], dtype=np.int64)
+            if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= self.n):
+                raise ValueError("row index outside the party's rows")
+            for i, (a, b) in enumerate(self.shards):
+                local = rows[(rows >= a) & (rows < b)] - a
+                per_worker[i].append(local.astype(np.int32).tobytes())
+        res, blobs = self.pool.map_reduce("hist", [{}] * self.pool.n, per_worker, "hist_merge", self._merge_args)
+        self.counts["multiplications"] += int(res["mults"])
         pub, units = self.pub, self.units
-        one = pub.one()
-        merged = {}
-        for key, (_res, rb) in zip(owner, replies):
-            part = pub.from_bytes(rb[0], check=False)
-            if key not in merged:
-                merged[key] = part
-            else:
-                merged[key] = [x if y == one else y if x == one else pub.add(x, y) for x, y in zip(merged[key], part)]
-                self.counts["multiplications"] += len(part)
         out = {}
-        for key in keys:
-            flat, hist, pos = merged[key], [], 0
+        for key, raw in zip(keys, blobs):
+            flat, hist, pos = pub.from_bytes(raw, check=False), [], 0
             for nb in self.nbins:
                 hist.append([flat[pos + b * units:pos + (b + 1) * units] for b in range(nb)])
                 pos += nb * units

@@ -5,6 +5,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from ..crypto import check_key_bits
+from ..crypto.workers import is_cluster, parse_workers
 from .objectives import OBJECTIVES
 
 MAX_TREES = 1000
@@ -31,7 +32,7 @@ class VerticalParams:
     compress: bool = True          # several split results per returned ciphertext (claim 6)
     scheme: str = "paillier"       # "paillier" | "ou" (Okamoto-Uchiyama, opt-in) | "mock" (plaintext oracle only)
     obfuscation: str = "full"      # "full" r^n | "djn" short exponent (faster, extra assumption)
-    workers: int = 0               # worker processes per party for the crypto; 0 = os.cpu_count()
+    workers: int | str = 0         # crypto workers: N processes (0 = all cores), 'dask://HOST:PORT', 'dask-local:N'
     hist_subtraction: bool = True  # the larger sibling's sums = the parent's minus the smaller's (at the active)
     allow_insecure_key: bool = False  # permit key_bits < 2048 (tests only)
 
@@ -61,15 +62,18 @@ class VerticalParams:
         if self.obfuscation not in ("full", "djn"):
             raise ValueError("obfuscation must be 'full' or 'djn'")
         check_key_bits(self.key_bits, self.allow_insecure_key)
-        if not 0 <= self.workers <= 256:
-            raise ValueError("workers must be in [0, 256] (0 = all cores)")
+        self.workers = parse_workers(self.workers, "workers")
         if not (self.learning_rate > 0 and self.reg_lambda >= 0 and self.min_child_weight >= 0):
             raise ValueError("learning_rate must be > 0, reg_lambda and min_child_weight >= 0")
         return self
 
     @property
-    def n_workers(self) -> int:
-        return self.workers if self.workers and self.workers > 0 else max(1, os.cpu_count() or 1)
+    def n_workers(self) -> int | str:
+        """The number of local worker processes, or the Dask cluster spec as it is."""
+        w = parse_workers(self.workers, "workers")
+        if is_cluster(w):
+            return w
+        return w if w > 0 else max(1, os.cpu_count() or 1)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..crypto import MAX_KEY_BITS, MIN_SECURE_BITS, CiphertextError, check_key_bits, public_from_message
 from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan
-from ..crypto.workers import WorkerError
+from ..crypto.workers import WorkerError, parse_workers
 from .histo import HistEngine
 from .inference import PredictionAnswers
 from .messages import (PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, encrypt_alignment,
@@ -78,7 +78,7 @@ class PassiveParty:
         self.feature_names = list(feature_names)
         self.ids_train = list(ids_train) if ids_train is not None else list(range(self.n))
         self.ids_test = list(ids_test) if ids_test is not None else list(range(self.n_test))
-        self.workers = max(1, int(workers or 1))
+        self.workers = parse_workers(workers or 1)    # processes, or this party's Dask cluster (crypto.workers)
         self.policy = policy or PassivePolicy()
         self.min_key_bits = int(min_key_bits if min_key_bits is not None else self.policy.min_key_bits)
         self.allow_mock = bool(allow_mock if allow_mock is not None else self.policy.allow_mock)

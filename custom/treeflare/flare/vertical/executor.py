@@ -28,7 +28,9 @@ metrics and operation counts.  See SECURITY.md.
 
 A passive site's limits (whatever the active site proposes) come from the executor's arguments or
 the environment: ``$TREEFLARE_VERTICAL_MIN_KEY_BITS``, ``$TREEFLARE_VERTICAL_MIN_NODE_ROWS``,
-``$TREEFLARE_VERTICAL_MAX_TREES``, ``$TREEFLARE_VERTICAL_MAX_DEPTH``.
+``$TREEFLARE_VERTICAL_MAX_TREES``, ``$TREEFLARE_VERTICAL_MAX_DEPTH``.  A site's crypto workers (local processes,
+or its own Dask cluster: ``dask://HOST:PORT``, ``dask-local:N``) come from ``$TREEFLARE_VERTICAL_WORKERS`` where
+set, else the executor's ``workers``.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 import numpy as np
 
 from ...crypto.packing import SlotOverflowError
+from ...crypto.workers import parse_workers
 from ...data import DataError, Schema, read_site
 from ...data.csv_io import party_rows_table
 from ...data.intersection import read_intersection, restrict
@@ -63,6 +66,7 @@ MIN_NODE_ROWS_ENV = "TREEFLARE_VERTICAL_MIN_NODE_ROWS"
 MAX_TREES_ENV = "TREEFLARE_VERTICAL_MAX_TREES"
 MAX_DEPTH_ENV = "TREEFLARE_VERTICAL_MAX_DEPTH"
 MAX_PREDICT_ROWS_ENV = "TREEFLARE_VERTICAL_MAX_PREDICT_ROWS"
+WORKERS_ENV = "TREEFLARE_VERTICAL_WORKERS"
 ACTIVE_PRED = "vertical_active_predictions.json"
 PREDICTIONS = "vertical_predictions.csv"    # a prediction run's output, at the active site only
 MAX_MODEL_BYTES = 512 * 1024 * 1024
@@ -94,7 +98,7 @@ def kept_rows(table, run_dir, site: str, kind: str):
 class VerticalExecutor(SiteExecutor):
     PUBLIC_ERRORS = (ProtocolError, SlotOverflowError, ModelPartError)
 
-    def __init__(self, data_root: str = "", workers: int = 0, min_key_bits: int = 2048,
+    def __init__(self, data_root: str = "", workers: int | str = 0, min_key_bits: int = 2048,
                  allow_mock: bool = False, min_node_rows: int = DEFAULT_MIN_ROWS_NODE,
                  max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH, schema: dict | None = None,
                  max_predict_rows: int = MAX_PREDICT_ROWS, binding: str = ""):
@@ -103,7 +107,8 @@ class VerticalExecutor(SiteExecutor):
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
             binding: the name of the site binding to read ("" the default one; see site_config).
             schema: the job's schema (``Schema.to_dict()``); each party reads the columns its files hold.
-            workers: processes for the crypto at this site (0 = all cores).
+            workers: the crypto workers at this site: processes (0 = all cores), ``dask://HOST:PORT`` (a Dask
+              scheduler the site runs) or ``dask-local:N`` (``$TREEFLARE_VERTICAL_WORKERS`` overrides it on the site).
             min_key_bits: a passive site refuses a public key shorter than this
               (``$TREEFLARE_VERTICAL_MIN_KEY_BITS`` overrides it on the site).
             allow_mock: accept the plaintext mock scheme (oracle/testing only; never in production).
@@ -117,7 +122,7 @@ class VerticalExecutor(SiteExecutor):
         super().__init__()
         self.data_root = data_root
         self.binding = binding
-        self.workers = int(workers)
+        self.workers = parse_workers(workers, "workers")
         self.min_key_bits = int(min_key_bits)
         self.allow_mock = bool(allow_mock)
         self.min_node_rows = int(min_node_rows)
@@ -164,8 +169,8 @@ class VerticalExecutor(SiteExecutor):
                 self.active = ActivePredictor(site, model, X, ids)
             else:
                 params = VerticalParams.from_dict(dict(task["params"]))
-                if self.workers:
-                    params.workers = self.workers
+                if self._site_workers():
+                    params.workers = self._site_workers()
                 passives = [str(p) for p in task["passives"]]
                 train, test = self._psi_tables(site, fl_ctx)
                 X, names, _ = train.codes()
@@ -259,6 +264,11 @@ class VerticalExecutor(SiteExecutor):
                                                                     + a.comm["messages_to_active"]),
                 "timings_s": {k: float(v) for k, v in a.timings.items()}}
 
+    def _site_workers(self):
+        """This site's crypto workers: its environment overrides the job's executor argument."""
+        env = os.environ.get(WORKERS_ENV, "").strip()
+        return parse_workers(env, WORKERS_ENV) if env else self.workers
+
     # ------------------------------------------------------------------ passive site
     def _policy(self) -> PassivePolicy:
         """This site's limits: its environment overrides the job's executor arguments."""
@@ -284,7 +294,8 @@ class VerticalExecutor(SiteExecutor):
             Xt, _, _ = test.codes()
             self.own_schema = train.schema
             self.passive = PassiveParty(site, X, Xt, names, ids_train=list(map(str, train.ids)),
-                                        ids_test=list(map(str, test.ids)), workers=self.workers or os.cpu_count(),
+                                        ids_test=list(map(str, test.ids)),
+                                        workers=self._site_workers() or os.cpu_count(),
                                         policy=self._policy())
         elif msg.get("type") == "predict_setup":
             model, X, ids = self._prediction_part(site, fl_ctx, PASSIVE_MODEL, check_passive_model)

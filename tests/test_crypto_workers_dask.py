@@ -1,0 +1,188 @@
+"""Crypto workers on a Dask cluster (``--workers dask://HOST:PORT`` / ``dask-local:N``): the same model as
+the plaintext oracle and as one in-process worker, bit for bit; the spec validated; a closed pool leaves
+no process and no state on the cluster.  Loopback only, no dashboard."""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import numpy as np
+import psutil
+import pytest
+
+pytest.importorskip("distributed")
+
+from distributed import Client, LocalCluster  # noqa: E402
+
+from treeflare.crypto import PaillierKeyHolder  # noqa: E402
+from treeflare.crypto.dask_pool import DaskPool, count_states  # noqa: E402
+from treeflare.crypto.workers import WorkerError, make_pool, parse_workers  # noqa: E402
+from treeflare.vertical import VerticalParams, compare_runs, run_oracle, run_vertical, synthetic  # noqa: E402
+from treeflare.vertical.histo import HistEngine  # noqa: E402
+
+BITS = 512   # test-only keys
+
+
+def _descendants() -> set:
+    """This process's descendants, but multiprocessing's resource tracker (started by the first spawned process,
+    it ends with this process; it runs no operation)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "multiprocessing.resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _wait_gone(pids) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local cluster for the module (two worker processes, one thread each): parties connect with dask://."""
+    before = _descendants()
+    lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+                      silence_logs=logging.ERROR, memory_limit=0, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
+    try:
+        yield lc
+    finally:
+        lc.close()
+    _wait_gone(_descendants() - before)
+    assert not (_descendants() - before), "the test cluster left processes"
+
+
+def _spec(lc) -> str:
+    return "dask://" + lc.scheduler_address.split("://", 1)[1]
+
+
+def _states(lc) -> list:
+    with Client(lc, set_as_default=False) as c:
+        return list(c.run(count_states).values())
+
+
+def _data():
+    """Small, with missing values in both parties' columns and a rare value (one row at an extreme)."""
+    d = synthetic(n=700, n_test=60, passive_features=(3,), n_classes=2, seed=11)
+    rng = np.random.default_rng(3)
+    for X in (d.X_active, d.X_passive[0], d.X_active_test, d.X_passive_test[0]):
+        X[rng.random(X.shape) < 0.08] = np.nan
+    d.X_passive[0][5, 1] = 1e6
+    return d
+
+
+def test_parse_workers():
+    assert parse_workers(0) == 0 and parse_workers("3") == 3 and parse_workers(" 2 ") == 2
+    assert parse_workers("dask-local:04") == "dask-local:4"
+    assert parse_workers("dask://10.0.0.5:8786") == "dask://10.0.0.5:8786"
+    assert parse_workers("dask://sched.example:8786") == "dask://sched.example:8786"
+    assert parse_workers("dask://[::1]:8786") == "dask://[::1]:8786"
+    for bad in (-1, 257, True, 2.5, None, "", "dask-local:0", "dask-local:x", "dask://", "dask://host",
+                "dask://host:0", "dask://host:70000", "dask://u@host:1", "dask://host/x:1", "tcp://host:8786",
+                "dask-local:999"):
+        with pytest.raises(ValueError, match="^workers must be") as e:
+            parse_workers(bad)
+        assert "host" not in str(e.value).replace("HOST", "")        # the value itself is not echoed
+    with pytest.raises(ValueError, match="--workers must be"):
+        parse_workers("dask:/x", "--workers")
+    with pytest.raises(ValueError, match="workers must be"):
+        VerticalParams(workers="dask-local:").validate()
+    assert VerticalParams(workers="dask-local:2").validate().n_workers == "dask-local:2"
+    assert VerticalParams(workers=3).validate().n_workers == 3
+
+
+def test_unreachable_scheduler_is_a_clear_error(monkeypatch):
+    from treeflare.crypto import dask_pool
+
+    monkeypatch.setattr(dask_pool, "_CONNECT_S", 2)
+    with pytest.raises(WorkerError, match="cannot reach the Dask cluster"):
+        make_pool("dask://127.0.0.1:9", ["treeflare.vertical.histo"])   # port 9 (discard): nothing listens
+
+
+def test_operations_only_from_the_package(cluster):
+    with pytest.raises(ValueError, match="treeflare package"):
+        DaskPool(_spec(cluster), ["os"])
+
+
+def test_same_model_as_oracle_and_one_worker(cluster):
+    """Both parties' crypto on the cluster (one cluster for the test's economy; each pool's state is its own)."""
+    d = _data()
+    P = VerticalParams(model="gbdt", objective="binary", n_trees=2, max_depth=3, bins=8, min_rows_node=4,
+                       key_bits=BITS, allow_insecure_key=True, obfuscation="djn", workers=1).validate()
+    one = run_vertical(d, P)
+    dask = run_vertical(d, replace(P, workers=_spec(cluster)))
+    assert compare_runs(dask, one)["identical"]
+    assert compare_runs(dask, run_oracle(d, P))["identical"]
+    assert dask[1]["site-2"].engine is None or dask[1]["site-2"].engine.pool.n == 2
+    assert _states(cluster) == [0, 0], "a closed pool left state on the workers"
+
+
+def test_histograms_sharded_and_tree_reduced(cluster):
+    """HistEngine on the cluster: each worker holds only its rows; the node sums equal one worker's; merges run
+    on the cluster and the counts agree."""
+    kh = PaillierKeyHolder.generate(BITS, "djn")
+    pub = kh.public
+    rng = np.random.default_rng(0)
+    n = 600
+    bins = rng.integers(0, 5, size=(n, 3)).astype(np.uint8)
+    raw = kh.encrypt_bytes([int(v) for v in rng.integers(0, 1000, size=n)])
+    nodes = {0: np.arange(n), 1: np.sort(rng.choice(n, 250, replace=False)), 2: np.array([3, 599]),
+             3: np.array([], dtype=np.int64)}
+    ref = HistEngine(pub, bins, [5, 5, 5], workers=1)
+    eng = HistEngine(pub, bins, [5, 5, 5], workers=_spec(cluster))
+    try:
+        assert eng.pool.n == 2 and eng.shards == [(0, 300), (300, 600)]
+        ref.load(raw, 1)
+        eng.load(raw, 1)
+        assert eng.histograms(nodes) == ref.histograms(nodes)
+        assert eng.counts["multiplications"] >= ref.counts["multiplications"]
+        groups = [[(c, 20) for c in ref.histograms({0: nodes[0]})[0][f][0]] * 3 for f in range(3)]
+        assert eng.compress(groups) == ref.compress(groups)
+        with pytest.raises(ValueError, match="outside the party's rows"):
+            eng.histograms({0: np.array([n])})
+    finally:
+        eng.close()
+        ref.close()
+    assert _states(cluster) == [0, 0]
+
+
+def test_dask_local_closes_its_processes():
+    """dask-local:N starts its own cluster and closes it: no process of it is left."""
+    before = _descendants()
+    kh = PaillierKeyHolder.generate(BITS, "djn")
+    vals = list(range(-100, 300))
+    kh_dask = PaillierKeyHolder(kh.key)
+    try:
+        raw = kh_dask.encrypt_bytes(vals, "dask-local:2")     # the key holder's own cluster, started here
+        (pool,) = kh_dask._pools.values()
+        assert pool.n == 2 and len(_descendants() - before) >= 2
+        assert kh.decrypt_bytes(raw) == vals
+        assert kh_dask.decrypt_bytes(raw, "dask-local:2") == vals
+    finally:
+        kh_dask.close()
+    _wait_gone(_descendants() - before)
+    assert not (_descendants() - before)
+
+
+def test_site_environment_names_its_own_cluster(monkeypatch):
+    """A site's $TREEFLARE_VERTICAL_WORKERS overrides the job's workers (a site runs its own cluster); a bad one
+    is refused naming the variable."""
+    from treeflare.flare.vertical.executor import WORKERS_ENV, VerticalExecutor
+
+    ex = VerticalExecutor(workers="dask-local:2")
+    assert ex._site_workers() == "dask-local:2"
+    monkeypatch.setenv(WORKERS_ENV, "dask://10.1.2.3:8786")
+    assert ex._site_workers() == "dask://10.1.2.3:8786"
+    monkeypatch.setenv(WORKERS_ENV, "dask://10.1.2.3")
+    with pytest.raises(ValueError, match=f"^{WORKERS_ENV} must be"):
+        ex._site_workers()
+    with pytest.raises(ValueError, match="^workers must be"):
+        VerticalExecutor(workers="lots")
