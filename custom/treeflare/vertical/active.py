@@ -36,7 +36,7 @@ from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError
                        split_alignment)
 from .objectives import make_objective, tree_channels
 from .params import VerticalParams
-from .quantize import apply_bins, fit_bins
+from .quantize import bin_matrix
 from .stats import PlainHist, cum_candidates
 
 _MAX_DECLARED_FEATURES = 100_000
@@ -84,8 +84,7 @@ class ActiveParty:
             raise ValueError("at least one passive party is needed")
         self.ids_train = list(ids_train) if ids_train is not None else list(range(self.n))
         self.ids_test = list(ids_test) if ids_test is not None else list(range(len(self.X_test)))
-        self.edges = fit_bins(self.X_train, P.bins)
-        self.bins = apply_bins(self.X_train, self.edges)
+        self.edges, self.bins = bin_matrix(self.X_train, P.bins)       # codes uint8 up to 256 bins
         self.crit = make_criterion(P, self.n_classes, self.n_outputs)
         self.kh = key_holder
         self.trees: list = []

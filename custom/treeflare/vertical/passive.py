@@ -48,7 +48,7 @@ from .inference import PredictionAnswers
 from .messages import (PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, encrypt_alignment,
                        int_array, int_list, new_link, require)
 from .params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
-from .quantize import apply_bins, fit_bins
+from .quantize import bin_matrix
 
 _MAX_CHANNELS = 4096
 _RNG = secrets.SystemRandom()
@@ -156,8 +156,7 @@ class PassiveParty:
                                 f"least {pol.min_rows_node}")
         self.hist_subtraction = bool(msg.get("hist_subtraction", True))
         t = time.perf_counter()
-        self.edges = fit_bins(self.X_train, bins)
-        self.bins = apply_bins(self.X_train, self.edges)
+        self.edges, self.bins = bin_matrix(self.X_train, bins)         # codes uint8 up to 256 bins
         self.nbins = [len(e) + 1 for e in self.edges]
         self.features = [f for f, nb in enumerate(self.nbins) if nb >= 2]   # constant columns give no split
         self.pub = pub
