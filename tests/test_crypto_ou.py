@@ -291,3 +291,33 @@ def test_micro_rates_measures_what_it_names():
     for k in ("enc_per_s", "enc_per_s_python", "dec_per_s", "dec_per_s_python", "mul_per_s", "mul_per_s_native"):
         assert k in r
     assert r["enc_per_s_python"] > 0 and r["dec_per_s_python"] > 0 and r["mul_per_s"] > 0
+
+
+def test_active_refuses_a_reply_that_wraps_mod_p():
+    """A passive party that multiplies a returned plaintext by 2^p_bits (one shift, no key needed) makes it wrap
+    mod p: the decrypted value is v * (2^p_bits - p) mod p, which the slot decoding or the node's consistency check
+    refuses, so the job stops (with a fresh key next time) instead of acting on a value that depends on p."""
+    P = _params(model="tree", max_depth=2)
+    a, p, name, out = _first_layer(P)
+    out = a.step({name: p.handle(out[name])})
+    r = p.handle(out[name])
+    node = dict(r["nodes"][0])
+    pub = p.pub
+    cts = pub.deserialize(node["cts"])
+    cts[0] = pub.shift(cts[0], pub.pk.p_bits)
+    node["cts"] = pub.serialize(cts)
+    with pytest.raises(ProtocolError, match="do not decode|inconsistent"):
+        a.step({name: {"type": "hist", "nodes": [node]}})
+
+
+def test_same_plaintext_encryptions_reveal_no_factor():
+    """E(m) and E(m) again differ in both CRT components: their ratio minus one shares no factor with n (a
+    randomness missing mod q or mod p^2 would hand out q or p^2 by a gcd)."""
+    pk = KEY.public
+    for k in (KEY, _python_only(KEY)):
+        cts = k.encrypt_many([42] * 12 + [-42] * 12)
+        for a, b in zip(cts[::2], cts[1::2]):
+            ratio = a * gmpy2.invert(b, pk.n) % pk.n
+            assert gmpy2.gcd(ratio - 1, pk.n) == 1
+    c = pk.encrypt(42)
+    assert gmpy2.gcd(c * gmpy2.invert(pk.encrypt(42), pk.n) % pk.n - 1, pk.n) == 1
