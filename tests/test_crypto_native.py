@@ -382,3 +382,28 @@ def test_kernel_secret_powers_equal_powmod_sec(bits):
         assert nat is not None
         xs = [mpz(secrets.randbelow(int(m))) for _ in range(11)] + [mpz(0), mpz(1)]
         assert nat.pow_many(xs) == [gmpy2.powmod_sec(x, e, m) for x in xs]
+
+
+def test_okamoto_uchiyama_moduli_in_the_kernel():
+    """OU's three moduli (p^2 and q at the key holder, n for a passive party's products) are odd and of sizes
+    that are not a multiple of 52 bits: the kernel's encryption, decryption and products equal Python's."""
+    from treeflare.crypto.ou import OuPrivateKey
+
+    key = OuPrivateKey.generate(2048)
+    vals = [0, 1, -1, (1 << key.public.usable_bits) - 1] + [secrets.randbits(300) - 2**299 for _ in range(21)]
+    py = OuPrivateKey.from_worker_state(key.worker_state())
+    py.use_native = False
+    cts = key.encrypt_many(vals)
+    assert key.decrypt_many(cts) == py.decrypt_many(cts) == vals
+    assert py.decrypt_many(py.encrypt_many(vals)) == vals
+    assert bool(key._native_q_table()) == bool(key._native_pow()) == ON_THIS_MACHINE
+    assert all(bool(t) == ON_THIS_MACHINE for t in key._native.values()) and key._native
+    nat = native.products(key.public.n)
+    assert (nat is not None) == ON_THIS_MACHINE
+    if nat is not None:
+        import numpy as np
+
+        table = nat.load(cts)
+        want = functools.reduce(lambda x, y: x * y % key.public.n, cts)
+        assert nat.values(nat.segment_products(table, np.arange(len(cts), dtype=np.int32), [0, len(cts)])) == [want]
+        assert key.decrypt(want) == sum(vals)

@@ -204,14 +204,17 @@ class OuPrivateKey:
         m = int(m) % p
         return m - p if m > p // 2 else m
 
-    def _randomness(self) -> tuple:
-        """(r mod (p - 1), r) for a fresh r uniform in [0, lcm(p - 1, q - 1))."""
-        r = secrets.randbelow(int(self.lam))
-        return r % (int(self.p) - 1), r
-
-    def _q_exponent(self, m: int, r: int) -> int:
-        # g^m h^r = g^(m + n r); mod q the exponent reduces mod q - 1 (g mod q is a unit)
-        return (m + int(self._nq) * r) % (int(self.q) - 1)
+    def _exponents(self, ms) -> tuple:
+        """For each plaintext a fresh r uniform in [0, lcm(p - 1, q - 1)) (``secrets.randbelow``, one call each), as
+        the two exponents the CRT halves need: r mod (p - 1) for h mod p^2, and m + n r mod (q - 1) for g mod q
+        (g^m h^r = g^(m + n r), and g mod q is a unit)."""
+        lam, pm1, qm1, nq = int(self.lam), self.p - 1, self.q - 1, self._nq
+        eps, eqs = [], []
+        for m in ms:
+            r = mpz(secrets.randbelow(lam))
+            eps.append(r % pm1)
+            eqs.append((m + nq * r) % qm1)
+        return eps, eqs
 
     def _combine(self, cp, cq):
         return cq + self.q * ((cp - cq) * self.q_inv % self.psq)
@@ -224,9 +227,8 @@ class OuPrivateKey:
         """[E(m) for m in values], each with its own fresh randomness; the fixed-base products run in the C kernel
         of :mod:`.native` when it is usable (same tables, same exponents, same integers), else in Python."""
         ms = [self._centred_plain(v) for v in values]
-        rs = [self._randomness() for _ in ms]
-        cps = self._powers_p(ms, [ep for ep, _r in rs])
-        eqs = [self._q_exponent(m, r) for m, (_ep, r) in zip(ms, rs)]
+        eps, eqs = self._exponents(ms)
+        cps = self._powers_p(ms, eps)
         nq = self._native_q_table()
         cqs = nq.pow_many(eqs) if nq else [_fixed_base_pow(self._tab_q, e, self.q) for e in eqs]
         return [self._combine(mpz(a), mpz(b)) for a, b in zip(cps, cqs)]
@@ -244,7 +246,7 @@ class OuPrivateKey:
             nat = self._native_p(sign, rows, tab_g)
             if nat:
                 shift = 8 * rows
-                res = nat.pow_many([v | (eps[i] << shift) for v, i in zip(mags, idx)])
+                res = nat.pow_many([v | (int(eps[i]) << shift) for v, i in zip(mags, idx)])
             else:
                 res = [_fixed_base_pow(tab_g, v, self.psq) * _fixed_base_pow(self._tab_h, eps[i], self.psq)
                        % self.psq for v, i in zip(mags, idx)]
