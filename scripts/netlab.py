@@ -51,7 +51,13 @@ PREFIX = 24
 TOKEN_VAR = "TREEFLARE_NETLAB_TAG"
 ADMIN_USER = "admin@treeflare.org"  # configs/project.yml's admin; its kit folder has this name
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts each file of NETNS_ETC/NS over /etc/
+FLARE_TMP = "/tmp/nvflare"  # where a kit's resources put the server's job and snapshot stores
 TAG_RE = re.compile(r"tf\d{1,7}[0-9a-f]{4}")
+
+
+class LabGone(Exception):
+    """The lab was torn down (a signal, or teardown called) while something still used it. Not a RuntimeError,
+    so that no retry loop here mistakes it for a passing failure."""
 
 
 def run(argv, check=True, timeout=60, **kw) -> subprocess.CompletedProcess:
@@ -232,6 +238,31 @@ class NetLab:
         for role, kit in self.kits.items():
             if not (kit / "startup").is_dir():
                 raise RuntimeError(f"provisioning made no kit for {role} at {kit}")
+        self._own_server_storage()
+
+    def _own_server_storage(self) -> None:
+        """Give the server a job store and snapshot store of its own, in its host folder. A kit's defaults put
+        them in /tmp/nvflare/, which is the server host's own /tmp on a real host; here every FLARE server on the
+        machine (other labs, the loopback tests' systems) shares that folder, and a server runs any job it finds
+        there (seen: a job taken by the wrong server, which failed it, 'does not pass signature verification')."""
+        local = self.kits["server"] / "local"
+        current = local / "resources.json"
+        resources = json.loads((current if current.is_file() else local / "resources.json.default").read_text())
+        own = self.dir / "hosts" / "server" / "nvflare"
+
+        def moved(value):
+            if isinstance(value, dict):
+                return {k: moved(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [moved(v) for v in value]
+            if isinstance(value, str) and value.startswith(FLARE_TMP):
+                return str(own / value[len(FLARE_TMP):].lstrip("/"))
+            return value
+
+        new = moved(resources)
+        if json.dumps(new) == json.dumps(resources):
+            raise RuntimeError(f"the server kit's resources name no {FLARE_TMP} store; NVFlare's layout changed?")
+        current.write_text(json.dumps(new, indent=2) + "\n")
 
     # ----------------------------------------------------------------------------------------- processes
     def env(self, role: str, extra: dict | None = None) -> dict:
@@ -248,6 +279,8 @@ class NetLab:
     def popen(self, role: str, argv, *, env=None, cwd=None, **kw) -> subprocess.Popen:
         """Start ``argv`` in ``role``'s namespace, as that participant (its HOME), in a process group of its own
         (killed at teardown)."""
+        if self._torn or self._tearing:
+            raise LabGone(f"netlab {self.tag} is torn down")
         kw.setdefault("stdin", subprocess.DEVNULL)
         proc = subprocess.Popen(self._argv(role, argv), env=self.env(role, env), cwd=cwd or REPO,
                                 start_new_session=True, **kw)
@@ -265,7 +298,8 @@ class NetLab:
             proc.communicate()
             raise
         finally:
-            self._groups.remove(proc)
+            if proc in self._groups:  # (teardown, e.g. from a signal handler, may have cleared the list)
+                self._groups.remove(proc)
         result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         if check and proc.returncode:
             raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
@@ -603,7 +637,7 @@ def run_job_prod(lab: NetLab, job: str, args, workspace: Path, timeout: float = 
 
 
 ICDTA4FL_ARGS = ["--algorithm", "cart", "--dataset", "car", "--partition", "iid", "--seed", "1", "--max-depth", "4"]
-XGB_ARGS = ["--dataset", "car", "--partition", "iid", "--seed", "1", "--rounds", "10", "--baselines", "none"]
+XGB_ARGS = ["--dataset", "car", "--partition", "iid", "--seed", "1", "--rounds", "10", "--baselines", ""]
 
 
 def _cmd_run(args, job: str, job_args: list[str]) -> int:
