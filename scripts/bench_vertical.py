@@ -891,8 +891,10 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
             peer = "; ".join(f"{f['system']}: {f['published']} ({f['hardware']}; {f['key']})"
                              for f in PEER_FIGURES if f["shape"] == shape and "in FedTree" not in f["system"])
             dflt = next((x for x in rows if x["workload"] == shape and x["arm"] == "paillier" and x.get("runs")), None)
-            ours = fmt(r["per_tree_s"], 2) + ("" if dflt is None or dflt is r else
-                                              f" (default arm: {fmt(dflt['per_tree_s'], 2)})")
+            def load(x):
+                return "load " + ", ".join(f"{v:.1f}" for v in x["loadavg_runs"])
+            ours = f"{fmt(r['per_tree_s'], 2)} ({load(r)})" + (
+                "" if dflt is None or dflt is r else f"; default arm: {fmt(dflt['per_tree_s'], 2)} ({load(dflt)})")
             tgt = r.get("target_s_per_tree")
             readme.append(f"| {r['description']} | {peer} | {ours} | {r['arm_label']} | "
                           f"{'' if tgt is None else f'<= {tgt:g} s'} | "
@@ -904,7 +906,16 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
         readme.append("")
     if memory:
         S = memory["settings"]
-        rows = memory["rows"]
+        rows = list(memory["rows"])
+        # the peers section's FATE-shape run of the default arm is the same measurement at its size (1 tree per
+        # run, each party in its own process): shown here when the memory section did not run that size itself
+        seen = {r["n_train"] for r in rows}
+        for r in (peers or {}).get("rows", []):
+            if (r["workload"] == "fate" and r["arm"] == PEER_ARMS[0][0] and r.get("runs") and r["n_train"] not in seen
+                    and r["trees_per_run"] == 1):
+                rows.append({**r, "from_peers": True, "budget_mb": memory_budget_mb(
+                    r["n_train"], S["memory_budget_gb_per_million"], S["memory_budget_fixed_gb"])})
+        rows.sort(key=lambda r: r["n_train"])
         per_m, fixed = S["memory_budget_gb_per_million"], S["memory_budget_fixed_gb"]
         intro = (f"**Memory per party, FATE shape** ({_settings_line(S)}; 1 tree per run, each party in its own "
                  "process, Paillier with 2 local workers; peak = largest sampled sum of the resident memory of the "
@@ -921,7 +932,8 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
                 continue
             pk, hw = r["peak_mb"], r["peak_hwm_sum_mb"]
             ok = all(v <= r["budget_mb"] for v in pk.values())
-            tab.append(f"| {r['n_train']:,} | {r['depth']} | {fmt(r['per_tree_s'], 1)} | {gb(pk.get('site-1'))} "
+            src = " (peers section's run)" if r.get("from_peers") else ""
+            tab.append(f"| {r['n_train']:,}{src} | {r['depth']} | {fmt(r['per_tree_s'], 1)} | {gb(pk.get('site-1'))} "
                        f"({gb(hw.get('site-1'))}) | {gb(pk.get('site-2'))} ({gb(hw.get('site-2'))}) | "
                        f"{gb(r['budget_mb'])} | {'yes' if ok else '**no**'} | "
                        f"{r['loadavg_runs'][0]:.1f} → {r['loadavg_after_runs'][0]:.1f} |")
@@ -929,12 +941,12 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
         block = [intro, "", *tab, "", need, ""]
         page += block
         docs += block
-        readme += [f"**What a party needs per million rows** (FATE shape: active 30, passive 300 columns): {need} "
-                   f"({_settings_line(S)})", ""]
+        readme += [f"**What a party needs per million rows** (FATE shape: active 30, passive 300 columns; peak of "
+                   f"the party process and its workers): {need} Memory section: {_settings_line(S)}.", ""]
     if docs:
         docs.append("Written by `scripts/bench_vertical.py --sections peers,memory` (results: "
                     "`scripts/results/vertical_bench/`).")
-        readme.append("Per-arm timings, where the time goes and memory: [docs/vertical.md](docs/vertical.md#benchmarks); "
+        readme.append("Per-arm timings, where the time goes and memory: [docs/vertical.md](docs/vertical.md#exactness-and-benchmarks); "
                       "written by `scripts/bench_vertical.py --sections peers,memory`.")
     return "\n".join(page) + "\n", "\n".join(docs), "\n".join(readme)
 
