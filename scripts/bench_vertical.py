@@ -514,14 +514,26 @@ def arm_available(params: VerticalParams) -> str | None:
     return None
 
 
-def split_run(data_path: Path, params: VerticalParams, tmp: Path, code: Path | None = None) -> dict:
+def split_run(data_path: Path, params: VerticalParams, tmp: Path, code: Path | None = None,
+              limit_mb: float | None = None) -> dict:
     """One arm with every party in its own process (memory per party), on the package at ``code`` (an extracted
-    commit; None: the working tree); a failure is returned, not raised."""
+    commit; None: the working tree); a party past ``limit_mb`` is stopped (the machine is shared); a failure is
+    returned, not raised."""
+    env = {"TREEFLARE_BENCH_MEMORY_LIMIT_MB": str(limit_mb)} if limit_mb else None
     try:
-        res = run_arm(data_path, params, tmp, pythonpath=code, split=True)
+        res = run_arm(data_path, params, tmp, pythonpath=code, env_extra=env, split=True)
     except RuntimeError as e:
-        return {"failed": str(e).strip().splitlines()[-1][:300], "loadavg_1m_before": os.getloadavg()[0]}
+        lines = str(e).strip().splitlines()
+        why = next((ln for ln in lines if ln.startswith("memory limit:")), lines[-1])
+        return {"failed": why[:300], "loadavg_1m_before": os.getloadavg()[0]}
     return res
+
+
+def memory_limit_mb(n_rows: int, args) -> float | None:
+    """The guard: a party is stopped at ``--memory-guard`` x its budget (it has failed the check by then); 0: off."""
+    if not args.memory_guard:
+        return None
+    return args.memory_guard * memory_budget_mb(n_rows, args.memory_budget_gb_per_million, args.memory_budget_fixed_gb)
 
 
 def party_peaks(res: dict) -> dict:
@@ -537,6 +549,8 @@ def memory_failures(rows: list, per_million_gb: float, fixed_gb: float = MEMORY_
     """Every party whose measured (sampled) peak exceeds its budget, as sentences; [] when all fit."""
     out = []
     for r in rows:
+        if str(r.get("failed", "")).startswith("memory limit:"):
+            out.append(f"{r['section']} {r['workload']} ({r.get('arm', '')}): {r['failed']} (a party is stopped past its budget x the guard)")
         for run in r.get("runs") or []:
             for party, (peak, _hwm) in party_peaks(run).items():
                 budget = memory_budget_mb(r["n_train"], per_million_gb, fixed_gb)
@@ -596,7 +610,8 @@ def peers_section(args, tmp: Path, log) -> list:
         dpath = factory(tmp)
         n_train = int(_meta(dpath)["n_train"])
         P0 = VerticalParams(**base, **over)
-        orc = split_run(dpath, replace(P0, scheme="mock", workers=1), tmp, args.code_path)
+        orc = split_run(dpath, replace(P0, scheme="mock", workers=1), tmp, args.code_path,
+                        memory_limit_mb(n_train, args))
         log(f"peers {name}: oracle {'failed: ' + orc['failed'] if 'failed' in orc else 'done'}")
         for arm, label, o in arms:
             P = replace(P0, **o)
@@ -612,7 +627,7 @@ def peers_section(args, tmp: Path, log) -> list:
                 continue
             runs = []
             for rep in range(repeats_for(args.peers_repeats, name)):
-                res = split_run(dpath, P, tmp, args.code_path)
+                res = split_run(dpath, P, tmp, args.code_path, memory_limit_mb(n_train, args))
                 runs.append(res)
                 if "failed" in res:
                     log(f"peers {name} {arm} rep {rep}: FAILED {res['failed']}")
@@ -684,7 +699,7 @@ def memory_section(args, tmp: Path, log) -> list:
         P = VerticalParams(model="gbdt", objective="binary", n_trees=1, max_depth=d, bins=32, key_bits=args.key_bits,
                            obfuscation=args.obfuscation, allow_insecure_key=args.key_bits < 2048, **o)
         t = time.perf_counter()
-        res = split_run(dpath, P, tmp, args.code_path)
+        res = split_run(dpath, P, tmp, args.code_path, memory_limit_mb(n, args))
         row = {"section": "memory", "workload": f"fate_{n}", "description": f"FATE shape, {n:,} rows, depth {d}, 1 tree",
                "arm": arm, "arm_label": label, "n_train": n, "trees_per_run": 1, "depth": d, "bins": 32,
                "key_bits": P.key_bits, "obfuscation": P.obfuscation, "workers": P.workers,
@@ -1010,6 +1025,9 @@ def main(argv=None):
                          f"(default {MEMORY_BUDGET_GB_PER_MILLION}: 8 GB at 1,000,000 rows)")
     ap.add_argument("--memory-budget-fixed-gb", type=float, default=MEMORY_BUDGET_FIXED_GB,
                     help=f"memory check: GB per party at any size (default {MEMORY_BUDGET_FIXED_GB})")
+    ap.add_argument("--memory-guard", type=float, default=1.25,
+                    help="stop a party past this multiple of its memory budget (the machine is shared; default "
+                         "1.25; 0: never)")
     ap.add_argument("--results-dir", default=str(REPO / "scripts" / "results" / "vertical_bench"),
                     help="peers/memory: where their results go")
     args = ap.parse_args(argv)

@@ -14,7 +14,8 @@ crypto_report, canonical.
 passive party (``--passive I``, which loads only that party's columns); the driver's messages cross a pipe
 between them, framed as the crypto workers frame theirs (JSON header + raw array bytes, no pickle).  Each party
 process samples the resident memory of itself and all its descendants (its crypto workers, or its Dask
-cluster) every ``SAMPLE_S`` seconds, and reads each process's own high-water mark (VmHWM), so a party's peak is
+cluster) every ``SAMPLE_S`` seconds (and stops, with a message, past ``$TREEFLARE_BENCH_MEMORY_LIMIT_MB``: the
+benchmark's guard for a shared machine), and reads each process's own high-water mark (VmHWM), so a party's peak is
 reported both as the largest sampled sum and as the sum of high-water marks (an upper bound: those peaks need
 not coincide).  RSS counts pages shared between processes (libraries) once per process: an over-count, never
 an under-count.
@@ -28,6 +29,7 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -37,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 SAMPLE_S = 0.2
+LIMIT_ENV = "TREEFLARE_BENCH_MEMORY_LIMIT_MB"   # a party over this many MB (it and its workers) is stopped
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -150,9 +153,11 @@ def _hwm(pid: int) -> int:
 class MemorySampler:
     """Peak resident memory of this process and its descendants, sampled in a thread."""
 
-    def __init__(self, interval: float = SAMPLE_S, exclude=()):
+    def __init__(self, party: str, interval: float = SAMPLE_S, exclude=()):
         self.interval = interval
         self.exclude = frozenset(exclude)    # processes of other parties started from this one
+        self.party = party
+        self.limit = int(float(os.environ.get(LIMIT_ENV) or 0) * 2**20)
         self.pid = os.getpid()
         self.peak_sum = 0
         self.hwm: dict = {}          # pid -> its own high-water mark, last read while it lived
@@ -172,7 +177,20 @@ class MemorySampler:
     def sample(self):
         pids = [self.pid] + _descendants(self.pid, self.exclude)
         self.max_processes = max(self.max_processes, len(pids))
-        self.peak_sum = max(self.peak_sum, sum(_rss(p) for p in pids))
+        now = sum(_rss(p) for p in pids)
+        self.peak_sum = max(self.peak_sum, now)
+        if self.limit and now > self.limit:
+            # the benchmark's guard for the shared machine: stop this party (and its workers) before it takes the
+            # memory other work needs; the benchmark reports the run as over its memory budget
+            sys.stderr.write(f"memory limit: {self.party} reached {now / 2**20:,.0f} MB, over the run's limit of "
+                             f"{self.limit / 2**20:,.0f} MB; stopped\n")
+            sys.stderr.flush()
+            for p in reversed(pids[1:]):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            os._exit(3)
         for p in pids:
             h = _hwm(p)
             if h:
@@ -330,9 +348,13 @@ def run_split(data_path, params_path):
         for i, nm in enumerate(names):
             procs[nm] = subprocess.Popen([sys.executable, __file__, str(data_path), str(params_path), "--passive",
                                           str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        with MemorySampler(exclude={p.pid for p in procs.values()}) as mem_active:
+        with MemorySampler("site-1", exclude={p.pid for p in procs.values()}) as mem_active:
             for nm in names:                          # each passive party loaded and built
-                if receive(procs[nm].stdout) != {"type": "ready"}:
+                try:
+                    ready = receive(procs[nm].stdout)
+                except EOFError:
+                    ready = None
+                if ready != {"type": "ready"}:
                     raise RuntimeError(f"{nm}: did not start")
             t0 = time.perf_counter()
             c0 = time.process_time()
@@ -344,7 +366,10 @@ def run_split(data_path, params_path):
                 for nm, msg in out.items():
                     send(procs[nm].stdin, {"op": "handle", "msg": msg})
                 for nm in out:
-                    r = receive(procs[nm].stdout)
+                    try:
+                        r = receive(procs[nm].stdout)
+                    except EOFError:
+                        raise RuntimeError(f"{nm}: its process ended (exit code {procs[nm].wait()})") from None
                     if "error" in r:
                         raise RuntimeError(f"{nm}: {r['error']}")
                     replies[nm] = r["reply"]
@@ -383,7 +408,7 @@ def serve_passive(data_path, params_path, index: int):
     sys.stdout = sys.stderr                          # nothing but frames on the pipe
     params = VerticalParams.from_dict(json.loads(open(params_path).read()))
     name = f"site-{index + 2}"
-    with MemorySampler() as mem:
+    with MemorySampler(name) as mem:
         placeholder, passives = make_parties(party_data(data_path, str(index)), params)
         placeholder.close()
         del placeholder

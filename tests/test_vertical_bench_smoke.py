@@ -71,7 +71,7 @@ def test_peers_and_memory_sections_run_and_the_memory_check_fails_loudly(tmp_pat
     readme_before = (REPO / "README.md").read_text()
     cmd = [sys.executable, str(SCRIPTS / "bench_vertical.py"), "--tiny", "--sections", "peers,memory",
            "--key-bits", "1024", "--shapes", "fate", "--arms", "paillier", "--memory-rows", "300", "--code-ref", "worktree",
-           "--results-dir", str(tmp_path), "--memory-budget-fixed-gb=0.001"]
+           "--results-dir", str(tmp_path), "--memory-budget-fixed-gb=0.001", "--memory-guard=0"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     # a party's resident memory exceeds a 1 MB budget: the script says which and exits non-zero
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -91,3 +91,16 @@ def test_peers_and_memory_sections_run_and_the_memory_check_fails_loudly(tmp_pat
     page = (tmp_path / "peers_tiny.md").read_text()
     assert "FedTree-Verti+HE" in page and "| fate | Paillier" in page
     assert (REPO / "README.md").read_text() == readme_before      # a tiny run never writes the docs
+
+
+def test_a_party_past_the_memory_guard_is_stopped_and_named(tmp_path):
+    """The benchmark's guard for the shared machine: a party whose memory passes the limit stops (with its
+    workers) and says so; the run fails instead of taking the memory other work needs."""
+    data = bench.save_data(bench.synthetic_data(300, 1, 2, passive_features=4), tmp_path / "d.npz")
+    params = bench.VerticalParams(model="gbdt", max_depth=2, key_bits=1024, allow_insecure_key=True, workers=1)
+    (tmp_path / "p.json").write_text(json.dumps(params.to_dict()))
+    env = {**__import__("os").environ, runner.LIMIT_ENV: "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "vertical_bench_runner.py"), str(data), str(tmp_path / "p.json"),
+                           "--split"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "memory limit: site-" in proc.stderr and "over the run's limit of 1 MB; stopped" in proc.stderr
