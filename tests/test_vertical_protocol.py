@@ -598,3 +598,38 @@ def test_later_trees_that_do_not_split_at_all():
     roots = [t["nodes"][0]["leaf"] for t in fed[0].trees]
     assert roots[0] is False and roots[-1] is True
     assert compare_runs(fed, run_oracle(d, P))["identical"]
+
+
+@pytest.mark.parametrize("n_outputs,lam,mcw", [(1, 1.0, 1.0), (1, 0.0, 0.0), (3, 0.5, 2.0), (1, 1.0, 1e-9)])
+def test_select_same_as_exact_scan(n_outputs, lam, mcw):
+    """The vectorised float pre-selection keeps exactly the winners a full exact scan finds: ties, children at the
+    min-child-weight boundary, empty-hessian children with lambda 0, sums far beyond 2^53 and beyond float range."""
+    from fractions import Fraction
+
+    from treeflare.vertical.gains import GBDTCriterion, select
+    crit = GBDTCriterion(lam, mcw, 53, 0.3, n_outputs)
+    rng = np.random.default_rng(n_outputs + int(lam * 10))
+    for scale in (1, 1 << 40, 1 << 1100):
+        for _ in range(10):
+            n = int(rng.integers(1, 30))
+            H = [int(rng.integers(1, 1 << 60)) * scale for _ in range(n_outputs)]
+            G = [int(rng.integers(-(1 << 60), 1 << 60)) * scale for _ in range(n_outputs)]
+            parent = [v for k in range(n_outputs) for v in (G[k], H[k])]
+            lefts = []
+            for _ in range(n):
+                left = []
+                for k in range(n_outputs):
+                    hl = int(rng.choice([0, crit.mcw_int, crit.mcw_int - 1, H[k], int(rng.integers(0, H[k] // scale + 1)) * scale]))
+                    hl = min(max(hl, 0), H[k])
+                    left += [int(rng.integers(-(1 << 60), 1 << 60)) * scale, hl]
+                lefts.append(left)
+            lefts += [list(lefts[int(rng.integers(0, n))]) for _ in range(3)]      # exact ties
+            best, winners = select(lefts, parent, crit)
+            exact = [(i, crit.gain(lf, parent)) for i, lf in enumerate(lefts)]
+            exact = [(i, g) for i, g in exact if g is not None]
+            if not exact:
+                assert best is None and winners == []
+                continue
+            top = max(g for _, g in exact)
+            assert isinstance(best, Fraction) and best == top
+            assert winners == [i for i, g in exact if g == top]

@@ -64,8 +64,10 @@ def honest_matrix(n, seed):
 
 @pytest.mark.parametrize("n,bins,seed", [(1, 32, 0), (7, 4, 1), (500, 2, 2), (3000, 32, 3), (20_000, 32, 4),
                                          (20_000, 255, 5), (6000, 256, 6), (6000, 300, 7), (40_000, 16, 8)])
-def test_bin_matrix_same_as_reference(n, bins, seed):
+def test_bin_matrix_same_as_reference(n, bins, seed, monkeypatch):
     X = honest_matrix(n, seed)
+    if seed % 2:
+        monkeypatch.setattr(quantize, "_CHUNK_VALUES", 3 * n)      # columns three at a time
     edges, codes = bin_matrix(X, bins)
     ref_edges = [ref_fit_edges(X[:, j], bins) for j in range(X.shape[1])]
     assert len(edges) == len(ref_edges)
@@ -111,3 +113,34 @@ def test_code_dtype_and_errors():
         apply_bins(np.zeros((3, 2)), [np.zeros(0)])
     e, c = bin_matrix(np.zeros((0, 3)), 8)
     assert c.shape == (0, 3) and all(x.size == 0 for x in e)
+
+
+def ref_to_fixed(values, precision):
+    import math
+    from fractions import Fraction
+    scale = 2.0 ** precision
+    out = []
+    for v in np.asarray(values, dtype=np.float64).tolist():
+        if not math.isfinite(v):
+            raise ValueError("non-finite value cannot be quantised")
+        x = v * scale
+        if not math.isfinite(x):
+            raise ValueError("does not fit")
+        out.append(int(round(x)) if precision <= 60 else int(round(Fraction(v) * (1 << precision))))
+    return out
+
+
+@pytest.mark.parametrize("precision", [8, 32, 53, 60])
+def test_to_fixed_same_as_reference(precision):
+    """Vectorised fixed point: the same Python ints as round(v * 2^p), halves to even, huge values included."""
+    from treeflare.vertical.quantize import to_fixed
+    rng = np.random.default_rng(precision)
+    v = np.concatenate([rng.normal(size=500), rng.normal(size=50) * 1e12, [0.5, 1.5, 2.5, -0.5, -2.5, 0.0, -0.0],
+                        [2.0 ** -precision * k / 2 for k in range(-7, 8)], [1e300 / 2.0 ** precision]])
+    got = to_fixed(v, precision)
+    assert got == ref_to_fixed(v, precision) and all(type(x) is int for x in got)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="non-finite"):
+            to_fixed(np.array([1.0, bad]), precision)
+    with pytest.raises(ValueError, match="does not fit"):
+        to_fixed(np.array([1e308]), precision)

@@ -40,6 +40,8 @@ from .quantize import bin_matrix
 from .stats import PlainHist, cum_candidates
 
 _MAX_DECLARED_FEATURES = 100_000
+# rows packed and encrypted per call of the key holder (enough for its pool to balance; bounds the buffers)
+_ENCRYPT_ROWS = 32_768
 
 
 class _Timer:
@@ -85,6 +87,7 @@ class ActiveParty:
         self.ids_train = list(ids_train) if ids_train is not None else list(range(self.n))
         self.ids_test = list(ids_test) if ids_test is not None else list(range(len(self.X_test)))
         self.edges, self.bins = bin_matrix(self.X_train, P.bins)       # codes uint8 up to 256 bins
+        self.X_train = None           # only the codes and edges are used from here on
         self.crit = make_criterion(P, self.n_classes, self.n_outputs)
         self.kh = key_holder
         self.trees: list = []
@@ -207,15 +210,26 @@ class ActiveParty:
                 units = layout.units(pub.usable_bits, P.packing)
             except (ValueError, SlotOverflowError) as e:
                 raise ValueError(f"the {P.model} reference data cannot be packed: {e}") from None
-            per_unit = [layout.unit_layout(a, b).pack_rows(vals[:, a:b]) for a, b in units]
-            plain = [v for row in zip(*per_unit) for v in row]          # row-major
             stats = PlainHist(chan, lo, hi)
-        with _Timer(self.timings, "encrypt"):
-            raw = self.kh.encrypt_bytes(plain, P.n_workers)
-        del plain, per_unit
+            del chan
+            unit_layouts = [layout.unit_layout(a, b) for a, b in units]
+        # packed and encrypted by row block, straight into the message's one array: no list of every row's
+        # plaintext and no second copy of the ciphertexts (the tree's largest buffers)
+        row_bytes = len(units) * pub.ct_bytes
+        cts = np.empty(self.n * row_bytes, dtype=np.uint8)
+        for r0 in range(0, self.n, _ENCRYPT_ROWS):
+            r1 = min(self.n, r0 + _ENCRYPT_ROWS)
+            with _Timer(self.timings, "quantise_pack"):
+                per_unit = [ul.pack_rows(vals[r0:r1, a:b]) for ul, (a, b) in zip(unit_layouts, units)]
+                plain = [v for row in zip(*per_unit) for v in row]          # row-major
+            with _Timer(self.timings, "encrypt"):
+                cts[r0 * row_bytes:r1 * row_bytes] = np.frombuffer(self.kh.encrypt_bytes(plain, P.n_workers),
+                                                                   dtype=np.uint8)
+            del plain, per_unit
+        del vals
         unit_widths = [sum(layout.widths[a:b]) for a, b in units]
         grad = {"layout": layout.to_message(), "packing": bool(P.packing), "compress": bool(P.compress),
-                "cts": np.frombuffer(raw, dtype=np.uint8)}
+                "cts": cts}
         whole = pub.usable_bits // layout.total_width
         self.layout_info = {"widths": list(layout.widths), "total_width": layout.total_width,
                             "units_per_row": len(units), "unit_widths": unit_widths,
@@ -246,6 +260,7 @@ class ActiveParty:
                        "open": [int(v) for v in open_]}
                 if depth == 0:
                     msg["gradients"] = grad
+                    grad = None             # held by the message only: freed once every passive has it
                 replies = yield {p: dict(msg) for p in self.passives}
                 cands = self._passive_candidates(replies, open_, layout, units, unit_widths, totals)
                 with _Timer(self.timings, "split_search"):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
+
 from .quantize import fixed_scalar
 
 _MARGIN = 1e-9
@@ -36,6 +38,18 @@ class Criterion:
 
     def leaf(self, parent: list):
         raise NotImplementedError
+
+    def float_gains(self, lefts: list, parent: list) -> tuple:
+        """(indices of the admissible candidates, their float gains, the magnitudes of their terms), as arrays;
+        OverflowError when a value is beyond float range."""
+        idx, gains, mags = [], [], []
+        for i, left in enumerate(lefts):
+            r = self.float_gain(left, parent)
+            if r is not None:
+                idx.append(i)
+                gains.append(r[0])
+                mags.append(r[1])
+        return np.asarray(idx, dtype=np.intp), np.asarray(gains, dtype=np.float64), np.asarray(mags, dtype=np.float64)
 
 
 class GiniCriterion(Criterion):
@@ -127,6 +141,7 @@ class GBDTCriterion(Criterion):
                  learning_rate: float, n_outputs: int = 1):
         self.lam = fixed_scalar(reg_lambda, precision)
         self.mcw = fixed_scalar(min_child_weight, precision)
+        self.mcw_int = math.ceil(self.mcw)      # for an integer sum s: s < mcw exactly when s < ceil(mcw)
         self.flam = float(self.lam)
         self.lr = float(learning_rate)
         self.precision = int(precision)
@@ -147,7 +162,7 @@ class GBDTCriterion(Criterion):
         hr = [h - x for h, x in zip(parent[1::2], hl)]
         if min(hl) < 0 or min(hr) < 0:
             raise ValueError("decoded hessian sums are inconsistent with the node")
-        if sum(hl) < self.mcw or sum(hr) < self.mcw:
+        if sum(hl) < self.mcw_int or sum(hr) < self.mcw_int:
             return None
         return hl, hr
 
@@ -179,6 +194,40 @@ class GBDTCriterion(Criterion):
             mag += terms[0] + terms[1] + terms[2]
         return tot, mag
 
+    def float_gains(self, lefts, parent):
+        """:meth:`float_gain` of every candidate at once: the admissibility checks on the exact integers (one
+        pass), the float terms in numpy (the same formula; errors far below the selection margin)."""
+        k, mcw = self.k, self.mcw_int
+        idx = []
+        if k == 1:
+            H = parent[1]
+            for i, left in enumerate(lefts):
+                hl = left[1]
+                hr = H - hl
+                if hl < 0 or hr < 0:
+                    raise ValueError("decoded hessian sums are inconsistent with the node")
+                if hl >= mcw and hr >= mcw:
+                    idx.append(i)
+        else:
+            idx = [i for i, left in enumerate(lefts) if self._children(left, parent) is not None]
+        if not idx:
+            return np.zeros(0, np.intp), np.zeros(0), np.zeros(0)
+        # the right child's sums exactly (as float_gain has them) before rounding: a small child of a large node
+        # would otherwise lose its low bits
+        L = np.array([lefts[i] for i in idx], dtype=np.float64)        # OverflowError beyond float range
+        R = np.array([[p - x for p, x in zip(parent, lefts[i])] for i in idx], dtype=np.float64)
+        par = np.array([parent], dtype=np.float64)
+        with np.errstate(all="ignore"):
+            def score(M):
+                gg, d = M[:, 0::2], M[:, 1::2] + self.flam
+                return np.where(d == 0, 0.0, (gg * gg) / np.where(d == 0, 1.0, d))
+            tl, tr, tp = score(L), score(R), score(par)
+            tot = (tl + tr - tp).sum(axis=1)
+            mag = (tl + tr + tp).sum(axis=1)
+        if not (np.all(np.isfinite(tot)) and np.all(np.isfinite(mag))):
+            raise OverflowError("split statistics beyond float range")
+        return np.asarray(idx, dtype=np.intp), tot, mag
+
     def leaf(self, parent):
         vals = []
         for k in range(self.k):
@@ -193,23 +242,18 @@ def select(lefts, parent, crit: Criterion):
 
     Returns (exact best gain, indices of every candidate with exactly that gain, in order), or
     (None, []) when no candidate is admissible."""
-    fl = []
     try:
-        for i, left in enumerate(lefts):
-            r = crit.float_gain(left, parent)
-            if r is not None:
-                fl.append((i, r[0], r[1]))
+        idx, fg, mags = crit.float_gains(lefts, parent)
+        if not idx.size:
+            return None, []
+        near = idx[fg >= fg.max() - _MARGIN * mags.max()].tolist()
     except OverflowError:
         # statistics beyond float range (huge regression targets): exact scan of every candidate
-        fl = [(i, 0.0, math.inf) for i, left in enumerate(lefts) if crit.gain(left, parent) is not None]
-    if not fl:
-        return None, []
-    fmax = max(g for _, g, _ in fl)
-    margin = _MARGIN * max(m for _, _, m in fl)
+        near = [i for i, left in enumerate(lefts) if crit.gain(left, parent) is not None]
+        if not near:
+            return None, []
     best, winners = None, []
-    for i, g, _m in fl:
-        if g < fmax - margin:
-            continue
+    for i in near:
         e = crit.gain(lefts[i], parent)
         if best is None or e > best:
             best, winners = e, [i]

@@ -54,6 +54,16 @@ _MAX_CHANNELS = 4096
 _RNG = secrets.SystemRandom()
 
 
+def _ciphertext_view(pub, arr, count: int) -> memoryview:
+    """The tree's ciphertexts as received, after the checks of ``pub.wire_bytes`` (shape and count; the values
+    are checked by the workers that hold them), without its copy: they are the largest message of a run."""
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 1:
+        raise CiphertextError("ciphertexts must arrive as a 1-D uint8 array")
+    if arr.size != count * pub.ct_bytes:
+        raise CiphertextError(f"expected {count} ciphertexts of {pub.ct_bytes} bytes, got {arr.size} bytes")
+    return memoryview(np.ascontiguousarray(arr))
+
+
 @dataclass
 class PassivePolicy:
     """What this site accepts, whatever the active party proposes."""
@@ -157,11 +167,13 @@ class PassiveParty:
         self.hist_subtraction = bool(msg.get("hist_subtraction", True))
         t = time.perf_counter()
         self.edges, self.bins = bin_matrix(self.X_train, bins)         # codes uint8 up to 256 bins
+        self.X_train = None           # only the codes and edges are used from here on (a caller may still hold it)
         self.nbins = [len(e) + 1 for e in self.edges]
         self.features = [f for f, nb in enumerate(self.nbins) if nb >= 2]   # constant columns give no split
         self.pub = pub
-        self.engine = HistEngine(pub, self.bins[:, self.features], [self.nbins[f] for f in self.features],
-                                 self.workers)
+        used = self.bins if len(self.features) == self.bins.shape[1] else self.bins[:, self.features]
+        self.engine = HistEngine(pub, used, [self.nbins[f] for f in self.features], self.workers)
+        del used
         self.timings["binning"] += time.perf_counter() - t
         # the active party checks the rows are aligned: this party's ids, hashed, under its key (no digest in the
         # clear crosses the server)
@@ -193,8 +205,8 @@ class PassiveParty:
             raise ProtocolError(f"slot layout does not fit the key: {e}") from None
         t = time.perf_counter()
         try:
-            raw = self.pub.wire_bytes(require(g, "cts", np.ndarray), self.n * len(units))
-            self.engine.load(raw, len(units))
+            self.engine.load(_ciphertext_view(self.pub, require(g, "cts", np.ndarray), self.n * len(units)),
+                             len(units))
         except (CiphertextError, WorkerError) as e:
             raise ProtocolError(str(e)) from None
         self.timings["deserialize"] += time.perf_counter() - t

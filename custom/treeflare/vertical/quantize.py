@@ -1,7 +1,6 @@
 """Binning (each party bins its own columns) and fixed-point quantisation (active party)."""
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -51,6 +50,7 @@ def fit_edges(col: np.ndarray, max_bins: int) -> np.ndarray:
 _BLOCK_VALUES = 1 << 16
 # monotone buckets per column for the exact order statistics (see bin_matrix); fits the uint16 store
 _MAX_BUCKETS = 1 << 14
+_CHUNK_VALUES = 1 << 24
 
 
 def apply_bins(X: np.ndarray, edges: list) -> np.ndarray:
@@ -82,11 +82,24 @@ def bin_matrix(X: np.ndarray, max_bins: int) -> tuple:
     there is known.  Only the values in the (at most ``max_bins - 1``) buckets holding a wanted rank are sorted;
     a value in any other bucket has the code of its bucket (every edge in a lower bucket is smaller, every one
     in a higher bucket larger).  Columns where that would not save work (few distinct values, or the wanted
-    buckets holding many of the rows, e.g. extreme outliers) take the per-column sort of :func:`fit_edges`."""
+    buckets holding many of the rows, e.g. extreme outliers) take the per-column sort of :func:`fit_edges`.
+    Columns go by chunks (a bucket store of at most ``_CHUNK_VALUES`` values, 2 bytes each)."""
     _check_bins(max_bins)
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2:
         raise ValueError("a feature matrix must be 2-D")
+    n, m = X.shape
+    codes = np.empty((n, m), dtype=code_dtype(max_bins))
+    edges: list = []
+    step = max(1, _CHUNK_VALUES // max(1, n))     # columns at a time: bounds the 2-byte bucket store
+    for j0 in range(0, m, step):
+        e, codes[:, j0:j0 + step] = _bin_columns(X[:, j0:j0 + step], max_bins)
+        edges += e
+    return edges, codes
+
+
+def _bin_columns(X: np.ndarray, max_bins: int) -> tuple:
+    """:func:`bin_matrix` of one chunk of columns."""
     n, m = X.shape
     # buckets per column: about 16 rows each (so the wanted buckets hold few rows), at most 2^14
     B = int(min(_MAX_BUCKETS, max(256, 1 << int(max(1, n // 16) - 1).bit_length())))
@@ -191,7 +204,7 @@ def bin_matrix(X: np.ndarray, max_bins: int) -> tuple:
             x = np.sort(X[:, j])
             edges[j] = _edges_of_sorted(x, qs, max_bins)
     n_edges = np.array([len(e) for e in edges], dtype=np.int64)
-    codes = np.empty((n, m), dtype=code_dtype(int(n_edges.max(initial=0)) + 1))
+    codes = np.empty((n, m), dtype=code_dtype(max_bins))
     # pass 4: codes from the buckets (fast columns), then the exact ones
     code_of_bucket = code_of_bucket.astype(codes.dtype)
     for a, b in blocks:
@@ -214,17 +227,20 @@ def bin_matrix(X: np.ndarray, max_bins: int) -> tuple:
 
 def to_fixed(values: np.ndarray, precision: int) -> list:
     """round(v * 2^p) as Python ints (round half to even; exact: 2^p scaling is exact)."""
-    scale = 2.0 ** precision
-    out = []
-    for v in np.asarray(values, dtype=np.float64).tolist():
-        if not math.isfinite(v):
-            raise ValueError("non-finite value cannot be quantised")
-        x = v * scale
-        if not math.isfinite(x):
-            raise ValueError(f"value {v:.3g} does not fit in fixed point at {precision} fractional bits "
-                             "(scale the target down or lower the precision)")
-        out.append(int(round(x)) if precision <= 60 else int(round(Fraction(v) * (1 << precision))))
-    return out
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(v)):
+        raise ValueError("non-finite value cannot be quantised")
+    if precision > 60:
+        return [int(round(Fraction(t) * (1 << precision))) for t in v.tolist()]
+    with np.errstate(over="ignore"):          # reported just below
+        x = v * (2.0 ** precision)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        raise ValueError(f"value {v[np.argmax(bad)]:.3g} does not fit in fixed point at {precision} fractional bits "
+                         "(scale the target down or lower the precision)")
+    if x.size and float(np.max(np.abs(x))) < 2.0 ** 62:
+        return np.rint(x).astype(np.int64).tolist()     # rint rounds half to even, as round() does
+    return [int(round(t)) for t in x.tolist()]
 
 
 def fixed_scalar(x: float, precision: int) -> Fraction:
