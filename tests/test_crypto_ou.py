@@ -321,3 +321,18 @@ def test_same_plaintext_encryptions_reveal_no_factor():
             assert gmpy2.gcd(ratio - 1, pk.n) == 1
     c = pk.encrypt(42)
     assert gmpy2.gcd(c * gmpy2.invert(pk.encrypt(42), pk.n) % pk.n - 1, pk.n) == 1
+
+
+def test_job_option_scheme_reaches_the_parameters(tmp_path):
+    """``--scheme ou`` (default paillier) reaches VerticalParams through the job's own argument checks."""
+    from flare_helpers import load_script
+
+    job = load_script("jobs/vertical_tree/job.py", "vertical_job_scheme")
+    args = job.parse_args(["--scheme", "ou", "--workspace", str(tmp_path / "v")])
+    assert job.vertical_params(args).scheme == "ou"
+    assert job.vertical_params(job.parse_args(["--workspace", str(tmp_path / "w")])).scheme == "paillier"
+    with pytest.raises(SystemExit):
+        job.parse_args(["--scheme", "rsa", "--workspace", str(tmp_path / "x")])
+    with pytest.raises(job.DataError, match="djn"):
+        job.vertical_params(job.parse_args(["--scheme", "ou", "--obfuscation", "djn", "--workspace",
+                                            str(tmp_path / "y")]))
