@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """A federation of separate hosts on one machine: one Linux network namespace per participant, provisioned kits.
 
-    sudo .venv/bin/python scripts/netlab.py up --sites 2          # prints names, addresses, kits; Ctrl-C ends it
-    sudo .venv/bin/python scripts/netlab.py run-icdta4fl --sites 3
+    sudo .venv/bin/python scripts/netlab.py up --sites 2 [--dataset car]   # prints hosts, kits, how to submit;
+                                                                         # Ctrl-C tears it down
+    sudo .venv/bin/python scripts/netlab.py run-icdta4fl --sites 3         # a lab, one job across it, teardown
     sudo .venv/bin/python scripts/netlab.py run-xgb --sites 3
+    sudo .venv/bin/python scripts/netlab.py list | clean TAG               # a lab killed with SIGKILL: remove it
 
 Layout (``tag`` = "tf" + pid + 4 random hex digits, in every name the lab makes, so two labs or a leftover never
 collide): a namespace ``<tag>-net`` holds a Linux bridge; each participant (``server``, ``site-1..N``, ``admin``)
@@ -596,6 +598,52 @@ class NetLab:
         return "\n".join(lines)
 
 
+def labs_here() -> dict:
+    """tag -> (its namespaces, whether the process that made it runs) for every lab on this machine."""
+    out: dict = {}
+    listing = run(["ip", "netns", "list"], check=False).stdout.split("\n")
+    for name in (line.split()[0] for line in listing if line.strip()):
+        tag = name.split("-", 1)[0]
+        if TAG_RE.fullmatch(tag) and "-" in name:
+            out.setdefault(tag, []).append(name)
+    return {tag: (names, _maker_alive(tag)) for tag, names in out.items()}
+
+
+def _maker_alive(tag: str) -> bool:
+    pid = int(tag[2:-4])  # the maker's pid (below 10**7: Linux's pid_max is at most 2**22)
+    return Path(f"/proc/{pid}").exists()
+
+
+def clean_leftovers(tag: str) -> list[str]:
+    """Remove what lab ``tag`` left: kill the processes in its namespaces and those carrying its tag, delete
+    the namespaces and ``/etc/netns/<tag>-*``. Refused while the lab's maker still runs (it cleans up itself)."""
+    if _maker_alive(tag):
+        raise SystemExit(f"error: the process that made lab {tag} still runs (pid {tag[2:-4]}); end it instead")
+    names, _ = labs_here().get(tag, ([], False))
+    removed = []
+    for _ in range(20):
+        pids = [int(p) for n in names for p in run(["ip", "netns", "pids", n], check=False).stdout.split()]
+        pids += _token_pids(tag)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        removed.append(f"{len(pids)} processes")
+        time.sleep(0.2)
+    for n in names:
+        if run(["ip", "netns", "del", n], check=False).returncode == 0:
+            removed.append(f"namespace {n}")
+    if NETNS_ETC.is_dir():
+        for etc in NETNS_ETC.iterdir():
+            if etc.name.startswith(tag + "-"):
+                shutil.rmtree(etc, ignore_errors=True)
+                removed.append(str(etc))
+    return removed
+
+
 def _token_pids(tag: str) -> list[int]:
     """Processes whose environment carries this lab's tag (started by it, wherever they are now)."""
     needle = f"{TOKEN_VAR}={tag}".encode()
@@ -667,8 +715,27 @@ def main(argv=None) -> int:
         s.add_argument("--keep", action="store_true", help="keep the lab's folder (kits, logs) after teardown")
         s.add_argument("--timeout", type=float, default=600)
         s.add_argument("--no-start", action="store_true", help="up: make the hosts and kits, start nothing")
+        s.add_argument("--dataset", help="up: write this embedded data set's sites' files (car, adult, ...) and "
+                                         "bind each site to its own (app/site_setup.py bind, on that host)")
+    sub.add_parser("list", help="the labs on this machine (their tags), and whether the process that made each "
+                                "still runs")
+    c = sub.add_parser("clean", help="remove what a lab left behind (a lab killed with SIGKILL cannot clean up): "
+                                     "its processes, namespaces and /etc/netns folders; its folder is not touched")
+    c.add_argument("tag", help="the lab's tag, as `list` shows it")
     # (helper B's matrix of jobs and faults: `--all` dispatches to scripts/netlab_faults.py; add it here)
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["--all"]:  # every job and fault, measured
+        return __import__("netlab_faults").main((sys.argv[1:] if argv is None else list(argv))[1:])
     args = p.parse_args(argv)
+    if args.cmd == "list":
+        for tag, (namespaces, alive) in sorted(labs_here().items()):
+            print(f"{tag}: {len(namespaces)} namespaces; {'its process runs' if alive else 'its process is gone'}")
+        return 0
+    if args.cmd == "clean":
+        if not TAG_RE.fullmatch(args.tag):
+            print(f"error: {args.tag!r} is not a lab tag ('tf', its maker's pid, 4 hex digits)", file=sys.stderr)
+            return 2
+        print(f"removed: {', '.join(clean_leftovers(args.tag)) or 'nothing'}")
+        return 0
     reason = unavailable()
     if reason:
         print(f"error: {reason}", file=sys.stderr)
@@ -678,9 +745,15 @@ def main(argv=None) -> int:
     if args.cmd == "run-xgb":
         return _cmd_run(args, "xgb_histogram", XGB_ARGS)
     with NetLab(args.sites, Path(args.root or "/tmp"), keep=args.keep) as lab:
+        if args.dataset:
+            lab.prepare_sites_data("--dataset", args.dataset, "--seed", "1")
         if not args.no_start:
             lab.start()
         print(lab.describe(), flush=True)
+        admin = f"ip netns exec {lab.ns('admin')} env HOME={lab.home('admin')} PATH={Path(sys.executable).parent}:$PATH"
+        print(f"  submit as the admin: {admin} nvflare job submit -j JOB_DIR --startup-kit {lab.admin_kit}\n"
+              f"  or:                  {admin} python jobs/icdta4fl/job.py --dataset car --sites {lab.n_sites} "
+              f"--env prod --startup-kit {lab.admin_kit} --workspace /tmp/out", flush=True)
         print("up; Ctrl-C tears it all down", flush=True)
         try:
             while True:
