@@ -400,10 +400,8 @@ class ActiveParty:
                 else:
                     ids_of = {nid: ids}
                 for node, node_vecs, node_sel in nodes:
-                    total = totals[node][1]
-                    for v in node_vecs:
-                        if not self._consistent(v, total):
-                            raise ProtocolError(f"{p}: split statistics inconsistent with node {node}")
+                    if not self._all_consistent(node_vecs, totals[node][1]):
+                        raise ProtocolError(f"{p}: split statistics inconsistent with node {node}")
                     offered = node_vecs if node_sel is None else [v for v, s in zip(node_vecs, node_sel) if s]
                     out[node][p] = list(zip(ids_of[node], offered))
                     sums[p][node] = node_vecs
@@ -423,10 +421,15 @@ class ActiveParty:
             raise ProtocolError(f"{p}: duplicate split ids")
         return ids
 
-    def _consistent(self, left, parent) -> bool:
+    def _all_consistent(self, lefts, parent) -> bool:
+        """Every left vector within the node: label counts, or hessian sums, between 0 and the node's."""
         if self.objective is None:            # label counts
-            return all(0 <= a <= b for a, b in zip(left, parent))
-        return all(0 <= a <= b for a, b in zip(left[1::2], parent[1::2]))     # hessian sums
+            return all(0 <= a <= b for left in lefts for a, b in zip(left, parent))
+        if len(parent) == 2:                  # one output: the common case, one comparison chain per vector
+            h = parent[1]
+            return all(0 <= left[1] <= h for left in lefts)
+        hs = parent[1::2]
+        return all(0 <= a <= b for left in lefts for a, b in zip(left[1::2], hs))     # hessian sums
 
     def _best_split(self, idx, total, stats, cands):
         _cnt, parent = total

@@ -199,23 +199,31 @@ class GBDTCriterion(Criterion):
         pass), the float terms in numpy (the same formula; errors far below the selection margin)."""
         k, mcw = self.k, self.mcw_int
         idx = []
+        # the right child's sums exactly (as float_gain has them) before rounding: a small child of a large node
+        # would otherwise lose its low bits
         if k == 1:
-            H = parent[1]
-            for i, left in enumerate(lefts):
-                hl = left[1]
+            G, H = parent
+            gl_, hl_, gr_, hr_ = [], [], [], []
+            for i, (gl, hl) in enumerate(lefts):
                 hr = H - hl
                 if hl < 0 or hr < 0:
                     raise ValueError("decoded hessian sums are inconsistent with the node")
                 if hl >= mcw and hr >= mcw:
                     idx.append(i)
+                    gl_.append(gl)
+                    hl_.append(hl)
+                    gr_.append(G - gl)
+                    hr_.append(hr)
+            if not idx:
+                return np.zeros(0, np.intp), np.zeros(0), np.zeros(0)
+            L = np.array([gl_, hl_], dtype=np.float64).T                # OverflowError beyond float range
+            R = np.array([gr_, hr_], dtype=np.float64).T
         else:
             idx = [i for i, left in enumerate(lefts) if self._children(left, parent) is not None]
-        if not idx:
-            return np.zeros(0, np.intp), np.zeros(0), np.zeros(0)
-        # the right child's sums exactly (as float_gain has them) before rounding: a small child of a large node
-        # would otherwise lose its low bits
-        L = np.array([lefts[i] for i in idx], dtype=np.float64)        # OverflowError beyond float range
-        R = np.array([[p - x for p, x in zip(parent, lefts[i])] for i in idx], dtype=np.float64)
+            if not idx:
+                return np.zeros(0, np.intp), np.zeros(0), np.zeros(0)
+            L = np.array([lefts[i] for i in idx], dtype=np.float64)
+            R = np.array([[p - x for p, x in zip(parent, lefts[i])] for i in idx], dtype=np.float64)
         par = np.array([parent], dtype=np.float64)
         with np.errstate(all="ignore"):
             def score(M):

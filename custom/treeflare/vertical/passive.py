@@ -324,9 +324,10 @@ class PassiveParty:
         groups = []
 
         def offer(nid, entries, sel):
-            ids = [secrets.token_hex(8) for _ in range(int(np.count_nonzero(sel)))]
-            for sid, (f, b) in zip(ids, (e for e, s in zip(entries, sel) if s)):
-                self._pending[sid] = (nid, f, b)
+            chosen = [e for e, s in zip(entries, sel) if s]
+            raw = secrets.token_bytes(8 * len(chosen)).hex()          # one 64-bit random id each, one draw
+            ids = [raw[16 * i:16 * i + 16] for i in range(len(chosen))]
+            self._pending.update(zip(ids, ((nid, f, b) for f, b in chosen)))
             return ids
 
         def pack(values):
