@@ -4,6 +4,7 @@ no process and no state on the cluster.  Loopback only, no dashboard."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -155,7 +156,8 @@ def test_histograms_sharded_and_tree_reduced(cluster):
 
 
 def test_dask_local_closes_its_processes():
-    """dask-local:N starts its own cluster and closes it: no process of it is left."""
+    """dask-local:N starts its own cluster, on loopback only and without a dashboard, and closes it: no process
+    of it is left."""
     before = _descendants()
     kh = PaillierKeyHolder.generate(BITS, "djn")
     vals = list(range(-100, 300))
@@ -164,6 +166,12 @@ def test_dask_local_closes_its_processes():
         raw = kh_dask.encrypt_bytes(vals, "dask-local:2")     # the key holder's own cluster, started here
         (pool,) = kh_dask._pools.values()
         assert pool.n == 2 and len(_descendants() - before) >= 2
+        # loopback only, no dashboard
+        assert all(a.startswith("tcp://127.0.0.1:") for a in pool.addrs)
+        procs = [psutil.Process()] + psutil.Process().children(recursive=True)
+        listening = [c.laddr for p in procs for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+        assert 8787 not in {addr.port for addr in listening}      # Dask's dashboard port
         assert kh.decrypt_bytes(raw) == vals
         assert kh_dask.decrypt_bytes(raw, "dask-local:2") == vals
     finally:
@@ -186,3 +194,22 @@ def test_site_environment_names_its_own_cluster(monkeypatch):
         ex._site_workers()
     with pytest.raises(ValueError, match="^workers must be"):
         VerticalExecutor(workers="lots")
+
+
+def test_a_worker_that_dies_fails_the_call(monkeypatch):
+    """A Dask worker that leaves takes its shard with it: the next call fails with a clear error (no hang, no
+    partial sums)."""
+    from treeflare.crypto import dask_pool
+
+    monkeypatch.setattr(dask_pool, "_POLL_S", 0.5)
+    kh = PaillierKeyHolder.generate(BITS, "djn")
+    bins = np.zeros((600, 1), dtype=np.uint8)
+    eng = HistEngine(kh.public, bins, [2], workers="dask-local:2")
+    try:
+        eng.load(kh.encrypt_bytes([1] * 600), 1)
+        pids = eng.pool._client.run(os.getpid)
+        psutil.Process(pids[eng.pool.addrs[1]]).kill()
+        with pytest.raises(WorkerError, match="left the cluster"):
+            eng.histograms({0: np.arange(600)})
+    finally:
+        eng.close()

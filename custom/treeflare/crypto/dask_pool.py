@@ -36,6 +36,7 @@ _OPS: dict = {}               # on a Dask worker: modules -> loaded OPS tables
 _GUARD = threading.Lock()
 _SCATTER_BYTES = 1 << 20      # larger blobs go straight to their worker instead of through the task graph
 _CONNECT_S = 30
+_POLL_S = 2                   # how often a wait for results checks that the pool's workers are still there
 # no dashboard; the scheduler's plain HTTP routes (health) on a free loopback port, not the fixed 8787
 _NO_FIXED_PORT = {"dashboard_address": "127.0.0.1:0"}
 
@@ -85,9 +86,10 @@ def count_states() -> int:
 def _close(client, cluster, pool_id, addrs) -> None:
     try:
         if client is not None and addrs:
-            futs = [client.submit(drop_state, pool_id, workers=[a], allow_other_workers=False, pure=False)
-                    for a in addrs]
-            client.gather(futs, errors="skip")
+            present = set(client.scheduler_info(n_workers=-1)["workers"])   # a worker that left holds nothing
+            live = [a for a in addrs if a in present]
+            if live:
+                client.run(drop_state, pool_id, workers=live, on_error="return")
     except Exception:   # a cluster that is gone already holds no state
         pass
     finally:
@@ -155,12 +157,25 @@ class DaskPool:
                                    pure=False)
 
     def _gather(self, op: str, futures) -> list:
-        try:
-            return [(res, list(bl)) for res, bl in self._client.gather(futures)]
-        except WorkerError:
-            raise
-        except Exception as exc:   # the operation's error, re-raised by Dask here; or a lost worker
-            raise WorkerError(f"{op}: {type(exc).__name__}: {exc}"[:2000]) from None
+        """The results in order; a task pinned to a worker that left would wait for it for ever, so while waiting
+        the pool checks that its workers are still there."""
+        out = []
+        for fut in futures:
+            while True:
+                try:
+                    res, blobs = fut.result(timeout=_POLL_S)
+                    break
+                except TimeoutError:
+                    gone = set(self.addrs) - set(self._client.scheduler_info(n_workers=-1)["workers"])
+                    if gone:
+                        self._client.cancel(list(futures))
+                        raise WorkerError(f"{op}: {len(gone)} of the pool's {self.n} Dask workers left the cluster "
+                                          f"(the rows' state they held is lost)") from None
+                except Exception as exc:   # the operation's own error, re-raised here by Dask
+                    self._client.cancel(list(futures))
+                    raise WorkerError(f"{op}: {type(exc).__name__}: {exc}"[:2000]) from None
+            out.append((res, list(blobs)))
+        return out
 
     def _check_open(self) -> None:
         if self._client is None:
