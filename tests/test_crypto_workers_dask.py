@@ -152,6 +152,18 @@ def test_histograms_sharded_and_tree_reduced(cluster):
     finally:
         eng.close()
         ref.close()
+    # fewer rows than workers: a worker with no rows contributes neutral partials
+    tiny = HistEngine(pub, bins[:1], [5, 5, 5], workers=_spec(cluster))
+    tiny_ref = HistEngine(pub, bins[:1], [5, 5, 5], workers=1)
+    try:
+        assert tiny.shards == [(0, 0), (0, 1)]
+        w = pub.ct_bytes
+        tiny.load(raw[:w], 1)
+        tiny_ref.load(raw[:w], 1)
+        assert tiny.histograms({0: np.array([0])}) == tiny_ref.histograms({0: np.array([0])})
+    finally:
+        tiny.close()
+        tiny_ref.close()
     assert _states(cluster) == [0, 0]
 
 
