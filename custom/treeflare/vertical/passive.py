@@ -417,9 +417,19 @@ class PassiveParty:
         least the agreed minimum rows on each side and bin b holds rows (after an empty bin the split repeats the
         last one).  So this party's own splits never create a node below the minimum (see _check_small_children)."""
         m = max(2, self.min_rows)
+        n_cols = self.bins.shape[1]
+        width = max(self.nbins, default=1)
+        counts = np.zeros(n_cols * width, dtype=np.int64)
+        offsets = np.arange(n_cols, dtype=np.intp) * width
+        step = max(1, (1 << 20) // max(1, n_cols))     # rows per pass: whole code rows, one bincount for all columns
+        for a in range(0, rows.size, step):
+            keys = self.bins[rows[a:a + step]].astype(np.intp)
+            keys += offsets
+            counts += np.bincount(keys.ravel(), minlength=counts.size)
+        counts = counts.reshape(n_cols, width)
         out = {}
         for fe, f in enumerate(self.features):
-            cnt = np.bincount(self.bins[rows, f], minlength=self.nbins[f])
+            cnt = counts[f, :self.nbins[f]]
             left = np.cumsum(cnt)[:-1]
             out[f] = (fe, cnt, (cnt[:-1] > 0) & (left >= m) & (left <= rows.size - m))
         return out
