@@ -2,7 +2,7 @@
 namespace of its own, with its own address, host name and HOME, kits provisioned for those names, each site's
 data bound at that site. Jobs go over the lab's network only, submitted from the admin's namespace as a user does:
 ICDTA4FL exported and sent with ``nvflare job submit``, XGBoost ``direct`` (mutual TLS, the sites connecting to
-the server's name from their kits) with ``job.py --env prod``; then one fault, a site's link cut for good during
+the server's name from their kits) with ``job.py --env prod``, both jobs on the lab at once; then one fault, a site's link cut for good during
 an ICDTA4FL job. The first tests check that a lab leaves nothing behind when it is killed while starting.
 
 Needs root and ``ip netns`` (CI has both); skips otherwise. The lab's ports live in its own namespaces, so this
@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,10 +31,10 @@ import netlab  # noqa: E402
 from netlab import ICDTA4FL_ARGS, XGB_ARGS, NetLab, export_job, run_job_prod  # noqa: E402
 
 # one worker for the module: its lab is built once, and the teardown tests do not start a second lab beside it
-pytestmark = [pytest.mark.flare, pytest.mark.xdist_group("tests/test_netlab.py")]
+pytestmark = [pytest.mark.flare, pytest.mark.netlab, pytest.mark.xdist_group("tests/test_netlab.py")]
 
 N_SITES = 3
-FAULT_TASK_TIMEOUT = 6  # seconds a site has per task in the fault job: a cut-off site costs this much, not 300 s
+FAULT_TASK_TIMEOUT = 6  # seconds a site has per task in the fault job: a cut-off site costs this much per phase
 DATA_ARGS = ["--dataset", "car", "--partition", "iid", "--seed", "1"]
 
 
@@ -128,12 +129,13 @@ def test_hosts_see_only_the_lab(lab):
     addresses from /etc/netns/<ns>/hosts; the root namespace has no lab address; the kits name the server."""
     root_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
     assert netlab.SUBNET not in root_addrs
-    for role in lab.roles:
-        routes = lab.exec(role, ["ip", "route"], timeout=10).stdout
+    for role in lab.roles:  # one shell per host: three answers
+        out = lab.exec(role, ["sh", "-c", f"ip route; echo ==; ip -o addr show eth0; echo ==; "
+                                          f"getent hosts {lab.names['server']}"], timeout=20).stdout
+        routes, addrs, hosts = (part.strip() for part in out.split("=="))
         assert "default" not in routes and routes.split()[0] == f"{netlab.SUBNET}.0/{netlab.PREFIX}", routes
-        assert f"inet {lab.address(role)}/" in lab.exec(role, ["ip", "-o", "addr", "show", "eth0"], timeout=10).stdout
-        hosts = lab.exec(role, ["getent", "hosts", lab.names["server"]], timeout=10).stdout.split()
-        assert hosts[:2] == [lab.address("server"), lab.names["server"]]
+        assert f"inet {lab.address(role)}/" in addrs
+        assert hosts.split()[:2] == [lab.address("server"), lab.names["server"]]
     outside = lab.exec("site-1", [sys.executable, "-c", "import socket; s = socket.socket(); s.settimeout(3); "
                                   "print(s.connect_ex(('192.0.2.1', 443)))"], timeout=20)
     assert outside.stdout.strip() == str(101), outside  # ENETUNREACH: no route out of the lab
@@ -146,33 +148,16 @@ def _site_log(lab, site: str, job_id: str) -> str:
     return (lab.kits[site] / job_id / "log.txt").read_text(errors="replace")
 
 
-def test_icdta4fl_across_hosts(lab):
-    """ICDTA4FL exported at the admin's host and sent with ``nvflare job submit``; awaited and downloaded with
-    the admin kit: the global tree, refined on the three sites' summed counts, and every site's data read from
-    its own binding, connected to the server's name over TLS from its own address."""
+@pytest.fixture(scope="module")
+def icdta4fl_job(lab):
+    """The ICDTA4FL job exported at the admin's host and sent with ``nvflare job submit`` (its id and when): sent
+    before the XGBoost job starts, so the two run on the lab at once (a server runs up to 4 jobs)."""
     job = export_job(lab, "icdta4fl", [*ICDTA4FL_ARGS, "--sites", str(N_SITES), "--task-timeout", "60",
                                        "--workspace", lab.dir / "icd_submitter"], lab.dir / "export_icd")
-    t = time.perf_counter()
-    job_id = lab.submit(job)
-    status = lab.wait_job(job_id, timeout=240)
-    lab.timings["icdta4fl_job"] = round(time.perf_counter() - t, 1)
-    assert status == "FINISHED:COMPLETED", status
-    result_dir = lab.download(job_id, lab.dir / "results") / "workspace"
-    result = json.loads((result_dir / "icdta4fl_result.json").read_text())
-    assert result["status"] == "completed" and result["dropped_sites"] == {}, result.get("error")
-    assert result["sites_trained"] == lab.sites
-    assert result["refinement"]["status"] == "completed", result["refinement"]
-    assert result["global"]["n_leaves"] >= 2
-    tree = json.loads((result_dir / "global_tree.json").read_text())
-    assert tree and (result_dir / "rules.txt").read_text().strip()
-    for site in lab.sites:
-        log = _site_log(lab, site, job_id)
-        assert f"{lab.dir / 'data' / site / 'train.csv'}" in log and "treeflare_site.json" in log
-        assert f"{lab.address(site)}:" in log and f"=> {lab.address('server')}:{lab.port} SSL {lab.names['server']}" \
-            in log
+    return lab.submit(job), time.perf_counter()
 
 
-def test_xgboost_direct_across_hosts(lab):
+def test_xgboost_direct_across_hosts(lab, icdta4fl_job):
     """XGBoost with the default ``direct`` transport, run as ``job.py --env prod`` at the admin's host: XGBoost's
     federated server with TLS in the server's namespace, each site connecting to the server's name from its kit;
     every rank's model.json is the same file (hashed here, not only as the job reports it)."""
@@ -197,6 +182,29 @@ def test_xgboost_direct_across_hosts(lab):
     assert model["learner"]["gradient_booster"]["model"]["gbtree_model_param"]["num_trees"] != "0"
 
 
+def test_icdta4fl_across_hosts(lab, icdta4fl_job):
+    """ICDTA4FL (exported and submitted by :func:`icdta4fl_job`), awaited and downloaded with the admin kit: the
+    global tree, refined on the three sites' summed counts, and every site's data read from its own binding,
+    connected to the server's name over TLS from its own address."""
+    job_id, t = icdta4fl_job
+    status = lab.wait_job(job_id, timeout=240)
+    lab.timings["icdta4fl_job"] = round(time.perf_counter() - t, 1)
+    assert status == "FINISHED:COMPLETED", status
+    result_dir = lab.download(job_id, lab.dir / "results") / "workspace"
+    result = json.loads((result_dir / "icdta4fl_result.json").read_text())
+    assert result["status"] == "completed" and result["dropped_sites"] == {}, result.get("error")
+    assert result["sites_trained"] == lab.sites
+    assert result["refinement"]["status"] == "completed", result["refinement"]
+    assert result["global"]["n_leaves"] >= 2
+    tree = json.loads((result_dir / "global_tree.json").read_text())
+    assert tree and (result_dir / "rules.txt").read_text().strip()
+    for site in lab.sites:
+        log = _site_log(lab, site, job_id)
+        assert f"{lab.dir / 'data' / site / 'train.csv'}" in log and "treeflare_site.json" in log
+        assert f"{lab.address(site)}:" in log and f"=> {lab.address('server')}:{lab.port} SSL {lab.names['server']}" \
+            in log
+
+
 # --------------------------------------------------------------------------------------------- a fault (last)
 def _wait_log_line(lab, site: str, job_id: str, text: str, timeout: float = 90) -> None:
     """Until ``site``'s log of the job holds ``text``."""
@@ -207,14 +215,26 @@ def _wait_log_line(lab, site: str, job_id: str, text: str, timeout: float = 90) 
         time.sleep(0.05)
 
 
-def test_site_link_down_for_good_during_icdta4fl(lab):
+def _with_task_timeout(job: Path, dest: Path, seconds: int) -> Path:
+    """A copy of the exported ICDTA4FL job whose sites have ``seconds`` per task (the admin edits the server's
+    config of the exported job, as test_deploy_prod does for min_clients)."""
+    out = dest / job.name
+    shutil.copytree(job, out)
+    cfg_file = out / "app" / "config" / "config_fed_server.json"
+    cfg = json.loads(cfg_file.read_text())
+    args = cfg["workflows"][0]["args"]
+    assert "task_timeout" in args and args.get("min_clients", 2) == 2, args  # (a default is not written)
+    args["task_timeout"] = seconds
+    cfg_file.write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def test_site_link_down_for_good_during_icdta4fl(lab, icdta4fl_job):
     """site-3's link is cut (at the bridge) once it has sent its trained tree, and stays cut: the server drops it
     after the next task's timeout and the job completes on site-1 and site-2, naming site-3 as dropped. (Cut at
     a point the site has reached: cut before its job process starts, NVFlare starts the job without it and it is
     never part of the job. Last in the module: site-3 stays cut off.)"""
-    job = export_job(lab, "icdta4fl", [*ICDTA4FL_ARGS, "--sites", str(N_SITES), "--min-clients", "2",
-                                       "--task-timeout", str(FAULT_TASK_TIMEOUT),
-                                       "--workspace", lab.dir / "fault_submitter"], lab.dir / "export_fault")
+    job = _with_task_timeout(lab.dir / "export_icd" / "icdta4fl", lab.dir / "export_fault", FAULT_TASK_TIMEOUT)
     job_id = lab.submit(job)
     _wait_log_line(lab, "site-3", job_id, "task_name=icdta4fl_train")
     _wait_log_line(lab, "site-3", job_id, "task result sent to server")
