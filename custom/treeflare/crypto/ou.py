@@ -193,7 +193,7 @@ class OuPrivateKey:
                 continue
             while True:
                 g = mpz(secrets.randbelow(int(n) - 2) + 2)
-                if gmpy2.gcd(g, n) == 1 and gmpy2.powmod(g, p - 1, p * p) != 1:
+                if gmpy2.gcd(g, n) == 1 and gmpy2.powmod_sec(g, p - 1, p * p) != 1:   # p - 1 is secret
                     break
             if gmpy2.powmod(g, n, n) != g:
                 return cls(p, q, g)
