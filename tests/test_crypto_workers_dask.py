@@ -225,3 +225,30 @@ def test_a_worker_that_dies_fails_the_call(monkeypatch):
             eng.histograms({0: np.arange(600)})
     finally:
         eng.close()
+
+
+def test_local_shards_with_and_without_the_kernel(monkeypatch):
+    """Local worker processes: partials in the C kernel's form (merged in it) and as plain ciphertexts (workers
+    without the kernel, merged with gmpy2) give the same sums as one in-process worker."""
+    from treeflare.crypto import native
+
+    kh = PaillierKeyHolder.generate(BITS, "djn")
+    rng = np.random.default_rng(1)
+    n = 700
+    bins = rng.integers(0, 4, size=(n, 3)).astype(np.uint8)
+    raw = kh.encrypt_bytes([int(v) for v in rng.integers(0, 50, size=n)])
+    nodes = {0: np.arange(n), 1: np.sort(rng.choice(n, 300, replace=False)), 2: np.array([0, 1, 699])}
+    engines = [HistEngine(kh.public, bins, [4, 4, 4], workers=1), HistEngine(kh.public, bins, [4, 4, 4], workers=2)]
+    monkeypatch.setenv("TREEFLARE_NATIVE", "0")          # worker processes started now run gmpy2 only
+    engines.append(HistEngine(kh.public, bins, [4, 4, 4], workers=2))
+    try:
+        assert [e.pool.n for e in engines] == [1, 2, 2]
+        assert engines[2].mont is False and engines[1].mont == (native.status().startswith("on"))
+        for e in engines:
+            e.load(raw, 1)
+        got = [e.histograms(nodes) for e in engines]
+        assert got[0] == got[1] == got[2]
+        assert len({e.counts["multiplications"] for e in engines[1:]}) == 1
+    finally:
+        for e in engines:
+            e.close()

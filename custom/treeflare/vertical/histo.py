@@ -15,9 +15,11 @@ Features are summed **in pairs**: the rows of a node are first multiplied into t
 takes |rows| + |cells| multiplications for two features instead of 2 |rows|.
 
 Where the C kernel (:mod:`treeflare.crypto.native`) is usable, a worker keeps its rows' ciphertexts in
-the kernel's Montgomery form and multiplies cells and bins eight at a time; compression packs eight
-groups at once.  Same integers as the gmpy2 path, which runs otherwise.  Compression needs no rows:
-its shares go to whichever worker is free.
+the kernel's Montgomery form and multiplies cells and bins eight at a time; where every worker and the
+party have the kernel, a node's partial histograms also stay in that form through the merges (one kernel
+call per merge; the party converts only the final sums).  Compression packs eight groups at once.  Same
+integers as the gmpy2 path, which runs otherwise.  Compression needs no rows: its shares go to whichever
+worker is free.
 """
 from __future__ import annotations
 
@@ -123,6 +125,31 @@ def _node_hist(st, rows: np.ndarray) -> list:
     return out
 
 
+def _mont_one(nat) -> np.ndarray:
+    """The neutral element (1) in the C kernel's Montgomery form, one row of L 64-bit words."""
+    return np.frombuffer(nat.load([1]), dtype=np.uint64)
+
+
+def _node_hist_mont(st, rows: np.ndarray) -> bytes:
+    """The node's partial histograms as one table in the C kernel's Montgomery form, in the order [f][b][u]
+    (neutral where this worker has no row in the bin): a merge multiplies two such tables without leaving the
+    kernel's form, and only the party converts the final sums."""
+    nbins, nat, units = st["nbins"], st["native"], len(st["C"])
+    one = _mont_one(nat)
+    L = one.size
+    offsets = np.cumsum([0] + [nb * units for nb in nbins])
+    flat = np.tile(one, (int(offsets[-1]), 1))
+    if rows.size:
+        for grp in st["groups"]:
+            srows, starts, plan = _cell_plan(st, rows, grp)
+            for u in range(units):
+                cells = nat.segment_products(st["C52"][u], srows, starts)
+                for f, keys_f, idx, seg in plan:
+                    tab = cells if idx is None else nat.segment_products(cells, idx, seg)
+                    flat[offsets[f] + keys_f * units + u] = np.frombuffer(tab, dtype=np.uint64).reshape(-1, L)
+    return flat.tobytes()
+
+
 _BIN_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "int32": np.int32}
 
 
@@ -146,7 +173,7 @@ def _op_setup(st, args, blobs):
     st.pop("C52", None)
     # the C kernel for this key's ciphertexts (None: gmpy2 arithmetic), checked once per worker
     st["native"] = native.products(pub.modulus) if pub.modulus is not None else None
-    return {}, []
+    return {"native": st["native"] is not None}, []
 
 
 def _op_load(st, args, blobs):
@@ -172,10 +199,16 @@ def _op_hist(st, args, blobs):
     out = []
     st["mults"] = 0
     n_local = st["bins"].shape[0]
+    mont = bool(args.get("mont"))
+    if mont and st["native"] is None:
+        raise ValueError("Montgomery-form partials asked of a worker without the C kernel")
     for raw in blobs:
         rows = np.frombuffer(raw, dtype=np.int32)
         if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n_local):
             raise ValueError("row index outside this worker's rows")
+        if mont:
+            out.append(_node_hist_mont(st, rows))
+            continue
         h = _node_hist(st, rows)
         out.append(pub.to_bytes(one if c is None else c for f in h for b in f for c in b))
     return {"mults": st["mults"]}, out
@@ -190,6 +223,34 @@ def _merge_pub(st, args):
     return pub
 
 
+def _merge_native(st, pub):
+    nat = st.get("native")
+    if nat is None:     # the party's own process (a local pool's merges)
+        nat = st.get("merge_native")
+        if nat is None:
+            nat = st["merge_native"] = native.products(pub.modulus)
+        if nat is None:
+            raise ValueError("Montgomery-form partials need the C kernel where they are merged")
+    return nat
+
+
+def _merge_mont(nat, left, right, mults) -> tuple:
+    one = _mont_one(nat)
+    L = one.size
+    out = []
+    for a, b in zip(left, right):
+        if len(a) != len(b) or len(a) % (8 * L):
+            raise ValueError("partial histograms of different sizes")
+        k = len(a) // (8 * L)
+        A, B = np.frombuffer(a, dtype=np.uint64).reshape(k, L), np.frombuffer(b, dtype=np.uint64).reshape(k, L)
+        mults += int(np.count_nonzero((A != one).any(axis=1) & (B != one).any(axis=1)))
+        idx = np.empty(2 * k, dtype=np.int32)
+        idx[0::2] = np.arange(k)
+        idx[1::2] = np.arange(k, 2 * k)
+        out.append(nat.segment_products(a + b, idx, np.arange(0, 2 * k + 1, 2)))
+    return {"mults": mults}, out
+
+
 def _op_merge(st, args, blobs):
     """Two workers' partial histograms (blobs[:split] and blobs[split:], one per node) multiplied per cell."""
     pub = _merge_pub(st, args)
@@ -199,6 +260,8 @@ def _op_merge(st, args, blobs):
         raise ValueError("partial histograms of different node counts")
     one = pub.one()
     mults = sum(int(r.get("mults", 0)) for r in args["results"])
+    if args.get("mont"):
+        return _merge_mont(_merge_native(st, pub), left, right, mults)
     out = []
     for a, b in zip(left, right):
         xa, xb = pub.from_bytes(a, check=False), pub.from_bytes(b, check=False)
@@ -267,11 +330,15 @@ class HistEngine:
             groups = _groups(self.n_features)
             dtype = _bin_dtype(self.nbins)
             pub_json = public_to_json(pub)
-            self._merge_args = {"pub": pub_json}
-            self.pool.map("hist_setup", [{"pub": pub_json, "nbins": self.nbins, "groups": groups, "rows": [a, b],
-                                          "dtype": dtype} for a, b in self.shards],
-                          [[np.ascontiguousarray(bins[a:b], dtype=_BIN_DTYPES[dtype]).tobytes()]
-                           for a, b in self.shards])
+            replies = self.pool.map("hist_setup", [{"pub": pub_json, "nbins": self.nbins, "groups": groups,
+                                                    "rows": [a, b], "dtype": dtype} for a, b in self.shards],
+                                    [[np.ascontiguousarray(bins[a:b], dtype=_BIN_DTYPES[dtype]).tobytes()]
+                                     for a, b in self.shards])
+            # partials in the C kernel's form where every worker and this process have it (no conversions between
+            # the rows and the final sums; merges in the kernel)
+            self._nat = native.products(pub.modulus) if pub.modulus is not None else None
+            self.mont = self._nat is not None and all(r.get("native") for r, _b in replies)
+            self._merge_args = {"pub": pub_json, "mont": self.mont}
         except BaseException:
             self.pool.close()
             raise
@@ -298,12 +365,14 @@ class HistEngine:
             for i, (a, b) in enumerate(self.shards):
                 local = rows[(rows >= a) & (rows < b)] - a
                 per_worker[i].append(local.astype(np.int32).tobytes())
-        res, blobs = self.pool.map_reduce("hist", [{}] * self.pool.n, per_worker, "hist_merge", self._merge_args)
+        res, blobs = self.pool.map_reduce("hist", [{"mont": self.mont}] * self.pool.n, per_worker, "hist_merge",
+                                          self._merge_args)
         self.counts["multiplications"] += int(res["mults"])
         pub, units = self.pub, self.units
         out = {}
         for key, raw in zip(keys, blobs):
-            flat, hist, pos = pub.from_bytes(raw, check=False), [], 0
+            flat = self._nat.values(raw) if self.mont else pub.from_bytes(raw, check=False)
+            hist, pos = [], 0
             for nb in self.nbins:
                 hist.append([flat[pos + b * units:pos + (b + 1) * units] for b in range(nb)])
                 pos += nb * units
