@@ -20,6 +20,9 @@ party have the kernel, a node's partial histograms also stay in that form throug
 call per merge; the party converts only the final sums).  Compression packs eight groups at once.  Same
 integers as the gmpy2 path, which runs otherwise.  Compression needs no rows: its shares go to whichever
 worker is free.
+
+(Over 400 lines: the worker-side operations and the party-side engine share the layouts of every request
+and reply, so they stay in one module.)
 """
 from __future__ import annotations
 
