@@ -353,8 +353,9 @@ class HistEngine:
         w = self.pub.ct_bytes
         if len(raw) != self.n * units * w:
             raise ValueError("ciphertext bytes do not match the rows")
+        view = memoryview(raw)       # each worker's rows without copying the whole tree's ciphertexts again
         self.pool.map("hist_load", [{"units": units}] * self.pool.n,
-                      [[raw[a * units * w:b * units * w]] for a, b in self.shards])
+                      [[view[a * units * w:b * units * w]] for a, b in self.shards])
         self.units = units
 
     def histograms(self, nodes: dict) -> dict:
