@@ -284,7 +284,9 @@ class NetLab:
         if self._torn or self._tearing:
             raise LabGone(f"netlab {self.tag} is torn down")
         kw.setdefault("stdin", subprocess.DEVNULL)
-        proc = subprocess.Popen(self._argv(role, argv), env=self.env(role, env), cwd=cwd or REPO,
+        # default folder: the participant's HOME. NVFlare's admin tools search their working folder recursively
+        # for config files (from this repository, with .venv: ~6 s a command under load)
+        proc = subprocess.Popen(self._argv(role, argv), env=self.env(role, env), cwd=cwd or self.home(role),
                                 start_new_session=True, **kw)
         self._groups.append(proc)
         return proc

@@ -235,9 +235,12 @@ def test_site_link_down_for_good_during_icdta4fl(lab, icdta4fl_job):
     a point the site has reached: cut before its job process starts, NVFlare starts the job without it and it is
     never part of the job. Last in the module: site-3 stays cut off.)"""
     job = _with_task_timeout(lab.dir / "export_icd" / "icdta4fl", lab.dir / "export_fault", FAULT_TASK_TIMEOUT)
+    t0 = time.perf_counter()
     job_id = lab.submit(job)
+    lab.timings["fault_submit"] = round(time.perf_counter() - t0, 1)
     _wait_log_line(lab, "site-3", job_id, "task_name=icdta4fl_train")
     _wait_log_line(lab, "site-3", job_id, "task result sent to server")
+    lab.timings["fault_to_trained"] = round(time.perf_counter() - t0, 1)
     t = time.perf_counter()
     lab.link_down("site-3")
     status = lab.wait_job(job_id, timeout=180)
