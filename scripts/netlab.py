@@ -702,6 +702,8 @@ def _cmd_run(args, job: str, job_args: list[str]) -> int:
         if r.returncode:
             print(r.stderr[-4000:], file=sys.stderr)
         print(f"timings: {lab.timings}")
+        if not args.keep:
+            print(f"(the lab's folder {lab.dir} goes with the lab; --keep keeps it)")
         return r.returncode
 
 

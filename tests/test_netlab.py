@@ -2,8 +2,9 @@
 namespace of its own, with its own address, host name and HOME, kits provisioned for those names, each site's
 data bound at that site. Jobs go over the lab's network only, submitted from the admin's namespace as a user does:
 ICDTA4FL exported and sent with ``nvflare job submit``, XGBoost ``direct`` (mutual TLS, the sites connecting to
-the server's name from their kits) with ``job.py --env prod``, both jobs on the lab at once; then one fault, a site's link cut for good during
-an ICDTA4FL job. The first tests check that a lab leaves nothing behind when it is killed while starting.
+the server's name from their kits) with ``job.py --env prod``, both jobs on the lab at once; then one fault, a
+site's link cut for good during an ICDTA4FL job. The first tests check that a lab leaves nothing behind when it
+is killed while starting.
 
 Needs root and ``ip netns`` (CI has both); skips otherwise. The lab's ports live in its own namespaces, so this
 module does not take the machine-wide FLARE lock and runs beside the loopback runs.
@@ -166,6 +167,7 @@ def test_xgboost_direct_across_hosts(lab, icdta4fl_job):
     proc = run_job_prod(lab, "xgb_histogram", [*XGB_ARGS, "--sites", str(N_SITES)], ws, timeout=240)
     lab.timings["xgb_job"] = round(time.perf_counter() - t, 1)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    lab.timings["xgb_job_own"] = next((line for line in proc.stdout.splitlines() if line.startswith("timings:")), "")
     report = json.loads((ws / "report.json").read_text())
     transport = report["transport"]
     assert transport["name"] == "direct" and transport["federated_server"]["tls"] is True
