@@ -9,7 +9,12 @@ is generated first and used by every arm (key generation is not part of a tree's
 reported on its own (``start``).  Arms run in turn, ``--repeats`` rounds, medians reported; load average and
 cores beside them.  The block ``vertical_dask`` of docs/vertical.md is written by this script only (``--write``).
 
+The block ``vertical_dask_model`` is a model, not a measurement: the operation counts of the same tree (counted on
+the plaintext oracle) and the dask-local:1 arm's measured phases, read back from the ``vertical_dask`` block, give
+the per-tree time N workers per party would take (``--model-only`` writes it from the block as it stands).
+
     flock /tmp/treeflare-bench.lock python scripts/bench_vertical_dask.py --rows 20000 --write
+    python scripts/bench_vertical_dask.py --rows 20000 --model-only
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
-BENCH_BLOCKS = {"vertical_dask": "docs/vertical.md"}
+BENCH_BLOCKS = {"vertical_dask": "docs/vertical.md", "vertical_dask_model": "docs/vertical.md"}
 
 from treeflare.crypto import PaillierKeyHolder  # noqa: E402
 from treeflare.reporting import bench_settings, write_bench_block  # noqa: E402
@@ -87,18 +92,55 @@ def model_lines(one: dict, counts: dict, ns=(1, 2, 4, 8, 16, 32)) -> list:
     return out
 
 
+def model_text(one: dict, counts: dict) -> str:
+    return ("**A model, not a measurement**: what the operation counts of this tree (counted on the "
+            f"plaintext oracle: {counts['encryptions']:,} encryptions, {counts['decryptions']:,} decryptions, "
+            f"{counts['multiplications']:,} histogram multiplications, {counts['shifts']:,} compression shifts, "
+            f"{counts['nodes']} node histograms of {counts['hist_cts']:,} ciphertexts) imply for N Dask workers "
+            "per party, each on its own core, from the dask-local:1 arm's measured phase times in the table above: "
+            "the encryption, decryption, histogram and compression phases divided by N; split search, cumulative "
+            "sums and messages unchanged; plus the tree reduction's critical path (ceil(log2 N) levels of "
+            "merging every node histogram, at the measured histogram rate). It ignores network transfer between "
+            f"hosts (a node histogram is {counts['hist_cts'] * 512 / 1e6:.1f} MB at 2048 bits) and the per-shard "
+            "cell overhead (each worker also multiplies its rows' joint cells, which matters once a node has fewer "
+            "rows per worker than cells).\n\n" + "\n".join(model_lines(one, counts)))
+
+
+def one_arm_from_block(page: Path) -> dict:
+    """The dask-local:1 row of the ``vertical_dask`` block (this script's own table) as phase times."""
+    text = page.read_text()
+    block = text[text.index("<!-- bench:vertical_dask:start -->"):text.index("<!-- bench:vertical_dask:end -->")]
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == "dask-local:1":
+            vals = [float(c) for c in cells[1:10]]
+            keys = ["tree", "start", *PHASES, *[f"p_{k}" for k in PASSIVE_PHASES]]
+            return dict(zip(keys, vals))
+    raise ValueError(f"{page}: no dask-local:1 row in the vertical_dask block")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--arms", default="2,dask-local:1,dask-local:2",
                     help="comma-separated workers settings (default: 2 local processes, dask-local:1, dask-local:2)")
-    ap.add_argument("--write", action="store_true", help="write the docs block (docs/vertical.md)")
+    ap.add_argument("--write", action="store_true", help="write the docs blocks (docs/vertical.md)")
+    ap.add_argument("--model-only", action="store_true",
+                    help="no timing: count the operations and write the model block from the vertical_dask block")
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     data = synthetic(n=args.rows, n_test=200, active_features=30, passive_features=(300,), n_classes=2, seed=0)
     base = VerticalParams(model="gbdt", objective="binary", n_trees=1, max_depth=5, bins=32, key_bits=2048,
                           obfuscation="full").validate()
+    if args.model_only:
+        one = one_arm_from_block(REPO / BENCH_BLOCKS["vertical_dask"])
+        text = model_text(one, operation_counts(data, base)) + (
+            f"\n\nWritten by `scripts/bench_vertical_dask.py --rows {args.rows} --model-only` (operation counts at "
+            f"{args.rows:,} rows; phase times from the dask-local:1 row above).")
+        print(text)
+        write_bench_block(REPO / BENCH_BLOCKS["vertical_dask_model"], "vertical_dask_model", text)
+        return
     t = time.perf_counter()
     kh = PaillierKeyHolder.generate(2048, "full", allow_insecure=False)
     print(f"key generated in {time.perf_counter() - t:.1f} s (not counted)", flush=True)
@@ -134,24 +176,18 @@ def main(argv=None) -> None:
         f"{st['time']}.  Both parties in one process, each with its own pool (a dask-local arm starts two local "
         f"clusters).  Written by `scripts/bench_vertical_dask.py --rows {args.rows}"
         f"{' --repeats ' + str(args.repeats) if args.repeats != 1 else ''}`.")
-    one_arm = next((a for a in arms if a == "dask-local:1"), None)
-    if one_arm is not None:
-        counts = operation_counts(data, base)
-        one = {c: statistics.median(x[c] for x in rows[one_arm]) for c in cols}
-        text += ("\n\n**A model, not a measurement**: what the operation counts of this tree (counted on the "
-                 f"plaintext oracle: {counts['encryptions']:,} encryptions, {counts['decryptions']:,} decryptions, "
-                 f"{counts['multiplications']:,} histogram multiplications, {counts['shifts']:,} compression shifts, "
-                 f"{counts['nodes']} node histograms of {counts['hist_cts']:,} ciphertexts) imply for N Dask workers "
-                 "per party, each on its own core, from the dask-local:1 arm's measured phase times above: the "
-                 "encryption, decryption, histogram and compression phases divided by N; split search, cumulative "
-                 "sums and messages unchanged; plus the tree reduction's critical path (ceil(log2 N) levels of "
-                 "merging every node histogram). It ignores network transfer between hosts (a node histogram is "
-                 f"{counts['hist_cts'] * 512 / 1e6:.1f} MB at 2048 bits) and the per-shard cell overhead (each "
-                 "worker also multiplies its rows' joint cells, which matters once a node has fewer rows per worker "
-                 "than cells).\n\n" + "\n".join(model_lines(one, counts)))
+    model = None
+    if "dask-local:1" in arms:
+        one = {c: statistics.median(x[c] for x in rows["dask-local:1"]) for c in cols}
+        model = model_text(one, operation_counts(data, base)) + (
+            f"\n\nWritten by `scripts/bench_vertical_dask.py --rows {args.rows}` with the table above.")
     print(text)
+    if model:
+        print(model)
     if args.write:
         write_bench_block(REPO / BENCH_BLOCKS["vertical_dask"], "vertical_dask", text)
+        if model:
+            write_bench_block(REPO / BENCH_BLOCKS["vertical_dask_model"], "vertical_dask_model", model)
 
 
 if __name__ == "__main__":
