@@ -929,7 +929,15 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
                           f"{'' if tgt is None else f'<= {tgt:g} s'} | "
                           f"{'' if tgt is None else ('met' if r['per_tree_s'] <= tgt else '**not met**')} | "
                           f"{r['identical_to_oracle']} |")
+        for shape in PEER_TARGETS:
+            if shape not in best:
+                readme.append(f"| {shape} shape | " + "; ".join(f"{f['system']}: {f['published']}" for f in PEER_FIGURES
+                                                            if f["shape"] == shape and "in FedTree" not in f["system"])
+                              + " | not measured in this run | | | | |")
         readme.append("")
+        if peers.get("partial"):
+            readme.append("**The run stopped before every arm ran** (the rows are those it measured).")
+            readme.append("")
         readme.append(f"Peers' figures are theirs, on their hardware and shorter keys (FATE 1024-bit, FedTree "
                       f"512-bit): a comparison of wall time, not of equal security. Ours: {_settings_line(S)}.")
         readme.append("")
@@ -975,6 +983,9 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
         docs += block
         readme += [f"**What a party needs per million rows** (FATE shape: active 30, passive 300 columns; peak of "
                    f"the party process and its workers): {need} Memory section: {_settings_line(S)}.", ""]
+    if peers and not memory:
+        readme += ["**What a party needs per million rows**: the memory section has not run yet "
+                   "(`--sections memory`).", ""]
     if docs:
         docs.append("Written by `scripts/bench_vertical.py --sections peers,memory` (results: "
                     "`scripts/results/vertical_bench/`).")
