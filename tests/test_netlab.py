@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+from flare_helpers import REPO, load_script
 
-import netlab  # noqa: E402
-from netlab import ICDTA4FL_ARGS, XGB_ARGS, NetLab, export_job, run_job_prod  # noqa: E402
+# loaded by path: scripts/ on sys.path would put its schema.py, psi.py, ... in front of every module of that name
+netlab = load_script("scripts/netlab.py", "netlab")
+ICDTA4FL_ARGS, XGB_ARGS, NetLab = netlab.ICDTA4FL_ARGS, netlab.XGB_ARGS, netlab.NetLab
+export_job, run_job_prod = netlab.export_job, netlab.run_job_prod
 
 # one worker for the module: its lab is built once, and the teardown tests do not start a second lab beside it
 pytestmark = [pytest.mark.flare, pytest.mark.netlab, pytest.mark.xdist_group("tests/test_netlab.py")]
