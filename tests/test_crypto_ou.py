@@ -9,11 +9,12 @@ import gmpy2
 import numpy as np
 import pytest
 
-from treeflare.crypto import CiphertextError, SlotLayout, make_key_holder, pack_plan, public_from_message
+from treeflare.crypto import (CiphertextError, SlotLayout, make_key_holder, pack_plan, public_from_message,
+                              unpack_fields)
 from treeflare.crypto.backend import OuKeyHolder, OuPublic, micro_rates, public_from_json, public_to_json
 from treeflare.crypto.ou import OuPrivateKey, OuPublicKey, p_bits_for
-from treeflare.vertical import (ProtocolError, VerticalParams, compare_runs, crypto_report, make_parties,
-                                run_oracle, run_vertical, synthetic)
+from treeflare.vertical import (ProtocolError, VerticalParams, close_parties, compare_runs, crypto_report,
+                                make_parties, run_oracle, run_vertical, synthetic)
 
 KEY = OuPrivateKey.generate(768)          # test-only size (allowed only with allow_insecure)
 
@@ -127,6 +128,8 @@ def test_public_key_message_validated_field_by_field():
         "g not invertible": [_msg(g=be(p))],
         "h not invertible": [_msg(h=be(int(KEY.q) * 5))],
         "g == h": [_msg(h=_msg()["g"])],
+        # units mod n, but not g^n: g^(n+1), and an n-th power of another base
+        "h is not g": [_msg(h=be(gmpy2.powmod(KEY.public.g, n + 1, n))), _msg(h=be(gmpy2.powmod(3, n, n)))],
         "field g malformed": [_msg(g=b"\x02"), _msg(g=12345)],
         "field h malformed": [_msg(h=None)],
         "unexpected fields": [_msg(extra=1), {"scheme": "ou", "n": be(n), "g": be(3)}],
@@ -254,6 +257,11 @@ def test_passive_refuses_malformed_ou_key_and_out_of_range_ciphertexts():
     pk["n"] = pk["n"][:-1] + bytes([pk["n"][-1] & 0xFE])          # an even modulus
     with pytest.raises(ProtocolError, match="bad public key"):
         p.handle({**setup, "pk": pk})
+    pk = dict(setup["pk"])                                          # h = g^n times g: a unit, not g^n
+    opk = a.kh.public.pk
+    pk["h"] = int(opk.h * opk.g % opk.n).to_bytes(len(pk["n"]), "big")
+    with pytest.raises(ProtocolError, match="bad public key: Okamoto-Uchiyama h is not g"):
+        p.handle({**setup, "pk": pk})
     # a test-size OU key is refused by a site with the production minimum
     a2, ps2 = make_parties(synthetic(n=50, n_test=10, passive_features=(2,), seed=1), P, min_key_bits=2048)
     (n2, p2), = ps2.items()
@@ -336,3 +344,89 @@ def test_job_option_scheme_reaches_the_parameters(tmp_path):
     with pytest.raises(job.DataError, match="djn"):
         job.vertical_params(job.parse_args(["--scheme", "ou", "--obfuscation", "djn", "--workspace",
                                             str(tmp_path / "y")]))
+
+
+def _gbdt_first_replies(seed: int):
+    """A binary GBDT run (missing values, a rare category, two passive parties) up to the passives' first
+    histogram replies: (active, passives, the replies)."""
+    d = _data_missing_rare(seed=seed)
+    a, ps = make_parties(d, _params(model="gbdt", objective="binary", n_trees=2, max_depth=2))
+    out = a.step(None)
+    out = a.step({nm: ps[nm].handle(out[nm]) for nm in out})
+    return a, ps, {nm: ps[nm].handle(out[nm]) for nm in out}
+
+
+def test_active_refuses_a_ciphertext_built_from_scratch_above_p_and_stops_with_a_fresh_key_next_run():
+    """A hostile passive party builds g^V h^r from the public key alone, V >= p: the active party decrypts
+    V mod p, which depends on p.  V is chosen (here with p known, the attacker's best case) so that every hessian
+    field of the decoded vector is an honest one and only one gradient field is out of its node's range: the
+    reply is refused, naming the site, nothing is decrypted after it, the run is over, and the next run has
+    another key."""
+    a, ps, replies = _gbdt_first_replies(seed=11)
+    try:
+        name = next(iter(replies))
+        key, pk = a.kh.key, a.kh.key.public
+        node = dict(replies[name]["nodes"][0])
+        cts = ps[name].pub.deserialize(node["cts"])
+        info = a.layout_info
+        wg, wh = info["widths"]
+        k = len(pack_plan(len(node["ids"]), info["unit_widths"], pk.usable_bits, True)[0])
+        flat = unpack_fields(key.decrypt(cts[0]), [wg, wh] * k, [True, False] * k)
+        flat[0] = (1 << (wg - 1)) - 1       # the slot's largest g: above the node's sum of positive gradients
+        m = sum(v << (i // 2 * (wg + wh) + (i % 2) * wg) for i, v in enumerate(flat))
+        v_big = int(key.p) + m
+        assert v_big >= key.p and key.decrypt(gmpy2.powmod(pk.g, v_big, pk.n)) == m
+        assert gmpy2.gcd(v_big - m, pk.n) == key.p          # why no decoded value may reach the sender unchecked
+        assert unpack_fields(m, [wg, wh] * k, [True, False] * k)[1::2] == flat[1::2]    # the hessians: honest
+        cts[0] = gmpy2.powmod(pk.g, v_big, pk.n) * gmpy2.powmod(pk.h, secrets.randbelow(int(pk.n)), pk.n) % pk.n
+        node["cts"] = ps[name].pub.serialize(cts)
+        hostile = dict(replies, **{name: {**replies[name], "nodes": [node] + replies[name]["nodes"][1:]}})
+        before = a.kh.ops["decryptions"]
+        with pytest.raises(ProtocolError, match=rf"^{name}: split statistics inconsistent with node 0 \(g_0 "):
+            a.step(hostile)
+        after = a.kh.ops["decryptions"]
+        assert after > before                                # the reply was decrypted once, then refused
+        assert a.step(replies) is None and a.step(hostile) is None      # the run is over: nothing more happens
+        assert a.kh.ops["decryptions"] == after and not a.trees
+        n_refused = pk.n
+    finally:
+        close_parties(a, ps)
+    # the next run generates its own key (and an honest run completes with it)
+    a2, ps2 = make_parties(_data_missing_rare(seed=11), _params(model="tree", max_depth=1))
+    try:
+        setup = a2.step(None)
+        assert OuPublicKey.from_message(next(iter(setup.values()))["pk"]).n != n_refused
+    finally:
+        close_parties(a2, ps2)
+
+
+def test_every_run_generates_its_own_key():
+    d = synthetic(n=60, n_test=10, passive_features=(2,), seed=1)
+    P = _params(model="tree", max_depth=1)
+    fed1, fed2 = run_vertical(d, P), run_vertical(d, P)
+    assert fed1[0].kh.public.modulus != fed2[0].kh.public.modulus
+    assert compare_runs(fed1, fed2)["identical"]
+
+
+def test_channel_ranges_are_the_exact_sums_of_a_nodes_negative_and_positive_values():
+    """What the active party checks every decoded field against (any scheme): a gradient channel's left sum lies in
+    [sum of the node's negative gradients, sum of its positive ones], a hessian's in [0, the node's]; the bounds
+    themselves pass, one past them is refused, with int64 and with Python-integer comparisons alike."""
+    from treeflare.vertical.active import _first_out_of_range
+
+    a, ps, _ = _gbdt_first_replies(seed=12)           # tree 0 encrypted: its channel ranges are set
+    try:
+        chan, _lo, _hi = a._channels(np.tile(a.objective.base_score(a.y), (a.n, 1)))
+        idx = np.flatnonzero(np.arange(a.n) % 3 != 0)
+        col = [[int(chan[c][i]) for i in idx] for c in range(len(chan))]
+        lows, highs = a._channel_ranges(idx, [sum(v) for v in col])
+        assert lows == [sum(min(0, v) for v in vs) for vs in col] and highs == [sum(max(0, v) for v in vs)
+                                                                               for vs in col]
+        assert lows[0] < 0 < highs[0] and lows[1] == 0 < highs[1]
+        for width in (40, 200):
+            assert _first_out_of_range([lows, highs, [sum(v) for v in col]], (lows, highs), width) is None
+            assert _first_out_of_range([highs, [lows[0], highs[1] + 1]], (lows, highs), width) == 1
+            assert _first_out_of_range([[lows[0] - 1, 0]], (lows, highs), width) == 0
+            assert _first_out_of_range([[0, -1]], (lows, highs), width) == 1
+    finally:
+        close_parties(a, ps)

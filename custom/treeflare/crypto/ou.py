@@ -8,7 +8,8 @@ Public API (same shape as :mod:`.paillier`)::
     c = key.encrypt(-5)                          # fresh randomness every call
     s = pk.add(c, key.encrypt(7))                # E(a) * E(b) = E(a + b)
     key.decrypt(s) == 2                          # centred plaintext in (-p/2, p/2]
-    pk2 = OuPublicKey.from_message(pk.to_message())   # wire form {"scheme", "n", "g", "h"}: every field checked
+    pk2 = OuPublicKey.from_message(pk.to_message())   # wire form {"scheme", "n", "g", "h"}: every field checked,
+                                                      # h == g^n mod n included
     pk.check(c); pk.check_many([c, ...])         # what a receiver runs on every ciphertext
 
 * Plaintexts live in Z_p (p is secret, ``p_bits = ceil(key_bits / 3)`` is public): ``usable_bits = p_bits - 2``,
@@ -69,6 +70,10 @@ class OuPublicKey:
                 raise ValueError(f"Okamoto-Uchiyama {name} not invertible mod n")
         if g == h:
             raise ValueError("Okamoto-Uchiyama g == h")
+        # h must be g^n (one public power checks it): an h that is not an n-th power can carry a plaintext mod p,
+        # and h^r would then add r times it to what a party without the key encrypts
+        if gmpy2.powmod(g, n, n) != h:
+            raise ValueError("Okamoto-Uchiyama h is not g^n mod n")
         self.n, self.g, self.h = n, g, h
         self.bits = bits
         self.p_bits = p_bits_for(bits)

@@ -44,6 +44,29 @@ _MAX_DECLARED_FEATURES = 100_000
 _ENCRYPT_ROWS = 32_768
 
 
+def _positive_parts(chan, lo, hi):
+    """(the signed channels, exact sums of their positive parts): with a node's plain totals, the range of a
+    signed channel's left sum (:meth:`ActiveParty._channel_ranges`).  ((), None) when no channel is signed."""
+    signed = tuple(c for c in range(len(chan)) if int(lo[c]) < 0)
+    if not signed:
+        return (), None
+    pos = [[v if v > 0 else 0 for v in chan[c]] for c in signed]
+    return signed, PlainHist(pos, [0] * len(signed), [max(0, int(hi[c])) for c in signed])
+
+
+def _first_out_of_range(vecs, ranges, max_width: int):
+    """The first channel some vector of ``vecs`` leaves its [low, high] in, or None; exact, one array comparison
+    over all candidates (int64 when every slot is narrow enough that no decoded or derived sum can overflow it,
+    Python integers otherwise)."""
+    if not vecs:
+        return None
+    dtype = np.int64 if max_width <= 61 else object
+    a = np.array(vecs, dtype=dtype)
+    lows, highs = (np.array(r, dtype=dtype) for r in ranges)
+    bad = ((a < lows) | (a > highs)).any(axis=0)
+    return int(np.argmax(bad)) if bad.any() else None
+
+
 class _Timer:
     def __init__(self, timings, key):
         self.timings, self.key = timings, key
@@ -102,6 +125,7 @@ class ActiveParty:
         self._exchanges = Exchanges(self._protocol)
         self.base_score = 0.0
         self._node_sums: dict = {}   # passive -> node -> decrypted sums over its candidates (previous layer)
+        self._range_stats = ((), None)   # this tree's signed channels and their positive parts (_channel_ranges)
 
     # ---------------------------------------------------------------- driver interface
     def step(self, inbox):
@@ -211,6 +235,7 @@ class ActiveParty:
             except (ValueError, SlotOverflowError) as e:
                 raise ValueError(f"the {P.model} reference data cannot be packed: {e}") from None
             stats = PlainHist(chan, lo, hi)
+            self._range_stats = _positive_parts(chan, lo, hi)
             del chan
             unit_layouts = [layout.unit_layout(a, b) for a, b in units]
         # packed and encrypted by row block, straight into the message's one array: no list of every row's
@@ -262,7 +287,8 @@ class ActiveParty:
                     msg["gradients"] = grad
                     grad = None             # held by the message only: freed once every passive has it
                 replies = yield {p: dict(msg) for p in self.passives}
-                cands = self._passive_candidates(replies, open_, layout, units, unit_widths, totals)
+                ranges = {nid: self._channel_ranges(node_idx[nid], totals[nid][1]) for nid in open_}
+                cands = self._passive_candidates(replies, open_, layout, units, unit_widths, ranges)
                 with _Timer(self.timings, "split_search"):
                     for nid in open_:
                         b = self._best_split(node_idx[nid], totals[nid], stats, cands.get(nid, {}))
@@ -305,8 +331,9 @@ class ActiveParty:
         return {"nodes": [nodes[k_] for k_ in sorted(nodes)]}, leaf_of
 
     # ---------------------------------------------------------------- decrypt & decode
-    def _passive_candidates(self, replies, open_, layout, units, unit_widths, totals):
-        """{node: {passive: [(id, left channel sums)]}} from the passives' histogram replies.
+    def _passive_candidates(self, replies, open_, layout, units, unit_widths, ranges):
+        """{node: {passive: [(id, left channel sums)]}} from the passives' histogram replies (``ranges``: the
+        range of every channel's left sum in each open node, :meth:`_channel_ranges`).
 
         A reply entry is either one node's candidates, or a sibling pair: the smaller child's sums over
         some of the parent's candidates (``pos``), from which the larger child's follow by subtracting them
@@ -400,8 +427,10 @@ class ActiveParty:
                 else:
                     ids_of = {nid: ids}
                 for node, node_vecs, node_sel in nodes:
-                    if not self._all_consistent(node_vecs, totals[node][1]):
-                        raise ProtocolError(f"{p}: split statistics inconsistent with node {node}")
+                    bad = _first_out_of_range(node_vecs, ranges[node], max(layout.widths))
+                    if bad is not None:
+                        raise ProtocolError(f"{p}: split statistics inconsistent with node {node} "
+                                            f"({self._channel_name(bad)} outside the sums its rows allow)")
                     offered = node_vecs if node_sel is None else [v for v, s in zip(node_vecs, node_sel) if s]
                     out[node][p] = list(zip(ids_of[node], offered))
                     sums[p][node] = node_vecs
@@ -421,15 +450,24 @@ class ActiveParty:
             raise ProtocolError(f"{p}: duplicate split ids")
         return ids
 
-    def _all_consistent(self, lefts, parent) -> bool:
-        """Every left vector within the node: label counts, or hessian sums, between 0 and the node's."""
-        if self.objective is None:            # label counts
-            return all(0 <= a <= b for left in lefts for a, b in zip(left, parent))
-        if len(parent) == 2:                  # one output: the common case, one comparison chain per vector
-            h = parent[1]
-            return all(0 <= left[1] <= h for left in lefts)
-        hs = parent[1::2]
-        return all(0 <= a <= b for left in lefts for a, b in zip(left[1::2], hs))     # hessian sums
+    def _channel_ranges(self, idx, total) -> tuple:
+        """(lows, highs): the exact range of each channel's sum over any subset of the node's rows ``idx``.  A
+        channel that is never negative (counts, hessians): [0, the node's total]; a signed one (gradients):
+        [the sum of its negative values, the sum of its positive values] over the node's rows.  Every decoded
+        field a passive party returns must lie in it: under OU a crafted ciphertext decrypts to a value mod the
+        secret p (SECURITY.md, "Okamoto-Uchiyama"), and no field may go unchecked."""
+        lows, highs = [0] * len(total), [int(v) for v in total]
+        signed, pos_stats = self._range_stats
+        if signed:
+            _cnt, pos = pos_stats.total(idx)
+            for c, s in zip(signed, pos):
+                lows[c], highs[c] = int(total[c]) - s, s
+        return lows, highs
+
+    def _channel_name(self, c: int) -> str:
+        if self.objective is None:
+            return f"count of class {c}"
+        return f"{'gh'[c % 2]}_{c // 2}"
 
     def _best_split(self, idx, total, stats, cands):
         _cnt, parent = total

@@ -86,9 +86,12 @@ def split_alignment(value: int) -> tuple:
 
 
 def public_encrypt(pub, m: int):
-    """E(m) under a public key alone, with fresh randomness: (1 + m n) r^n mod n^2, r uniform in Z*_n (the key
-    holder's batch encryption in :mod:`treeflare.crypto` needs the private key; this is the one value a passive
-    party encrypts).  The mock scheme (plaintext oracle) encrypts as the identity."""
+    """E(m) under a public key alone, with fresh randomness (the key holder's batch encryption in
+    :mod:`treeflare.crypto` needs the private key; this is the one value a passive party encrypts):
+
+    * Paillier: (1 + m n) r^n mod n^2, r uniform in Z*_n;
+    * Okamoto-Uchiyama: g^m h^r mod n (n = p^2 q, h = g^n), r uniform in [0, n), 0 <= m < 2^usable_bits;
+    * mock (plaintext oracle): the identity."""
     if pub.scheme == "mock":
         c = mpz(m)
     elif pub.scheme == "paillier":
