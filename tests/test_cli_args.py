@@ -62,7 +62,8 @@ def test_icdta4fl_arguments(jobs, argv, message, tmp_path, capsys):
     (["--lambda", "-1"], "--lambda must be a number >= 0, got -1.0"),
     (["--min-child-weight", "-0.5"], "--min-child-weight must be a number >= 0"),
     (["--trees", "0", "--model", "gbdt"], "--trees must be an integer >= 1, got 0"),
-    (["--workers", "-2"], "--workers must be an integer >= 0, got -2"),
+    (["--workers", "-2"], "--workers must be an integer in [0, 256]"),
+    (["--workers", "dask://10.0.0.5:8786", "--env", "poc"], "set $TREEFLARE_VERTICAL_WORKERS=dask://HOST:PORT"),
     (["--passive", "0"], "--passive must be an integer >= 1, got 0"),
     (["--precision", "4"], "--precision must be an integer in [8, 60], got 4"),
     (["--criterion", "foo"], "invalid choice"),  # argparse's own choices come first

@@ -13,7 +13,9 @@ import pytest
 
 pytest.importorskip("distributed")
 
+import dask  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
+from distributed.security import Security  # noqa: E402
 
 from treeflare.crypto import PaillierKeyHolder  # noqa: E402
 from treeflare.crypto.dask_pool import DaskPool, count_states  # noqa: E402
@@ -48,13 +50,23 @@ def _wait_gone(pids) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One local cluster for the module (two worker processes, one thread each): parties connect with dask://."""
+def cluster(tmp_path_factory):
+    """One local cluster for the module (two worker processes, one thread each), TLS with its own certificates in
+    files: parties connect with dask:// and Dask's configuration naming them (``party_tls``)."""
     before = _descendants()
+    sec = Security.temporary()
+    d = tmp_path_factory.mktemp("dask_tls")
+    for name, text in (("ca.pem", sec.tls_ca_file), ("cert.pem", sec.tls_client_cert), ("key.pem", sec.tls_client_key)):
+        (d / name).write_text(text)
     lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
-                      silence_logs=logging.ERROR, memory_limit=0, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
+                      silence_logs=logging.ERROR, memory_limit=0, security=sec,
+                      scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
+    lc.party_config = {"distributed.comm.require-encryption": True, "distributed.comm.tls.ca-file": str(d / "ca.pem"),
+                       "distributed.comm.tls.client.cert": str(d / "cert.pem"),
+                       "distributed.comm.tls.client.key": str(d / "key.pem")}
     try:
-        yield lc
+        with dask.config.set(lc.party_config):
+            yield lc
     finally:
         lc.close()
     _wait_gone(_descendants() - before)
@@ -100,7 +112,7 @@ def test_parse_workers():
     assert VerticalParams(workers=3).validate().n_workers == 3
 
 
-def test_unreachable_scheduler_is_a_clear_error(monkeypatch):
+def test_unreachable_scheduler_is_a_clear_error(cluster, monkeypatch):
     from treeflare.crypto import dask_pool
 
     monkeypatch.setattr(dask_pool, "_CONNECT_S", 2)
@@ -108,21 +120,106 @@ def test_unreachable_scheduler_is_a_clear_error(monkeypatch):
         make_pool("dask://127.0.0.1:9", ["treeflare.vertical.histo"])   # port 9 (discard): nothing listens
 
 
+def test_remote_scheduler_without_tls_is_refused(cluster):
+    """dask:// without Dask's configuration requiring encryption (or without its certificates) is refused, saying
+    what to set; nothing is sent."""
+    with dask.config.set({"distributed.comm.require-encryption": False, "distributed.comm.default-scheme": "tcp"}):
+        with pytest.raises(WorkerError, match="distributed.comm.require-encryption: true"):
+            make_pool(_spec(cluster), ["treeflare.vertical.histo"])
+    with dask.config.set({"distributed.comm.tls.ca-file": None, "distributed.comm.tls.client.cert": None}):
+        with pytest.raises(WorkerError, match="certificates"):
+            make_pool(_spec(cluster), ["treeflare.vertical.histo"])
+
+
+def test_dask_local_refuses_other_clients():
+    """dask-local:N runs TLS with certificates only the party holds: another client (no credentials over tls://,
+    its own certificates, plain tcp://) is refused by the scheduler and by a worker; the owner works."""
+    pool = DaskPool("dask-local:1", ["treeflare.vertical.histo"])
+    try:
+        sched = pool._client.scheduler.address
+        assert sched.startswith("tls://127.0.0.1:") and pool.addrs[0].startswith("tls://127.0.0.1:")
+        assert len(pool._client.run(os.getpid)) == 1                      # the owner
+        for addr in (sched, pool.addrs[0]):
+            hostport = addr.split("://", 1)[1]
+            for target, sec in ((addr, None), (addr, Security.temporary()), ("tcp://" + hostport, None)):
+                # the attacker's own configuration asks for no encryption (the module's parties' config does)
+                with dask.config.set({"distributed.comm.require-encryption": False}):
+                    with pytest.raises((OSError, TypeError, TimeoutError)):
+                        Client(target, security=sec, timeout=3, set_as_default=False).close()
+    finally:
+        pool.close()
+
+
+def test_a_stuck_worker_fails_the_call_at_its_deadline(cluster, monkeypatch):
+    """A worker that is still listed but never answers: the call fails at the pool's deadline naming the operation
+    (no hang)."""
+    from treeflare.crypto import dask_pool
+
+    monkeypatch.setenv(dask_pool.DEADLINE_ENV, "3")
+    kh = PaillierKeyHolder.generate(BITS, "djn")
+    eng = HistEngine(kh.public, np.zeros((600, 1), dtype=np.uint8), [2], workers=_spec(cluster))
+    pid = eng.pool.pool_id
+    try:
+        eng.load(kh.encrypt_bytes([1] * 600), 1)
+        # hold the pool's lock on one worker: its next operation waits for ever, the worker stays listed
+        held = eng.pool._client.run(lambda p: __import__("treeflare.crypto.dask_pool", fromlist=["_"])
+                                    ._state_of(p)[1].acquire(blocking=False), pid, workers=[eng.pool.addrs[1]])
+        assert list(held.values()) == [True]
+        with pytest.raises(WorkerError, match=r"^hist: no reply .* within 3 s"):
+            eng.histograms({0: np.arange(600)})
+        eng.pool._client.run(lambda p: __import__("treeflare.crypto.dask_pool", fromlist=["_"])
+                             ._state_of(p)[1].release(), pid, workers=[eng.pool.addrs[1]])
+    finally:
+        eng.close()
+    monkeypatch.setenv(dask_pool.DEADLINE_ENV, "-1")
+    with pytest.raises(ValueError, match=dask_pool.DEADLINE_ENV):
+        dask_pool.deadline_s()
+
+
+def test_a_party_that_crashes_leaves_its_state_until_the_workers_restart(cluster):
+    """A party that ends without closing its pool (a crash: no finalizer runs) leaves its state (here a shard's
+    ciphertexts) in the remote workers' memory; restarting the workers clears it."""
+    kh = PaillierKeyHolder.generate(BITS, "djn")
+    eng = HistEngine(kh.public, np.zeros((600, 1), dtype=np.uint8), [2], workers=_spec(cluster))
+    eng.load(kh.encrypt_bytes([1] * 600), 1)
+    eng.pool._finalizer.detach()
+    eng.pool._client.close()
+    assert _states(cluster) == [1, 1]
+    with Client(cluster, set_as_default=False) as c:
+        c.restart()
+    assert _states(cluster) == [0, 0]
+
+
 def test_operations_only_from_the_package(cluster):
     with pytest.raises(ValueError, match="treeflare package"):
         DaskPool(_spec(cluster), ["os"])
 
 
-def test_same_model_as_oracle_and_one_worker(cluster):
+@pytest.mark.parametrize("scheme, bits", [("paillier", BITS), ("ou", 768)])
+def test_same_model_as_oracle_and_one_worker(cluster, monkeypatch, scheme, bits):
     """Both parties' crypto on the cluster (one cluster for the test's economy; each pool's state is its own)."""
+    made = []
+    init = DaskPool.__init__
+
+    def recording(self, spec, modules):
+        init(self, spec, modules)
+        made.append((tuple(modules), self.n))
+
+    monkeypatch.setattr(DaskPool, "__init__", recording)
     d = _data()
     P = VerticalParams(model="gbdt", objective="binary", n_trees=2, max_depth=3, bins=8, min_rows_node=4,
-                       key_bits=BITS, allow_insecure_key=True, obfuscation="djn", workers=1).validate()
+                       key_bits=bits, allow_insecure_key=True, workers=1, scheme=scheme,
+                       obfuscation="djn" if scheme == "paillier" else "full").validate()
     one = run_vertical(d, P)
-    dask = run_vertical(d, replace(P, workers=_spec(cluster)))
-    assert compare_runs(dask, one)["identical"]
-    assert compare_runs(dask, run_oracle(d, P))["identical"]
-    assert dask[1]["site-2"].engine is None or dask[1]["site-2"].engine.pool.n == 2
+    assert made == []
+    on_dask = run_vertical(d, replace(P, workers=_spec(cluster)))
+    assert compare_runs(on_dask, one)["identical"]
+    assert compare_runs(on_dask, run_oracle(d, P))["identical"]
+    # both parties ran on the cluster: the active's key holder and the passive's histogram engine, 2 workers each
+    mods = {m for m, _n in made}
+    assert {n for _m, n in made} == {2}
+    assert any("treeflare.vertical.histo" in m for m in mods) and any(
+        "treeflare.vertical.histo" not in m for m in mods), made
     assert _states(cluster) == [0, 0], "a closed pool left state on the workers"
 
 
@@ -179,7 +276,7 @@ def test_dask_local_closes_its_processes():
         (pool,) = kh_dask._pools.values()
         assert pool.n == 2 and len(_descendants() - before) >= 2
         # loopback only, no dashboard
-        assert all(a.startswith("tcp://127.0.0.1:") for a in pool.addrs)
+        assert all(a.startswith("tls://127.0.0.1:") for a in pool.addrs)
         procs = [psutil.Process()] + psutil.Process().children(recursive=True)
         listening = [c.laddr for p in procs for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
         assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
@@ -204,8 +301,20 @@ def test_site_environment_names_its_own_cluster(monkeypatch):
     monkeypatch.setenv(WORKERS_ENV, "dask://10.1.2.3")
     with pytest.raises(ValueError, match=f"^{WORKERS_ENV} must be"):
         ex._site_workers()
-    with pytest.raises(ValueError, match="^workers must be"):
+    with pytest.raises(ValueError, match="^VerticalExecutor workers must be"):
         VerticalExecutor(workers="lots")
+    # the job's executor config and the server's task never name a scheduler; the site's environment wins
+    with pytest.raises(ValueError, match="^VerticalExecutor workers: a Dask scheduler address"):
+        VerticalExecutor(workers="dask://203.0.113.5:8786")
+    from treeflare.vertical import ProtocolError
+    task = VerticalParams(key_bits=BITS, allow_insecure_key=True).to_dict()
+    with pytest.raises(ProtocolError, match="^params.workers: a Dask scheduler address"):
+        ex._active_params({**task, "workers": "dask://203.0.113.5:8786"})
+    monkeypatch.setenv(WORKERS_ENV, "dask://10.1.2.3:8786")
+    got = ex._active_params({**task, "workers": 3})
+    assert got.workers == "dask://10.1.2.3:8786" and got.to_record()["workers"] == "site"
+    monkeypatch.delenv(WORKERS_ENV)
+    assert VerticalExecutor()._active_params({**task, "workers": "dask-local:2"}).workers == "dask-local:2"
 
 
 def test_a_worker_that_dies_fails_the_call(monkeypatch):

@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +55,9 @@ from treeflare.data import DataError, prepare_federation, read_site, site_name, 
 from treeflare.data.federation import SiteData
 from treeflare.data.join import common_ids
 from treeflare.data.intersection import DEFAULT_MIN_ROWS, restrict
+from treeflare.crypto.workers import is_address
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
+from treeflare.flare.vertical.executor import WORKERS_ENV
 from treeflare.vertical.objectives import OBJECTIVES
 from treeflare.reporting import format_table, outputs_text, write_json_atomic
 
@@ -115,10 +119,12 @@ def parse_args(argv=None):
     c.add_argument("--compress", type=on_off, default=True, help="on|off: several results per returned ciphertext")
     c.add_argument("--obfuscation", choices=["full", "djn"], default="full",
                    help="full: fresh r^n (default); djn: short-exponent randomness (faster, extra assumption)")
-    c.add_argument("--workers", type=workers_option, default=0,
-                   help="crypto workers per site: N processes (0 = all cores), dask://HOST:PORT (a Dask scheduler "
-                        "the site runs) or dask-local:N (a local Dask cluster of N processes); a site's "
-                        "$TREEFLARE_VERTICAL_WORKERS overrides it")
+    # checked here (not by check_args' integer rule: dask-local:N is a string)
+    c.add_argument("--workers", dest="crypto_workers", type=workers_option, default=0,
+                   help="crypto workers per site: N processes (0 = all cores) or dask-local:N (a local Dask cluster "
+                        "of N processes); a site's $TREEFLARE_VERTICAL_WORKERS overrides it. dask://HOST:PORT (a "
+                        "Dask scheduler): in the simulator only (the sites run here); real sites name their own "
+                        "scheduler in $TREEFLARE_VERTICAL_WORKERS")
     c.add_argument("--allow-insecure-key", action="store_true",
                    help="permit --key-bits < 2048 (tests and comparisons only)")
     c.add_argument("--no-oracle", action="store_true", help="skip the plaintext-oracle comparison")
@@ -139,6 +145,15 @@ def parse_args(argv=None):
     add_run_args(p)
     add_progress_args(p)
     args = check_args(p.parse_args(argv))
+    args.site_cluster = None
+    if is_address(args.crypto_workers):
+        if args.env != "sim" or args.export:
+            p.error(f"--workers dask://HOST:PORT names the Dask scheduler that receives a site's private key or rows, "
+                    f"and only the site names it: set ${WORKERS_ENV}=dask://HOST:PORT in that site's environment "
+                    f"(a job may ask for N processes or dask-local:N); only the simulator, whose sites run on this "
+                    f"machine, takes it here")
+        # the simulator's sites are this machine's processes: they get the address from their environment
+        args.site_cluster, args.crypto_workers = args.crypto_workers, 0
     if args.psi_min_rows < 1:
         p.error(f"--psi-min-rows must be an integer >= 1, got {args.psi_min_rows}")
     if args.trees is None:
@@ -187,7 +202,7 @@ def vertical_params(args, objective: str = "binary"):
             max_depth=args.max_depth, bins=args.bins, learning_rate=args.learning_rate, reg_lambda=args.reg_lambda,
             min_child_weight=args.min_child_weight, min_rows_node=args.min_rows_node, key_bits=args.key_bits,
             precision=args.precision, packing=args.packing, compress=args.compress, obfuscation=args.obfuscation,
-            workers=args.workers, allow_insecure_key=args.allow_insecure_key, scheme=args.scheme).validate()
+            workers=args.crypto_workers, allow_insecure_key=args.allow_insecure_key, scheme=args.scheme).validate()
     except ValueError as exc:
         raise DataError(str(exc)) from None
 
@@ -212,7 +227,7 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
                   id="vertical_controller")
     job.to_server(ProgressReporter(), id=PROGRESS_ID)  # tree and layer lines the job script prints while FLARE runs
     min_bits = args.key_bits if args.allow_insecure_key else 2048
-    job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.workers,
+    job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.crypto_workers,
                                     min_key_bits=min_bits, min_node_rows=min(args.min_rows_node, 10),
                                     schema=None if schema is None else schema.to_dict(), binding=args.binding),
                    tasks=[STEP, MSG])
@@ -320,9 +335,34 @@ def collect_site_files(run_dir: Path, sites: list[str], out: Path) -> dict:
     return found
 
 
+@contextmanager
+def sites_cluster(address):
+    """The simulator's sites run in this machine's processes: ``address`` (``--workers dask://...``) reaches them
+    through their environment (``$TREEFLARE_VERTICAL_WORKERS``), as a real site's own setting would, never through
+    the job; restored after the run."""
+    if address is None:
+        yield
+        return
+    saved = os.environ.get(WORKERS_ENV)
+    os.environ[WORKERS_ENV] = address
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(WORKERS_ENV, None)
+        else:
+            os.environ[WORKERS_ENV] = saved
+
+
 @main_guard
 def main(argv=None) -> int:
     args = parse_args(argv)
+    with sites_cluster(args.site_cluster):
+        return run(args)
+
+
+def run(args) -> int:
+    """Train (or, with --predict, predict) as ``args`` say; the exit status."""
     if args.predict is not None:
         from treeflare.flare.vertical.predict import predict_main
 
@@ -393,7 +433,9 @@ def main(argv=None) -> int:
         "dataset": dataset, "n_sites": len(sites), "schema_source": schema_info,
         "id_column": schema.id_column,   # the parties' join column: a prediction run's PSI reads the same one
         "sites": {"active": sites[0], "passive": sites[1:]},
-        "params": {**params.to_dict(), "env": args.env, "seed": args.seed, "psi_min_rows": args.psi_min_rows,
+        # a site's Dask scheduler address (the simulator's, from --workers dask://) is recorded as "site"
+        "params": {**params.to_record(), "workers": "site" if args.site_cluster else params.workers,
+                   "env": args.env, "seed": args.seed, "psi_min_rows": args.psi_min_rows,
                    "overlap": overlap_of(args) if data_dir is not None else None},
         "global": server["global"],
         "psi": psi_report(psi, run_dir, sites),

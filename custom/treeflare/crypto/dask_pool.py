@@ -16,16 +16,27 @@ holder and the histogram engine use it unchanged, and the operations are the sam
 What crosses the party's cluster is what crosses the local worker pipes: an operation's name, JSON-like args and
 bytes blobs.  Dask's own protocol pickles task functions (referenced by name: this module's top-level
 functions) inside the party's cluster; the scheduler and workers are therefore inside the party's trust boundary
-and must not be reachable by any other party (SECURITY.md).  ``dask://HOST:PORT`` connects with Dask's configured
-default scheme and security (``distributed.comm.default-scheme: tls`` and the ``distributed.comm.tls.*`` settings
-for a cluster that spans hosts).  Workers run the operations one at a time (a lock per pool state); the
-arithmetic holds the GIL, so one thread per worker process is what to run.
+and must not be reachable by any other party (SECURITY.md).  Whoever can connect to a Dask scheduler can run code on
+its workers, so every connection is authenticated:
+
+* ``dask-local:N`` starts its cluster with ``security=True``: TLS with certificates made for this cluster, held in
+  memory by the party's process (and given to its worker processes); a client without them is refused.
+* ``dask://HOST:PORT`` is refused unless Dask's configuration requires encryption
+  (``distributed.comm.require-encryption: true``) or makes TLS the default scheme
+  (``distributed.comm.default-scheme: tls``); it connects over ``tls://`` with the ``distributed.comm.tls.*``
+  certificates (a cluster whose scheduler requires them authenticates the party, and the party the cluster).
+
+Every call has an overall deadline (``$TREEFLARE_DASK_CALL_DEADLINE_S``, default one hour): a worker that is stuck
+but still listed fails the call instead of hanging the run.  Workers run the operations one at a time (a lock per
+pool state); the arithmetic holds the GIL, so one thread per worker process is what to run.
 """
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
+import time
 import weakref
 
 from .pool_ops import WorkerError, load_ops, merge_request
@@ -37,6 +48,12 @@ _GUARD = threading.Lock()
 _SCATTER_BYTES = 1 << 20      # larger blobs go straight to their worker instead of through the task graph
 _CONNECT_S = 30
 _POLL_S = 2                   # how often a wait for results checks that the pool's workers are still there
+DEADLINE_ENV = "TREEFLARE_DASK_CALL_DEADLINE_S"
+DEFAULT_DEADLINE_S = 3600.0   # one call (a layer's histograms, a batch's encryption) takes seconds to minutes
+TLS_NEEDED = ("workers: a dask:// scheduler is reached only over TLS (whoever can connect to it can read what its "
+              "workers hold): set distributed.comm.require-encryption: true and the distributed.comm.tls.ca-file, "
+              ".client.cert and .client.key certificates in Dask's configuration (or DASK_DISTRIBUTED__COMM__"
+              "REQUIRE_ENCRYPTION=True and DASK_DISTRIBUTED__COMM__TLS__* in the site's environment)")
 # no dashboard; the scheduler's plain HTTP routes (health) on a free loopback port, not the fixed 8787
 _NO_FIXED_PORT = {"dashboard_address": "127.0.0.1:0"}
 
@@ -83,6 +100,34 @@ def count_states() -> int:
 
 
 # ------------------------------------------------------------------------------ in the party's process
+def deadline_s() -> float:
+    """The overall deadline of one pool call, in seconds (``$TREEFLARE_DASK_CALL_DEADLINE_S``)."""
+    raw = os.environ.get(DEADLINE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DEADLINE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"${DEADLINE_ENV} must be a positive number of seconds")
+    return value
+
+
+def remote_security():
+    """The Security of a ``dask://`` connection, from Dask's configuration; refused (naming what to set) unless
+    that configuration requires encryption or makes TLS the default scheme."""
+    import dask
+    from distributed.security import Security
+
+    sec = Security()
+    if not (sec.require_encryption or dask.config.get("distributed.comm.default-scheme", "tcp") == "tls"):
+        raise WorkerError(TLS_NEEDED)
+    if not (sec.tls_ca_file and sec.tls_client_cert):
+        raise WorkerError(TLS_NEEDED.replace("reached only over TLS", "reached over TLS with certificates"))
+    return sec
+
+
 def _close(client, cluster, pool_id, addrs) -> None:
     try:
         if client is not None and addrs:
@@ -109,21 +154,24 @@ class DaskPool:
         self.modules = tuple(modules)
         load_ops(self.modules)           # the same check as the local pools: operations from treeflare only
         self.pool_id = secrets.token_hex(16)
+        self.deadline_s = deadline_s()
         self._cluster = None
         self._client = None
         self._lock = threading.Lock()
         try:
             if spec.startswith("dask-local:"):
                 n = int(spec.split(":", 1)[1])
-                # loopback only, no dashboard; no memory limit (the party sizes its machine; a nanny that
-                # restarts a worker would lose the worker's shard)
+                # loopback only, no dashboard; TLS with this cluster's own temporary certificates (security=True:
+                # another local process that finds the port cannot connect); no memory limit (the party sizes its
+                # machine; a nanny that restarts a worker would lose the worker's shard)
                 self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                                              dashboard_address=None, silence_logs=logging.ERROR, memory_limit=0,
-                                             scheduler_kwargs=_NO_FIXED_PORT)
+                                             security=True, scheduler_kwargs=_NO_FIXED_PORT)
                 self._client = Client(self._cluster, set_as_default=False)
             elif spec.startswith("dask://"):
-                # no scheme: Dask's configured default scheme and security (tls where the cluster spans hosts)
-                self._client = Client(spec[len("dask://"):], timeout=_CONNECT_S, set_as_default=False)
+                sec = remote_security()
+                self._client = Client("tls://" + spec[len("dask://"):], security=sec, timeout=_CONNECT_S,
+                                      set_as_default=False)
                 self._client.wait_for_workers(1, timeout=_CONNECT_S)
             else:
                 raise ValueError("workers: not a Dask cluster spec")
@@ -158,12 +206,19 @@ class DaskPool:
 
     def _gather(self, op: str, futures) -> list:
         """The results in order; a task pinned to a worker that left would wait for it for ever, so while waiting
-        the pool checks that its workers are still there."""
+        the pool checks that its workers are still there, and gives up on the whole call at its deadline (a worker
+        stuck but still listed)."""
         out = []
+        end = time.monotonic() + self.deadline_s
         for fut in futures:
             while True:
+                left = end - time.monotonic()
+                if left <= 0:
+                    self._client.cancel(list(futures))
+                    raise WorkerError(f"{op}: no reply from the pool's Dask workers within {self.deadline_s:g} s "
+                                      f"(${DEADLINE_ENV}); a worker may be stuck") from None
                 try:
-                    res, blobs = fut.result(timeout=_POLL_S)
+                    res, blobs = fut.result(timeout=min(_POLL_S, left))
                     break
                 except TimeoutError:
                     gone = set(self.addrs) - set(self._client.scheduler_info(n_workers=-1)["workers"])

@@ -227,10 +227,18 @@ WORKERS_HELP = (f"an integer in [0, {MAX_WORKERS}] (local worker processes, 0 = 
                 f"N in [1, {MAX_WORKERS}])")
 
 
-def parse_workers(spec, option: str = "workers"):
+ADDRESS_FROM_SITE_ONLY = ("a Dask scheduler address (dask://) names where the party's key or rows go, so only the "
+                          "party itself names one (its site's $TREEFLARE_VERTICAL_WORKERS); a job may ask for a "
+                          "number of processes or dask-local:N")
+
+
+def parse_workers(spec, option: str = "workers", *, allow_address: bool = True):
     """The canonical form of a ``workers`` setting: an int in [0, MAX_WORKERS] (local processes) or a cluster
     spec string ``dask://HOST:PORT`` / ``dask-local:N``.  A bad one is refused naming ``option`` (not echoing
-    the value, which may be a host name)."""
+    the value, which may be a host name).  ``allow_address=False`` (a setting that comes from the job, not from the
+    party) refuses ``dask://`` too: the party alone chooses the cluster that receives its key."""
+    if not allow_address and isinstance(spec, str) and spec.strip().startswith("dask://"):
+        raise ValueError(f"{option}: {ADDRESS_FROM_SITE_ONLY}")
     bad = ValueError(f"{option} must be {WORKERS_HELP}")
     if isinstance(spec, bool):
         raise bad
@@ -261,6 +269,11 @@ def parse_workers(spec, option: str = "workers"):
 def is_cluster(spec) -> bool:
     """``spec`` (already parsed) names a Dask cluster rather than a number of local processes."""
     return isinstance(spec, str)
+
+
+def is_address(spec) -> bool:
+    """``spec`` (already parsed) is a Dask scheduler's address (``dask://HOST:PORT``), which only the party names."""
+    return isinstance(spec, str) and spec.startswith("dask://")
 
 
 def make_pool(workers, modules):

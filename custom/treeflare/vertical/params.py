@@ -5,7 +5,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from ..crypto import check_key_bits
-from ..crypto.workers import is_cluster, parse_workers
+from ..crypto.workers import is_address, is_cluster, parse_workers
 from .objectives import OBJECTIVES
 
 MAX_TREES = 1000
@@ -32,7 +32,8 @@ class VerticalParams:
     compress: bool = True          # several split results per returned ciphertext (claim 6)
     scheme: str = "paillier"       # "paillier" | "ou" (Okamoto-Uchiyama, opt-in) | "mock" (plaintext oracle only)
     obfuscation: str = "full"      # "full" r^n | "djn" short exponent (faster, extra assumption)
-    workers: int | str = 0         # crypto workers: N processes (0 = all cores), 'dask://HOST:PORT', 'dask-local:N'
+    workers: int | str = 0         # crypto workers: N processes (0 = all cores), 'dask-local:N', or 'dask://HOST:PORT'
+                                   # (the latter from the site's own environment only: flare.vertical.executor)
     hist_subtraction: bool = True  # the larger sibling's sums = the parent's minus the smaller's (at the active)
     allow_insecure_key: bool = False  # permit key_bits < 2048 (tests only)
 
@@ -77,6 +78,14 @@ class VerticalParams:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def to_record(self) -> dict:
+        """:meth:`to_dict` as a model file or a report keeps it: a Dask scheduler's address is the site's own
+        (``$TREEFLARE_VERTICAL_WORKERS``), never written down: ``workers`` is recorded as ``"site"`` instead."""
+        d = self.to_dict()
+        if is_address(parse_workers(self.workers, "workers")):
+            d["workers"] = "site"
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "VerticalParams":

@@ -30,7 +30,10 @@ A passive site's limits (whatever the active site proposes) come from the execut
 the environment: ``$TREEFLARE_VERTICAL_MIN_KEY_BITS``, ``$TREEFLARE_VERTICAL_MIN_NODE_ROWS``,
 ``$TREEFLARE_VERTICAL_MAX_TREES``, ``$TREEFLARE_VERTICAL_MAX_DEPTH``.  A site's crypto workers (local processes,
 or its own Dask cluster: ``dask://HOST:PORT``, ``dask-local:N``) come from ``$TREEFLARE_VERTICAL_WORKERS`` where
-set, else the executor's ``workers``.
+set, else the executor's ``workers``, else (the active site) the task's.  The cluster that receives the private key
+or a party's rows is the party's choice alone: a Dask scheduler address is taken only from the site's environment;
+the job's executor configuration and the server's task may ask for a number of processes or ``dask-local:N``, and a
+``dask://`` there is refused; the model file records such an address as ``"site"``.
 """
 from __future__ import annotations
 
@@ -107,8 +110,9 @@ class VerticalExecutor(SiteExecutor):
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
             binding: the name of the site binding to read ("" the default one; see site_config).
             schema: the job's schema (``Schema.to_dict()``); each party reads the columns its files hold.
-            workers: the crypto workers at this site: processes (0 = all cores), ``dask://HOST:PORT`` (a Dask
-              scheduler the site runs) or ``dask-local:N`` (``$TREEFLARE_VERTICAL_WORKERS`` overrides it on the site).
+            workers: the crypto workers at this site: processes (0 = all cores) or ``dask-local:N``
+              (``$TREEFLARE_VERTICAL_WORKERS`` overrides it on the site, and only it may name a Dask scheduler
+              ``dask://HOST:PORT``: this argument is the job's, the submitter's word).
             min_key_bits: a passive site refuses a public key shorter than this
               (``$TREEFLARE_VERTICAL_MIN_KEY_BITS`` overrides it on the site).
             allow_mock: accept the plaintext mock scheme (oracle/testing only; never in production).
@@ -122,7 +126,7 @@ class VerticalExecutor(SiteExecutor):
         super().__init__()
         self.data_root = data_root
         self.binding = binding
-        self.workers = parse_workers(workers, "workers")
+        self.workers = parse_workers(workers, "VerticalExecutor workers", allow_address=False)
         self.min_key_bits = int(min_key_bits)
         self.allow_mock = bool(allow_mock)
         self.min_node_rows = int(min_node_rows)
@@ -168,9 +172,7 @@ class VerticalExecutor(SiteExecutor):
                 model, X, ids = self._prediction_part(site, fl_ctx, ACTIVE_MODEL, check_active_model)
                 self.active = ActivePredictor(site, model, X, ids)
             else:
-                params = VerticalParams.from_dict(dict(task["params"]))
-                if self._site_workers():
-                    params.workers = self._site_workers()
+                params = self._active_params(task["params"])
                 passives = [str(p) for p in task["passives"]]
                 train, test = self._psi_tables(site, fl_ctx)
                 X, names, _ = train.codes()
@@ -197,7 +199,9 @@ class VerticalExecutor(SiteExecutor):
         a = self.active
         run_dir = self._run_dir(fl_ctx)
         # the party's own columns' schema travels with its model part: a prediction run reads new rows with it
-        write_json_atomic(run_dir / ACTIVE_MODEL, {**a.model(), "schema": self.own_schema.to_dict()})
+        # the params as recorded: a site's own Dask scheduler address is not written down
+        write_json_atomic(run_dir / ACTIVE_MODEL, {**a.model(), "params": a.params.to_record(),
+                                                   "schema": self.own_schema.to_dict()})
         write_json_atomic(run_dir / ACTIVE_PRED, {"pred": a.test_pred, "score": a.test_score,
                                                   "ids": a.ids_test})
         reply["result"] = to_wire({
@@ -265,9 +269,25 @@ class VerticalExecutor(SiteExecutor):
                 "timings_s": {k: float(v) for k, v in a.timings.items()}}
 
     def _site_workers(self):
-        """This site's crypto workers: its environment overrides the job's executor argument."""
+        """This site's crypto workers: its environment (which alone may name a Dask scheduler) overrides the job's
+        executor argument."""
         env = os.environ.get(WORKERS_ENV, "").strip()
         return parse_workers(env, WORKERS_ENV) if env else self.workers
+
+    def _active_params(self, task_params) -> VerticalParams:
+        """The server's parameters with this site's workers: the task's ``workers`` (the submitter's word) may be a
+        number of processes or ``dask-local:N``, used only where the site sets none of its own."""
+        if not isinstance(task_params, dict):
+            raise ProtocolError("params is not a dict")
+        params = VerticalParams.from_dict(dict(task_params))
+        try:
+            params.workers = parse_workers(params.workers, "params.workers", allow_address=False)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        own = self._site_workers()
+        if os.environ.get(WORKERS_ENV, "").strip() or own:
+            params.workers = own
+        return params
 
     # ------------------------------------------------------------------ passive site
     def _policy(self) -> PassivePolicy:
