@@ -153,9 +153,16 @@ class Matrix:
 
     def result_of(self, job_id: str, name: str) -> dict:
         """The server's result file of ``job_id`` (downloaded as the admin does); {} if there is none."""
-        try:
-            dest = self.lab.download(job_id, self.work / "downloads")
-        except RuntimeError:
+        dest_root = self.work / "downloads"
+        dest_root.mkdir(parents=True, exist_ok=True)
+        try:  # NVFlare names the folder <job id>__N when it has downloaded that job before: use the path it gives
+            out = self.lab._json_of(self.lab.nvflare("job", "download", job_id, "-o", dest_root, "--force",
+                                                     timeout=180))
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return {}
+        data = out.get("data") or {}
+        dest = Path(data.get("download_path") or data.get("path") or dest_root / job_id)
+        if out.get("status") != "ok" or not dest.is_dir():
             return {}
         found = list(dest.rglob(name))
         return json.loads(found[0].read_text()) if found else {}
@@ -458,6 +465,9 @@ class Matrix:
                  "the job fails naming site-3 (heartbeat timeout 120 s)", self.lost_xgb)
         self.row("link_lost_vertical", "fault", "site-3's link down for good during the vertical job",
                  "the job fails naming site-3", self.lost_vertical)
+        self.row("link_lost_vertical_psi", "fault", "site-3's link down for good during the vertical job's PSI phase",
+                 "the job fails naming site-3 (here: the script waits 240 s, then aborts the job)",
+                 self.lost_vertical_psi)
         self.row("link_back", "fault", "site-3's link back after the three outages",
                  "site-3 reconnects by itself; the next job runs on every site", self.link_back)
         self.row("site_killed_between", "fault", "site-2 killed (SIGKILL, every process) and restarted between jobs",
@@ -567,12 +577,12 @@ class Matrix:
         job = self.export("vt", "vertical_tree", ["--schema", self.work / "vertical_schema.json", *VT_ARGS])
         job_id = self.lab.submit(job)
         self._wait_deployed(job_id, self.sites)
-        # until the PSI phase is over and training under way at the passive site
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not (self.lab.kits["site-3"] / job_id / "psi" /
-                                                   "intersection.json").is_file():
+        # until the PSI phase is over and training under way: the server has sent site-3 a training message
+        deadline, log = time.monotonic() + 300, self.lab.kits["server"] / job_id / "log.txt"
+        rx = re.compile(r"peer=site-3\b.*task_name=vertical_msg.*sent task assignment")
+        while time.monotonic() < deadline and not (log.is_file() and rx.search(log.read_text(errors="replace"))):
             time.sleep(0.5)
-        time.sleep(2)
+        check(time.monotonic() < deadline, f"job {job_id}: no training message to site-3 within 300 s")
         t = time.monotonic()
         self.lab.link_down("site-3")
         try:
@@ -586,6 +596,40 @@ class Matrix:
         ok = status != "FINISHED:COMPLETED" and result.get("status") == "failed" and "site-3" in err
         return {"met": ok, "happened": f"{status}; result {result.get('status')}: {short(err)}",
                 "detect_s": round(ended, 1), "reconnect_s": back, "lost": "the job (no model)"}
+
+    def lost_vertical_psi(self) -> dict:
+        job = self.export("vt", "vertical_tree", ["--schema", self.work / "vertical_schema.json", *VT_ARGS])
+        job_id = self.lab.submit(job)
+        deadline, log = time.monotonic() + 300, self.lab.kits["server"] / job_id / "log.txt"
+        rx = re.compile(r"peer=site-3\b.*task_name=PSI.*sent task assignment")
+        while time.monotonic() < deadline and not (log.is_file() and rx.search(log.read_text(errors="replace"))):
+            time.sleep(0.2)
+        check(time.monotonic() < deadline, f"job {job_id}: no PSI task to site-3 within 300 s")
+        t = time.monotonic()
+        self.lab.link_down("site-3")
+        waited = 240
+        try:
+            status = self.lab.wait_job(job_id, timeout=waited)
+        except Exception:
+            status = None
+        ended = time.monotonic() - t
+        still = status is None or not str(status).startswith("FINISHED")
+        if still:
+            status = self._jobs().get(job_id)
+        try:
+            back = self.link_restored("site-3")
+        finally:
+            if still:
+                self._abort(job_id)
+        result = self.result_of(job_id, "vertical_result.json") if not still else {}
+        self.no_job_running()
+        err = result.get("error") or ""
+        ok = not still and result.get("status") == "failed" and "site-3" in err
+        happened = (f"still {status} {ended:.0f} s after the cut: the DH-PSI phase's tasks (NVFlare's "
+                    "BroadcastAndWait) have no timeout; the script aborted it" if still else
+                    f"{status}; result {result.get('status')}: {short(err)}")
+        return {"met": ok, "happened": happened, "detect_s": None if still else round(ended, 1),
+                "reconnect_s": back, "lost": "the job"}
 
     def link_back(self) -> dict:
         t = time.monotonic()
@@ -672,15 +716,20 @@ class Matrix:
             time.sleep(2)
             status = self._jobs().get(job_id)
         ended = time.monotonic() - t
-        result = self.result_of(job_id, "xgb_result.json")
+        result, where = self.result_of(job_id, "xgb_result.json"), "downloaded"
+        on_server = self.lab.kits["server"] / job_id / "xgb_result.json"
+        if not result and on_server.is_file():  # not in the job store: still in the server's run folder
+            result, where = json.loads(on_server.read_text()), "in the server's run folder only (no download)"
         kept = [j for j, s in before.items() if after.get(j) == s]
         left = self._site_job_processes(job_id)
         self.no_job_running()
-        reason = result.get("error") or (f"no result file; NVFlare's status {status}" if not result else "")
+        reason = (f"{short(result.get('error'))} ({where})" if result.get("error") else
+                  f"no result file (downloaded or in the server's run folder); NVFlare's status {status}"
+                  if not result else "")
         ok = str(status).startswith("FINISHED") and status != "FINISHED:COMPLETED" and len(kept) == len(before) \
             and bool(result) and result.get("status") == "failed"
         return {"met": ok, "happened": f"job {status}; result: {result.get('status', 'none')}"
-                                       f"{': ' + short(reason) if reason else ''}; sites connected again "
+                                       f"{': ' + reason if reason else ''}; sites connected again "
                                        f"{back:.0f} s after the stop; {len(kept)} of {len(before)} finished jobs "
                                        f"listed as before; site job processes left: {len(left)}",
                 "detect_s": round(ended, 1), "reconnect_s": round(back, 1),
@@ -764,6 +813,32 @@ def _train_s(report: dict):
     return round(float(t), 1) if isinstance(t, (int, float)) else None
 
 
+def _bench_lock_state() -> str:
+    """Whether this run held /tmp/treeflare-bench.lock (started as ``flock /tmp/treeflare-bench.lock ...``: a parent
+    process is that flock) and, if not, whether another benchmark held it at the end, so that the table says when
+    other benchmarks may have run beside it."""
+    import fcntl
+
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if cmd and cmd[0].endswith(b"flock") and any(b"treeflare-bench.lock" in a for a in cmd):
+            return "held by this run (no other benchmark ran beside it)"
+    try:
+        with open("/tmp/treeflare-bench.lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return "not held by this run; free at its end"
+    except BlockingIOError:
+        return "not held by this run: another benchmark held it, so they overlapped (see the load averages)"
+    except OSError as exc:
+        return f"unknown ({exc.strerror})"
+
+
 def _run_s(report: dict):
     """Seconds the job ran on the FLARE system (``timings_s.flare_run``: from the submission to its end)."""
     t = (report.get("timings_s") or {}).get("flare_run")
@@ -835,9 +910,25 @@ def write_outputs(rows: list[dict], settings: dict, partial: bool) -> Path:
 
 ROW_NAMES = ["schema_discovery", "icdta4fl_cli", "admin_console", "xgb_direct", "xgb_tls_refusals", "xgb_flare",
              "vertical_tree", "vertical_predict", "outage_10s_xgb", "link_lost_icdta4fl", "link_lost_xgb",
-             "link_lost_vertical", "link_back", "site_killed_between", "site_killed_during_xgb",
+             "link_lost_vertical", "link_lost_vertical_psi", "link_back", "site_killed_between", "site_killed_during_xgb",
              "site_killed_during_icdta4fl", "server_restart_between", "server_restart_during", "xgb_port_blocked",
              "slow_link_xgb"]
+
+
+def _merge_partial(part: dict) -> None:
+    """Replace the rows of faults.json by those of a later ``--only`` run (``part``), each row keeping its own time
+    and load; the rerun is recorded in the settings. The rows every run needs first (schema discovery, the ICDTA4FL
+    job) stay those of the full run."""
+    stored = json.loads((RESULTS / "faults.json").read_text())
+    fresh = {r["name"]: r for r in part["rows"] if r["name"] not in ("schema_discovery", "icdta4fl_cli")}
+    rows = [fresh.get(r["name"], r) for r in stored["rows"]]
+    rows += [r for n, r in fresh.items() if n not in {x["name"] for x in stored["rows"]}]
+    rows.sort(key=lambda r: ROW_NAMES.index(r["name"]) if r["name"] in ROW_NAMES else len(ROW_NAMES))
+    ps = part["settings"]
+    settings = {**stored["settings"], "rerun": [*stored["settings"].get("rerun", []), {
+        "rows": sorted(fresh), "time": ps.get("time"), "commit": ps.get("commit"),
+        "loadavg_start": ps.get("loadavg_start"), "bench_lock": ps.get("bench_lock")}]}
+    write_outputs(rows, settings, partial=False)
 
 
 def main(argv=None) -> int:
@@ -851,8 +942,17 @@ def main(argv=None) -> int:
     p.add_argument("--merge", action="store_true", help="with --only: replace those rows in the full run's "
                                                         "faults.json (each row keeps its own time and load) and "
                                                         "rewrite faults.md and the docs block")
+    p.add_argument("--merge-partial", nargs="*", metavar="FILE", default=None,
+                   help="no lab: replace the rows of faults.json by those of each FILE (default faults_partial.json: "
+                        "what a later --only run wrote) and rewrite faults.md and the docs block")
     args = p.parse_args(argv)
+    if args.merge_partial is not None:
+        for path in args.merge_partial or [RESULTS / "faults_partial.json"]:
+            _merge_partial(json.loads(Path(path).read_text()))
+        print(f"wrote {RESULTS / 'faults.md'}")
+        return 0
     if args.list:
+
         print("\n".join(ROW_NAMES))
         return 0
     import netlab
@@ -890,7 +990,7 @@ def main(argv=None) -> int:
             rows["fault"]()
         finally:
             m.row = original
-            settings = bench_settings(sites=args.sites, **SETTINGS, loadavg_start=load0,
+            settings = bench_settings(sites=args.sites, **SETTINGS, bench_lock=_bench_lock_state(), loadavg_start=load0,
                                       loadavg_end=[round(x, 2) for x in os.getloadavg()],
                                       total_s=round(time.perf_counter() - t0, 1),
                                       setup_s={**{k: v for k, v in lab.timings.items()},

@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 CUSTOM = REPO / "custom"
 TESTS = REPO / "tests"
 PAGES = sorted([REPO / "README.md", REPO / "SECURITY.md", *(REPO / "docs").glob("*.md")])
-BENCH_SCRIPTS = sorted((REPO / "scripts").glob("bench_*.py"))
+# the scripts that write measured blocks: the benchmarks, and the network lab's fault matrix
+BENCH_SCRIPTS = sorted([*(REPO / "scripts").glob("bench_*.py"), REPO / "scripts" / "netlab_faults.py"])
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
