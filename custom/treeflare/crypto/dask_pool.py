@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 
-from .pool_ops import WorkerError, load_ops, merge_request
+from .pool_ops import WorkerError, load_ops, merge_request, per_worker
 
 _STATES: dict = {}            # on a Dask worker: pool id -> that pool's state dict
 _LOCKS: dict = {}
@@ -238,10 +238,7 @@ class DaskPool:
 
     # -- the pool interface
     def map(self, op: str, args_list, blobs_list=None) -> list:
-        args_list = list(args_list)
-        if len(args_list) != self.n:
-            raise ValueError(f"{len(args_list)} requests for {self.n} workers")
-        blobs_list = list(blobs_list) if blobs_list is not None else [[] for _ in range(self.n)]
+        args_list, blobs_list = per_worker(self.n, args_list, blobs_list)
         with self._lock:
             self._check_open()
             futs = [self._submit(op, a, b, [addr]) for addr, a, b in zip(self.addrs, args_list, blobs_list)]
@@ -256,10 +253,7 @@ class DaskPool:
     def map_reduce(self, op: str, args_list, blobs_list, merge_op_name: str, merge_args: dict) -> tuple:
         """One request per worker; the replies merged pairwise on the cluster (neighbours first, so a merge's
         inputs are on two workers and its output stays on the first), and only the result comes back."""
-        args_list = list(args_list)
-        if len(args_list) != self.n:
-            raise ValueError(f"{len(args_list)} requests for {self.n} workers")
-        blobs_list = list(blobs_list) if blobs_list is not None else [[] for _ in range(self.n)]
+        args_list, blobs_list = per_worker(self.n, args_list, blobs_list)
         with self._lock:
             self._check_open()
             level = [(self._submit(op, a, b, [addr]), addr) for addr, a, b in zip(self.addrs, args_list, blobs_list)]

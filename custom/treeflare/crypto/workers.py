@@ -38,7 +38,7 @@ import weakref
 from pathlib import Path
 
 from ..processes import close_and_wait
-from .pool_ops import WorkerError, load_ops, merge_request
+from .pool_ops import WorkerError, load_ops, merge_request, per_worker
 
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])   # the folder that holds the treeflare package
 
@@ -148,10 +148,7 @@ class WorkerPool:
         return _merge_here(self._merge_ops, self._merge_state, merge_op, merge_args, replies)
 
     def map(self, op: str, args_list, blobs_list=None) -> list:
-        args_list = list(args_list)
-        if len(args_list) != self.n:
-            raise ValueError(f"{len(args_list)} requests for {self.n} workers")
-        blobs_list = list(blobs_list) if blobs_list is not None else [[] for _ in range(self.n)]
+        args_list, blobs_list = per_worker(self.n, args_list, blobs_list)
         with self._lock:
             try:
                 for proc, args, blobs in zip(self._procs, args_list, blobs_list):
