@@ -261,7 +261,7 @@ ARG_RULES = {
     "rounds": _integer(1), "eta": _number(0, above=True), "nthread": _integer(1),
     "early_stopping_rounds": _integer(0), "trees": _integer(1), "bins": _integer(2, 1024),
     "learning_rate": _number(0, above=True), "reg_lambda": _number(0), "min_child_weight": _number(0),
-    "precision": _integer(8, 60), "workers": _integer(0), "min_category_rows": _integer(1),
+    "precision": _integer(8, 60), "min_category_rows": _integer(1),
     # ICDTA4FL refinement
     "refine_rounds": _integer(0, MAX_REFINE_ROUNDS), "refine_epsilon": _number(0, above=True),
 }

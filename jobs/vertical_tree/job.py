@@ -120,7 +120,7 @@ def parse_args(argv=None):
     c.add_argument("--obfuscation", choices=["full", "djn"], default="full",
                    help="full: fresh r^n (default); djn: short-exponent randomness (faster, extra assumption)")
     # checked here (not by check_args' integer rule: dask-local:N is a string)
-    c.add_argument("--workers", dest="crypto_workers", type=workers_option, default=0,
+    c.add_argument("--workers", type=workers_option, default=0,
                    help="crypto workers per site: N processes (0 = all cores) or dask-local:N (a local Dask cluster "
                         "of N processes); a site's $TREEFLARE_VERTICAL_WORKERS overrides it. dask://HOST:PORT (a "
                         "Dask scheduler): in the simulator only (the sites run here); real sites name their own "
@@ -146,14 +146,14 @@ def parse_args(argv=None):
     add_progress_args(p)
     args = check_args(p.parse_args(argv))
     args.site_cluster = None
-    if is_address(args.crypto_workers):
+    if is_address(args.workers):
         if args.env != "sim" or args.export:
             p.error(f"--workers dask://HOST:PORT names the Dask scheduler that receives a site's private key or rows, "
                     f"and only the site names it: set ${WORKERS_ENV}=dask://HOST:PORT in that site's environment "
                     f"(a job may ask for N processes or dask-local:N); only the simulator, whose sites run on this "
                     f"machine, takes it here")
         # the simulator's sites are this machine's processes: they get the address from their environment
-        args.site_cluster, args.crypto_workers = args.crypto_workers, 0
+        args.site_cluster, args.workers = args.workers, 0
     if args.psi_min_rows < 1:
         p.error(f"--psi-min-rows must be an integer >= 1, got {args.psi_min_rows}")
     if args.trees is None:
@@ -202,7 +202,7 @@ def vertical_params(args, objective: str = "binary"):
             max_depth=args.max_depth, bins=args.bins, learning_rate=args.learning_rate, reg_lambda=args.reg_lambda,
             min_child_weight=args.min_child_weight, min_rows_node=args.min_rows_node, key_bits=args.key_bits,
             precision=args.precision, packing=args.packing, compress=args.compress, obfuscation=args.obfuscation,
-            workers=args.crypto_workers, allow_insecure_key=args.allow_insecure_key, scheme=args.scheme).validate()
+            workers=args.workers, allow_insecure_key=args.allow_insecure_key, scheme=args.scheme).validate()
     except ValueError as exc:
         raise DataError(str(exc)) from None
 
@@ -227,7 +227,7 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
                   id="vertical_controller")
     job.to_server(ProgressReporter(), id=PROGRESS_ID)  # tree and layer lines the job script prints while FLARE runs
     min_bits = args.key_bits if args.allow_insecure_key else 2048
-    job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.crypto_workers,
+    job.to_clients(VerticalExecutor(data_root=str(data_root) if data_root else "", workers=args.workers,
                                     min_key_bits=min_bits, min_node_rows=min(args.min_rows_node, 10),
                                     schema=None if schema is None else schema.to_dict(), binding=args.binding),
                    tasks=[STEP, MSG])

@@ -86,7 +86,7 @@ def predict_main(args, job_name: str) -> int:
     job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], task_timeout=args.task_timeout,
                                      job_info={"model_dir": str(model_dir)}, mode="predict"),
                   id="vertical_controller")
-    job.to_clients(VerticalExecutor(data_root=str(data_root or ""), workers=args.crypto_workers,
+    job.to_clients(VerticalExecutor(data_root=str(data_root or ""), workers=args.workers,
                                     binding=getattr(args, "binding", "") or ""), tasks=[STEP, MSG])
     ship_package(job)
     t = time.perf_counter()
