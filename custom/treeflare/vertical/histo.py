@@ -10,9 +10,12 @@ multiplied together by the pool's ``map_reduce`` (here for local processes, a tr
 cluster for Dask).  A product mod m does not depend on the order of its factors, so the sums are the
 same integers with any number of workers.
 
-Features are summed **in pairs**: the rows of a node are first multiplied into the joint cells
-(bin of feature a, bin of feature b), then each feature's bins are products of its cells.  That
-takes |rows| + |cells| multiplications for two features instead of 2 |rows|.
+Features are summed **in groups**: the rows of a node are first multiplied into the joint cells
+(bin of feature a, bin of feature b, ...), then each feature's bins are products of its cells.  That
+takes |rows| + k |cells| multiplications for k features instead of k |rows|; the group size is chosen per node
+(:func:`_groups`: pairs at 32 bins, eight binary columns, single features in small nodes).  The bins are then
+multiplied up into **cumulative** sums (bins 0..b, what a split candidate needs) at the workers, before the
+merge: a product of cumulative partials is the cumulative product of the merged bins.
 
 Where the C kernel (:mod:`treeflare.crypto.native`) is usable, a worker keeps its rows' ciphertexts in
 the kernel's Montgomery form and multiplies cells and bins eight at a time; where every worker and the
@@ -35,8 +38,29 @@ from ..crypto.workers import is_cluster, make_pool, parse_workers
 _MODULE = "treeflare.vertical.histo"
 
 
-def _groups(n_features: int) -> list:
-    return [tuple(range(f, min(f + 2, n_features))) for f in range(0, n_features, 2)]
+_MAX_CELLS = 1 << 16      # joint bins of one feature group (bounds the cell keys and their sort)
+
+
+def _groups(nbins: list, n_rows: int) -> list:
+    """Consecutive features grouped for a node of ``n_rows`` rows (on one worker): a group of k features costs about
+    n_rows + k * min(n_rows, cells) multiplications (rows into cells, then each feature's bins from the cells), so a
+    feature joins the group while that cost per feature falls.  Pairs at 32 bins and 100,000 rows, groups of eight
+    binary (one-hot) columns, single features in small nodes.  Any grouping gives the same sums."""
+    def per_feature(k, cells):
+        return n_rows if k == 1 else (n_rows + k * min(n_rows, cells)) / k
+
+    out, f, nf = [], 0, len(nbins)
+    while f < nf:
+        grp, cells = [f], nbins[f]
+        while f + len(grp) < nf:
+            nxt = cells * nbins[f + len(grp)]
+            if nxt > _MAX_CELLS or per_feature(len(grp) + 1, nxt) >= per_feature(len(grp), cells):
+                break
+            grp.append(f + len(grp))
+            cells = nxt
+        out.append(tuple(grp))
+        f += len(grp)
+    return out
 
 
 # --------------------------------------------------------------------------------- worker side
@@ -80,13 +104,9 @@ def _cell_plan(st, rows: np.ndarray, grp: tuple):
     starts, [(feature, bin of each result, cell order or None for the cells themselves, segment starts)])."""
     bins, nbins = st["bins"], st["nbins"]
     units = len(st["C"])
-    if len(grp) == 2:
-        fa, fb = grp
-        nbb = nbins[fb]
-        keys = bins[rows, fa].astype(np.int64) * nbb + bins[rows, fb]
-    else:
-        (fa,) = grp
-        keys = bins[rows, fa].astype(np.int64)
+    keys = bins[rows, grp[0]].astype(np.int64)
+    for f in grp[1:]:
+        keys = keys * nbins[f] + bins[rows, f]
     order = np.argsort(keys, kind="stable")
     skeys = keys[order]
     starts = np.asarray(_segments(skeys), dtype=np.int64)
@@ -94,24 +114,29 @@ def _cell_plan(st, rows: np.ndarray, grp: tuple):
     n_cells = len(starts) - 1
     st["mults"] += units * (rows.size - n_cells)
     if len(grp) == 1:
-        return rows[order], starts, [(fa, cell_keys, None, None)]
-    ka, kb = cell_keys // nbb, cell_keys % nbb      # sorted by key: the cells of one bin of fa are contiguous
-    sa = np.asarray(_segments(ka), dtype=np.int64)
-    ob = np.argsort(kb, kind="stable")
-    sb = np.asarray(_segments(kb[ob]), dtype=np.int64)
-    st["mults"] += units * (2 * n_cells - (len(sa) - 1) - (len(sb) - 1))
-    return rows[order], starts, [(fa, ka[sa[:-1]], np.arange(n_cells), sa), (fb, kb[ob][sb[:-1]], ob, sb)]
+        return rows[order], starts, [(grp[0], cell_keys, None, None)]
+    plan, stride = [], int(np.prod([nbins[f] for f in grp]))
+    for j, f in enumerate(grp):
+        stride //= nbins[f]
+        digit = cell_keys // stride % nbins[f]
+        # sorted by key: the cells of one bin of the first feature are contiguous already
+        o = np.arange(n_cells) if j == 0 else np.argsort(digit, kind="stable")
+        seg = np.asarray(_segments(digit[o]), dtype=np.int64)
+        st["mults"] += units * (n_cells - (len(seg) - 1))
+        plan.append((f, digit[o][seg[:-1]], o, seg))
+    return rows[order], starts, plan
 
 
 def _node_hist(st, rows: np.ndarray) -> list:
-    """out[f][b][u]: product over the node's rows of this worker with bin b of feature f (None if none).
-    With the C kernel the products stay in its Montgomery form from the rows to the bins."""
+    """out[f][b][u]: product over the node's rows of this worker with a bin <= b of feature f (None if none):
+    cumulative, as the split candidates need them.  A product of the workers' cumulative products is the
+    cumulative product of their merged bins, so the workers do this and the party has nothing left to add."""
     nbins, C, mul, nat = st["nbins"], st["C"], st["mul"], st["native"]
     units = len(C)
     out = [[[None] * units for _ in range(nb)] for nb in nbins]
     if rows.size == 0:
         return out
-    for grp in st["groups"]:
+    for grp in _groups(nbins, rows.size):
         srows, starts, plan = _cell_plan(st, rows, grp)
         for u in range(units):
             if nat is not None:
@@ -125,6 +150,15 @@ def _node_hist(st, rows: np.ndarray) -> list:
             for (f, keys_f, _i, _s), vals in zip(plan, results):
                 for k, v in zip(keys_f.tolist(), vals):
                     out[f][k][u] = v
+    for hist_f in out:
+        for u in range(units):
+            acc = None
+            for b in range(len(hist_f)):
+                v = hist_f[b][u]
+                if v is not None and acc is not None:
+                    v = mul(acc, v)
+                    st["mults"] += 1
+                acc = hist_f[b][u] = v if v is not None else acc
     return out
 
 
@@ -133,23 +167,54 @@ def _mont_one(nat) -> np.ndarray:
     return np.frombuffer(nat.load([1]), dtype=np.uint64)
 
 
+def _cumulate_mont(st, flat, filled, offsets, nbins, units) -> None:
+    """flat[f][b][u] <- product of flat[f][0..b][u] in place (see :func:`_node_hist`): one kernel call per bin
+    position over every feature and unit at once; ``filled`` marks the entries that are not neutral."""
+    nat, L = st["native"], flat.shape[1]
+    nbins = np.asarray(nbins, dtype=np.int64)
+    u = np.arange(units, dtype=np.int64)
+    for b in range(1, int(nbins.max(initial=0))):
+        feats = np.flatnonzero(nbins > b)
+        cur = (offsets[feats, None] + b * units + u).ravel()
+        prev = cur - units
+        both = filled[prev] & filled[cur]
+        carry = filled[prev] & ~filled[cur]
+        if carry.any():             # an empty bin: the sum so far carries over
+            flat[cur[carry]] = flat[prev[carry]]
+            filled[cur[carry]] = True
+        if both.any():
+            p, c = prev[both], cur[both]
+            k = p.size
+            tab = np.concatenate([flat[p], flat[c]]).tobytes()
+            idx = np.empty(2 * k, dtype=np.int32)
+            idx[0::2] = np.arange(k)
+            idx[1::2] = np.arange(k, 2 * k)
+            flat[c] = np.frombuffer(nat.segment_products(tab, idx, np.arange(0, 2 * k + 1, 2)),
+                                    dtype=np.uint64).reshape(-1, L)
+            st["mults"] += k
+
+
 def _node_hist_mont(st, rows: np.ndarray) -> bytes:
-    """The node's partial histograms as one table in the C kernel's Montgomery form, in the order [f][b][u]
-    (neutral where this worker has no row in the bin): a merge multiplies two such tables without leaving the
-    kernel's form, and only the party converts the final sums."""
+    """The node's partial cumulative histograms (as :func:`_node_hist`) as one table in the C kernel's Montgomery
+    form, in the order [f][b][u] (neutral where this worker has no row in bins 0..b): a merge multiplies two such
+    tables without leaving the kernel's form, and only the party converts the final sums."""
     nbins, nat, units = st["nbins"], st["native"], len(st["C"])
     one = _mont_one(nat)
     L = one.size
     offsets = np.cumsum([0] + [nb * units for nb in nbins])
     flat = np.tile(one, (int(offsets[-1]), 1))
     if rows.size:
-        for grp in st["groups"]:
+        filled = np.zeros(int(offsets[-1]), dtype=bool)
+        for grp in _groups(nbins, rows.size):
             srows, starts, plan = _cell_plan(st, rows, grp)
             for u in range(units):
                 cells = nat.segment_products(st["C52"][u], srows, starts)
                 for f, keys_f, idx, seg in plan:
                     tab = cells if idx is None else nat.segment_products(cells, idx, seg)
-                    flat[offsets[f] + keys_f * units + u] = np.frombuffer(tab, dtype=np.uint64).reshape(-1, L)
+                    at = offsets[f] + keys_f * units + u
+                    flat[at] = np.frombuffer(tab, dtype=np.uint64).reshape(-1, L)
+                    filled[at] = True
+        _cumulate_mont(st, flat, filled, offsets, nbins, units)
     return flat.tobytes()
 
 
@@ -171,7 +236,6 @@ def _op_setup(st, args, blobs):
     lo, hi = (int(v) for v in args["rows"])
     dtype = _BIN_DTYPES[args["dtype"]]
     st["bins"] = np.frombuffer(blobs[0], dtype=dtype).reshape(hi - lo, nf) if nf else np.zeros((hi - lo, 0), dtype)
-    st["groups"] = [tuple(g) for g in args["groups"]]
     st["C"] = None
     st.pop("C52", None)
     # the C kernel for this key's ciphertexts (None: gmpy2 arithmetic), checked once per worker
@@ -330,10 +394,9 @@ class HistEngine:
         self.pool = make_pool(workers, [_MODULE])
         try:
             self.shards = even_ranges(self.n, self.pool.n)
-            groups = _groups(self.n_features)
             dtype = _bin_dtype(self.nbins)
             pub_json = public_to_json(pub)
-            replies = self.pool.map("hist_setup", [{"pub": pub_json, "nbins": self.nbins, "groups": groups,
+            replies = self.pool.map("hist_setup", [{"pub": pub_json, "nbins": self.nbins,
                                                     "rows": [a, b], "dtype": dtype} for a, b in self.shards],
                                     [[np.ascontiguousarray(bins[a:b], dtype=_BIN_DTYPES[dtype]).tobytes()]
                                      for a, b in self.shards])

@@ -390,7 +390,7 @@ class PassiveParty:
         """The parent's candidates that are admissible in either child, in the parent's order: their
         positions, admissibility in each child, and the smaller child's cumulative left sums there."""
         adm_s, adm_x = self._admissible(rows_s), self._admissible(rows_x)
-        pos, sel_s, sel_x, entries, wanted = [], [], [], [], {}
+        pos, sel_s, sel_x, entries = [], [], [], []
         for i, (f, b) in enumerate(parent_list):
             a_s, a_x = bool(adm_s[f][2][b]), bool(adm_x[f][2][b])
             if a_s or a_x:
@@ -398,18 +398,16 @@ class PassiveParty:
                 sel_s.append(a_s)
                 sel_x.append(a_x)
                 entries.append((f, b))
-                wanted.setdefault(f, set()).add(b)
-        cum = {f: self._cumulative(hist_s[adm_s[f][0]], adm_s[f][1], bs) for f, bs in wanted.items()}
-        return pos, sel_s, sel_x, entries, [cum[f][b] for f, b in entries]
+        # the engine's histograms are cumulative: hist[f][b] sums the rows in bins 0..b
+        return pos, sel_s, sel_x, entries, [hist_s[adm_s[f][0]][b] for f, b in entries]
 
     def _candidates(self, ii, hist) -> list:
         """Admissible thresholds of every feature: (feature, bin, cumulative left unit ciphertexts)."""
         out = []
-        for f, (fe, cnt, ok) in self._admissible(ii).items():
+        for f, (fe, _cnt, ok) in self._admissible(ii).items():
             bs = np.flatnonzero(ok).tolist()
             if bs:
-                cum = self._cumulative(hist[fe], cnt, set(bs))
-                out += [(f, b, cum[b]) for b in bs]
+                out += [(f, b, hist[fe][b]) for b in bs]      # cumulative: bins 0..b
         return out
 
     def _admissible(self, rows) -> dict:
@@ -432,22 +430,6 @@ class PassiveParty:
             cnt = counts[f, :self.nbins[f]]
             left = np.cumsum(cnt)[:-1]
             out[f] = (fe, cnt, (cnt[:-1] > 0) & (left >= m) & (left <= rows.size - m))
-        return out
-
-    def _cumulative(self, hist_f, cnt, wanted: set) -> dict:
-        """{b: encrypted sums of the rows in bins 0..b} for the wanted bins (empty bins add nothing; no rows yet
-        is the neutral ciphertext)."""
-        pub, units = self.pub, self._grad["units"]
-        acc, out = None, {}
-        for b in range(max(wanted) + 1):
-            if cnt[b]:
-                if acc is None:
-                    acc = list(hist_f[b])
-                else:
-                    acc = [pub.add(x, y) for x, y in zip(acc, hist_f[b])]
-                    self.ops["additions"] += units
-            if b in wanted:
-                out[b] = acc if acc is not None else [pub.one()] * units
         return out
 
     # ------------------------------------------------------------------------------- splits

@@ -1,0 +1,57 @@
+"""The passive party's histogram engine: its cumulative encrypted sums equal the plaintext sums of the rows in
+bins 0..b, for every feature grouping it picks (binary columns in large groups, 32-bin pairs, single features in
+small nodes), with one or two workers, in the C kernel's Montgomery form and in gmpy2 alike."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from treeflare.crypto import native
+from treeflare.crypto.backend import OuKeyHolder
+from treeflare.vertical import histo
+from treeflare.vertical.histo import HistEngine
+
+KH = OuKeyHolder.generate(768)          # test-only key size
+NBINS = [2] * 9 + [5, 32, 32, 1, 3]     # one-hot-like columns, small and wide ones, a constant column
+
+
+def test_groups_follow_the_cost_of_rows_and_cells():
+    assert histo._groups([32] * 4, 50_000) == [(0, 1), (2, 3)]
+    assert histo._groups([2] * 16, 13_000) == [tuple(range(8)), tuple(range(8, 16))]
+    assert histo._groups([32] * 3, 10) == [(0,), (1,), (2,)]
+    assert histo._groups([255, 255, 255], 10**6) == [(0, 1), (2,)]
+    assert histo._groups([300, 300], 10**6) == [(0,), (1,)]      # 90,000 cells: above the cap
+    groups = histo._groups(NBINS, 500)
+    assert sorted(f for g in groups for f in g) == list(range(len(NBINS)))
+
+
+@pytest.mark.parametrize("kernel", ["native", "gmpy2"])
+def test_cumulative_sums_equal_the_plaintext_sums(kernel, monkeypatch):
+    if kernel == "gmpy2":
+        monkeypatch.setattr(native, "products", lambda mod: None)
+    elif native.products(KH.public.modulus) is None:
+        pytest.skip(f"C kernel not usable here: {native.status()}")
+    rng = np.random.default_rng(3)
+    n = 500
+    bins = np.stack([rng.integers(0, nb, n) for nb in NBINS], 1).astype(np.uint8)
+    vals = rng.integers(0, 1000, (n, 2))
+    raw = KH.encrypt_bytes([int(v) for v in vals.ravel()], 1)
+    nodes = {0: np.arange(n), 1: np.sort(rng.choice(n, 40, replace=False)), 2: np.array([7]),
+             3: np.array([], dtype=np.int64)}
+    ref = None
+    for workers in (1, 2):
+        eng = HistEngine(KH.public, bins, NBINS, workers=workers)
+        try:
+            assert eng.mont == (kernel == "native")
+            eng.load(raw, 2)
+            hist = eng.histograms(nodes)
+        finally:
+            eng.close()
+        for key, rows in nodes.items():
+            for f, nb in enumerate(NBINS):
+                cts = [c for b in range(nb) for c in hist[key][f][b]]
+                got = np.array(KH.decrypt_bytes(KH.public.to_bytes(cts), 1)).reshape(nb, 2)
+                want = np.array([vals[rows][bins[rows, f] <= b].sum(0) for b in range(nb)])
+                assert np.array_equal(got, want), (workers, key, f)
+        ref = hist if ref is None else ref
+        assert hist == ref          # the same ciphertexts with any number of workers
