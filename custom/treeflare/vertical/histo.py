@@ -102,11 +102,14 @@ def _cell_plan(st, rows: np.ndarray, grp: tuple):
     """How one feature group's histograms come from a node's rows: the rows sorted into cells (joint bins of
     the group's features), and for each feature, its bins as products of cells.  Returns (sorted rows, cell
     starts, [(feature, bin of each result, cell order or None for the cells themselves, segment starts)])."""
-    bins, nbins = st["bins"], st["nbins"]
+    cols, nbins = st["cols"], st["nbins"]
     units = len(st["C"])
-    keys = bins[rows, grp[0]].astype(np.int64)
+    # cell keys below 2^16 (_MAX_CELLS): numpy's stable sort of 16-bit integers is a radix sort, O(rows)
+    wide = int(np.prod([nbins[f] for f in grp])) > _MAX_CELLS      # one feature of more bins than that
+    keys = cols[grp[0]][rows].astype(np.int64 if wide else np.uint16)
     for f in grp[1:]:
-        keys = keys * nbins[f] + bins[rows, f]
+        keys *= nbins[f]
+        keys += cols[f][rows]
     order = np.argsort(keys, kind="stable")
     skeys = keys[order]
     starts = np.asarray(_segments(skeys), dtype=np.int64)
@@ -118,7 +121,7 @@ def _cell_plan(st, rows: np.ndarray, grp: tuple):
     plan, stride = [], int(np.prod([nbins[f] for f in grp]))
     for j, f in enumerate(grp):
         stride //= nbins[f]
-        digit = cell_keys // stride % nbins[f]
+        digit = cell_keys // np.uint16(stride) % np.uint16(nbins[f])
         # sorted by key: the cells of one bin of the first feature are contiguous already
         o = np.arange(n_cells) if j == 0 else np.argsort(digit, kind="stable")
         seg = np.asarray(_segments(digit[o]), dtype=np.int64)
@@ -227,7 +230,7 @@ def _bin_dtype(nbins) -> str:
 
 
 def _op_setup(st, args, blobs):
-    """This worker's block of rows: their bins (``rows`` = [lo, hi) of the party's rows)."""
+    """This worker's block of rows: their bins, column-major (``rows`` = [lo, hi) of the party's rows)."""
     st.clear()
     st["pub"] = pub = public_from_json(args["pub"])
     st["mul"] = _mul_of(pub)
@@ -235,7 +238,9 @@ def _op_setup(st, args, blobs):
     nf = len(st["nbins"])
     lo, hi = (int(v) for v in args["rows"])
     dtype = _BIN_DTYPES[args["dtype"]]
-    st["bins"] = np.frombuffer(blobs[0], dtype=dtype).reshape(hi - lo, nf) if nf else np.zeros((hi - lo, 0), dtype)
+    st["n_local"] = hi - lo
+    # column-major: a feature's codes for a node's rows are one gather from one contiguous column
+    st["cols"] = np.frombuffer(blobs[0], dtype=dtype).reshape(nf, hi - lo) if nf else np.zeros((0, hi - lo), dtype)
     st["C"] = None
     st.pop("C52", None)
     # the C kernel for this key's ciphertexts (None: gmpy2 arithmetic), checked once per worker
@@ -249,7 +254,7 @@ def _op_load(st, args, blobs):
     st["C"] = None
     st.pop("C52", None)
     flat = pub.from_bytes(blobs[0], check=False)
-    if len(flat) != st["bins"].shape[0] * units:
+    if len(flat) != st["n_local"] * units:
         raise ValueError("ciphertext count does not match the rows")
     pub.check_many(flat)
     st["C"] = [flat[u::units] for u in range(units)]
@@ -265,7 +270,7 @@ def _op_hist(st, args, blobs):
     one = pub.one()
     out = []
     st["mults"] = 0
-    n_local = st["bins"].shape[0]
+    n_local = st["n_local"]
     mont = bool(args.get("mont"))
     if mont and st["native"] is None:
         raise ValueError("Montgomery-form partials asked of a worker without the C kernel")
@@ -398,7 +403,7 @@ class HistEngine:
             pub_json = public_to_json(pub)
             replies = self.pool.map("hist_setup", [{"pub": pub_json, "nbins": self.nbins,
                                                     "rows": [a, b], "dtype": dtype} for a, b in self.shards],
-                                    [[np.ascontiguousarray(bins[a:b], dtype=_BIN_DTYPES[dtype]).tobytes()]
+                                    [[np.ascontiguousarray(bins[a:b].T, dtype=_BIN_DTYPES[dtype]).tobytes()]
                                      for a, b in self.shards])
             # partials in the C kernel's form where every worker and this process have it (no conversions between
             # the rows and the final sums; merges in the kernel)
