@@ -101,6 +101,7 @@ class PassiveParty:
         self._pending: dict = {}      # candidate id -> (node, feature, bin), this layer only
         self._grad = None
         self._lists: dict = {}        # node -> its candidates [(feature, bin)], open nodes of the previous layer
+        self._counts: dict = {}       # node -> its rows' bin counts, open nodes of the previous layer
         self._idx: dict = {}
         self.tree, self.depth = -1, -1
         self._prev_assign, self._prev_open = None, []
@@ -213,6 +214,7 @@ class PassiveParty:
         self._grad = {"units": len(units), "unit_widths": [sum(layout.widths[a:b]) for a, b in units],
                       "compress": compress}
         self._lists = {}
+        self._counts = {}
 
     # ------------------------------------------------------------------------------- layers
     def _check_layer(self, t, d, assign, open_, has_grad):
@@ -335,15 +337,21 @@ class PassiveParty:
             groups.extend([(values[i][u], uw[u]) for i, u in fields] for fields in plan)
             return len(plan)
 
+        counts = {}                   # node -> bin counts of its rows (kept for the next layer's pairs)
         for nid in direct:
-            cands = self._candidates(rows(nid), hists[nid])
+            counts[nid] = self._bin_counts(rows(nid))
+            cands = self._candidates(rows(nid), hists[nid], counts[nid])
             _RNG.shuffle(cands)                 # order would reveal feature boundaries
             lists[nid] = [(f, b) for f, b, _left in cands]
             ids = offer(nid, lists[nid], [True] * len(cands))
             replies.append(({"nid": int(nid), "ids": ids}, pack([left for _f, _b, left in cands])))
         for s_nid, (x_nid, parent) in pairs.items():
+            counts[s_nid] = self._bin_counts(rows(s_nid))
+            # the children split the parent's rows (checked): the larger's counts are the parent's minus the smaller's
+            up = self._counts.get(parent)
+            counts[x_nid] = up - counts[s_nid] if up is not None else self._bin_counts(rows(x_nid))
             pos, sel_s, sel_x, entries, values = self._pair_entries(self._lists[parent], rows(s_nid), rows(x_nid),
-                                                                    hists[s_nid])
+                                                                    hists[s_nid], counts[s_nid], counts[x_nid])
             lists[s_nid] = lists[x_nid] = entries
             entry = {"nid": int(s_nid), "sibling": int(x_nid), "pos": np.asarray(pos, dtype=np.int32),
                      "sel": np.asarray(sel_s, dtype=np.uint8), "sel_sibling": np.asarray(sel_x, dtype=np.uint8),
@@ -361,6 +369,7 @@ class PassiveParty:
             out.append(entry)
             pos += n_ct
         self._lists = lists
+        self._counts = counts
         self._idx = idx
         self.tree, self.depth = t, d
         self._prev_assign, self._prev_open = assign, list(open_)
@@ -386,10 +395,10 @@ class PassiveParty:
                 out[small] = (large, parent)
         return out
 
-    def _pair_entries(self, parent_list, rows_s, rows_x, hist_s):
+    def _pair_entries(self, parent_list, rows_s, rows_x, hist_s, counts_s, counts_x):
         """The parent's candidates that are admissible in either child, in the parent's order: their
         positions, admissibility in each child, and the smaller child's cumulative left sums there."""
-        adm_s, adm_x = self._admissible(rows_s), self._admissible(rows_x)
+        adm_s, adm_x = self._admissible(rows_s, counts_s), self._admissible(rows_x, counts_x)
         pos, sel_s, sel_x, entries = [], [], [], []
         for i, (f, b) in enumerate(parent_list):
             a_s, a_x = bool(adm_s[f][2][b]), bool(adm_x[f][2][b])
@@ -401,20 +410,17 @@ class PassiveParty:
         # the engine's histograms are cumulative: hist[f][b] sums the rows in bins 0..b
         return pos, sel_s, sel_x, entries, [hist_s[adm_s[f][0]][b] for f, b in entries]
 
-    def _candidates(self, ii, hist) -> list:
+    def _candidates(self, ii, hist, counts) -> list:
         """Admissible thresholds of every feature: (feature, bin, cumulative left unit ciphertexts)."""
         out = []
-        for f, (fe, _cnt, ok) in self._admissible(ii).items():
+        for f, (fe, _cnt, ok) in self._admissible(ii, counts).items():
             bs = np.flatnonzero(ok).tolist()
             if bs:
                 out += [(f, b, hist[fe][b]) for b in bs]      # cumulative: bins 0..b
         return out
 
-    def _admissible(self, rows) -> dict:
-        """{feature: (its column in the engine, bin counts, ok)}: ok[b] when a threshold after bin b leaves at
-        least the agreed minimum rows on each side and bin b holds rows (after an empty bin the split repeats the
-        last one).  So this party's own splits never create a node below the minimum (see _check_small_children)."""
-        m = max(2, self.min_rows)
+    def _bin_counts(self, rows) -> np.ndarray:
+        """(columns, widest bin count) matrix: how many of ``rows`` fall in each bin of each column."""
         n_cols = self.bins.shape[1]
         width = max(self.nbins, default=1)
         counts = np.zeros(n_cols * width, dtype=np.int64)
@@ -424,7 +430,14 @@ class PassiveParty:
             keys = self.bins[rows[a:a + step]].astype(np.intp)
             keys += offsets
             counts += np.bincount(keys.ravel(), minlength=counts.size)
-        counts = counts.reshape(n_cols, width)
+        return counts.reshape(n_cols, width)
+
+    def _admissible(self, rows, counts) -> dict:
+        """{feature: (its column in the engine, bin counts, ok)}: ok[b] when a threshold after bin b leaves at
+        least the agreed minimum rows on each side and bin b holds rows (after an empty bin the split repeats the
+        last one).  So this party's own splits never create a node below the minimum (see _check_small_children).
+        ``counts``: the rows' :meth:`_bin_counts`."""
+        m = max(2, self.min_rows)
         out = {}
         for fe, f in enumerate(self.features):
             cnt = counts[f, :self.nbins[f]]
@@ -491,6 +504,7 @@ class PassiveParty:
     def _finish(self, msg):
         self._grad = None
         self._lists = {}
+        self._counts = {}
         self.close()
         return {"type": "done", "stats": {"ops": {k: int(v) for k, v in self.ops.items()},
                                           "timings_s": {k: float(v) for k, v in self.timings.items()}}}
