@@ -418,6 +418,10 @@ PEER_TARGETS = {"fate": 20.0, "a9a": 5.0}          # seconds per tree on our 2 c
 PEER_ARMS = [
     ("paillier", "Paillier, 2 local worker processes per party (default)", dict(workers=2)),
     ("ou", "Okamoto-Uchiyama, 2 local worker processes per party", dict(scheme="ou", workers=2)),
+    # fixed point at 2^32 instead of the default 2^53 (the spec's p = 32 column, section 4.1): finer than XGBoost's
+    # own float32 gradients, 97-bit (g, h) slots instead of 139, so 7 per OU plaintext instead of 4
+    ("ou32", "Okamoto-Uchiyama, 32-bit fixed point (--precision 32), 2 local worker processes per party",
+     dict(scheme="ou", workers=2, precision=32)),
     ("dask1", "Paillier, Dask local cluster of 1 worker process per party", dict(workers="dask-local:1")),
     ("dask2", "Paillier, Dask local cluster of 2 worker processes per party", dict(workers="dask-local:2")),
 ]
@@ -620,12 +624,17 @@ def peers_section(args, tmp: Path, log, save=lambda rows: None) -> list:
         dpath = factory(tmp)
         n_train = int(_meta(dpath)["n_train"])
         P0 = VerticalParams(**base, **over)
-        orc = split_run(dpath, replace(P0, scheme="mock", workers=1), tmp, args.code_path,
-                        memory_limit_mb(n_train, args))
-        log(f"peers {name}: oracle {'failed: ' + orc['failed'] if 'failed' in orc else 'done'}")
+        oracles = {}                  # precision -> the plaintext oracle's run at that fixed point
         for arm, label, o in arms:
             P = replace(P0, **o)
+            if P.precision not in oracles:
+                orc = oracles[P.precision] = split_run(dpath, replace(P, scheme="mock", workers=1), tmp,
+                                                       args.code_path, memory_limit_mb(n_train, args))
+                log(f"peers {name}: oracle at {P.precision}-bit fixed point "
+                    f"{'failed: ' + orc['failed'] if 'failed' in orc else 'done'}")
+            orc = oracles[P.precision]
             row = {"section": "peers", "workload": name, "description": desc, "arm": arm, "arm_label": label,
+                   "precision": P.precision,
                    "n_train": n_train, "trees_per_run": P.n_trees, "depth": P.max_depth, "bins": P.bins,
                    "key_bits": P.key_bits, "obfuscation": P.obfuscation, "workers": P.workers,
                    "target_s_per_tree": PEER_TARGETS.get(name) if not (args.quick or args.tiny) else None}
@@ -649,10 +658,26 @@ def peers_section(args, tmp: Path, log, save=lambda rows: None) -> list:
             row["runs"] = [r for r in runs if "failed" not in r]
             if len(row["runs"]) < len(runs):
                 row["failed"] = runs[-1]["failed"]
+            default = oracles.get(P0.precision)
+            if P.precision != P0.precision and row["runs"] and default and "failed" not in default:
+                # what the coarser fixed point changes: the share of test predictions equal to the default's
+                pred = row["runs"][0]["pred"]
+                row["same_predictions_as_default_precision"] = float(np.mean(np.asarray(pred) ==
+                                                                             np.asarray(default["pred"])))
             summarise_runs(row, orc)
             rows.append(row)
             save(rows)
     return rows
+
+
+def _precision_note(r: dict) -> str:
+    """For an arm at a fixed point other than the default: which oracle it matches, and how many test predictions
+    equal the default-precision model's."""
+    if r.get("precision", 53) == 53:
+        return ""
+    same = r.get("same_predictions_as_default_precision")
+    return (f" (oracle at {r['precision']} bits; test predictions equal to the 53-bit model's: "
+            f"{'n/a' if same is None else f'{100 * same:.2f}%'})")
 
 
 def repeats_for(spec: str, shape: str) -> int:
@@ -886,7 +911,8 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
             tab.append("| " + " | ".join([
                 r["workload"], r["arm_label"], fmt(r["per_tree_s"], 2), ", ".join(f"{v:.2f}" for v in r["per_tree_s_runs"]),
                 "" if tgt is None else f"<= {tgt:g} s", met,
-                str(r["identical_to_oracle"]) + (f" ({r['oracle_note']})" if r.get("oracle_note") else ""),
+                str(r["identical_to_oracle"]) + (f" ({r['oracle_note']})" if r.get("oracle_note") else "")
+                + _precision_note(r),
                 f"{gb(pk.get('site-1'))} / {gb(pk.get('site-2'))}",
                 ", ".join(f"{b:.1f} → {a:.1f}" for b, a in zip(r["loadavg_runs"], r["loadavg_after_runs"]))]) + " |")
         shapes = {}
@@ -909,14 +935,16 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
         page += block
         docs += block
         # README: the peers' figures beside ours
-        best = {}
+        best, coarse = {}, []
         for r in rows:
-            if r.get("runs") and (r["workload"] not in best or r["per_tree_s"] < best[r["workload"]]["per_tree_s"]):
+            if r.get("runs") and r.get("precision", 53) != 53:
+                coarse.append(r)          # shown apart: a coarser fixed point is not the default's model
+            elif r.get("runs") and (r["workload"] not in best or r["per_tree_s"] < best[r["workload"]]["per_tree_s"]):
                 best[r["workload"]] = r
         readme += ["| shape | peer, as published (peer's hardware, key) | ours, s per tree (2 cores, 2048-bit "
                    "Paillier unless the arm says) | arm | target | met | identical to oracle |",
                    "|---|---|---|---|---|---|---|"]
-        for shape, r in best.items():
+        for shape, r in [*best.items(), *((x["workload"], x) for x in coarse)]:
             peer = "; ".join(f"{f['system']}: {f['published']} ({f['hardware']}; {f['key']})"
                              for f in PEER_FIGURES if f["shape"] == shape and "in FedTree" not in f["system"])
             dflt = next((x for x in rows if x["workload"] == shape and x["arm"] == "paillier" and x.get("runs")), None)
@@ -928,7 +956,7 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
             readme.append(f"| {r['description']} | {peer} | {ours} | {r['arm_label']} | "
                           f"{'' if tgt is None else f'<= {tgt:g} s'} | "
                           f"{'' if tgt is None else ('met' if r['per_tree_s'] <= tgt else '**not met**')} | "
-                          f"{r['identical_to_oracle']} |")
+                          f"{r['identical_to_oracle']}{_precision_note(r)} |")
         for shape in PEER_TARGETS:
             if shape not in best:
                 readme.append(f"| {shape} shape | " + "; ".join(f"{f['system']}: {f['published']}" for f in PEER_FIGURES

@@ -213,7 +213,9 @@ def message_stats(msg, ct_bytes: int) -> tuple:
                 n_bytes += len(str(k))
                 stack.append((str(k), x))
         elif isinstance(v, (list, tuple)):
-            stack.extend((key, x) for x in v)
+            # lists of ids (a layer carries hundreds of thousands): their strings counted here, the rest walked
+            n_bytes += sum(len(x) for x in v if isinstance(x, str))
+            stack.extend((key, x) for x in v if not isinstance(x, str))
         elif isinstance(v, np.ndarray):
             n_bytes += v.nbytes
             if key == "cts" and ct_bytes:
