@@ -195,6 +195,8 @@ IFMA int fb_from_mont(const u64 *vals, long count, long L, const u64 *m, u64 min
     return 0;
 }
 
+#define PREFETCH_AHEAD 2
+
 /* Start lane k on the next segment that has more than one value (one-value segments are copied through). */
 static int next_segment(const u64 *tab, const int32_t *idx, const int64_t *starts, long nseg, long L, long *next,
                         u64 (*accm)[8], int k, long *seg, long *pos, long *end, u64 *out) {
@@ -234,6 +236,14 @@ IFMA int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, long n_idx, 
             if (active[k]) mask |= (__mmask8)(1u << k);
         }
         if (!mask) break;
+        /* the rows of a node's cells are spread over a table larger than the caches: fetch each lane's operand
+           PREFETCH_AHEAD products ahead while this one multiplies */
+        for (int k = 0; k < 8; k++) {
+            if (active[k] && pos[k] + PREFETCH_AHEAD < end[k]) {
+                const char *row = (const char *)(tab + (size_t)idx[pos[k] + PREFETCH_AHEAD] * L);
+                for (long off = 0; off < L * 8; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+            }
+        }
         gather(b, _mm512_loadu_si512(gi), tab, L);
         for (long j = 0; j < L; j++) acc[j] = _mm512_load_si512((const void *)accm[j]);
         mont_mul8(prod, acc, b, m, minv, L);
