@@ -19,14 +19,17 @@ that reach each passive split and that split's bits, and the model's fingerprint
 active site.  See SECURITY.md.
 
 Every reply is checked for shape (a dict with a ``type``, from a site that was addressed);
-a site that fails, times out or sends a malformed payload ends the job with a logged reason
-(``status: failed`` in the result file); the server itself keeps running.
+a site that fails, times out or sends a malformed payload ends the job with a logged reason naming the site and
+the task (``status: failed`` in the result file); the server itself keeps running.  A site has ``task_timeout``
+seconds for one task, counted from when the server scheduled it: NVFlare ends the task then, and the controller's
+own deadline (:data:`DEADLINE_GRACE_S` later) ends it should NVFlare not; the first failed reply of a round ends
+the round at once, without waiting for the other sites' replies, and their tasks are cancelled.
 """
 from __future__ import annotations
 
 import time
 
-from nvflare.apis.controller_spec import Task
+from nvflare.apis.controller_spec import Task, TaskCompletionStatus
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
@@ -36,6 +39,9 @@ from ...vertical.params import MAX_PREDICT_ROWS
 from .protocol import MSG, MSG_TYPES, REPLY_TYPES, STEP
 
 RESULT_FILE = "vertical_result.json"
+# seconds past a task's timeout after which the controller ends the task itself (NVFlare's task monitor ends
+# it at the timeout; this bounds the wait should the monitor not, e.g. a site half-way through its reply)
+DEADLINE_GRACE_S = 5.0
 MODES = ("train", "predict")
 _RESULT_KEYS = {
     "train": ("objective", "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
@@ -150,35 +156,63 @@ class VerticalController(ResultWorkflow):
         text = f"tree {tree + 1}/{trees}, layer {depth + 1}/{max_depth}  elapsed {format_duration(elapsed)}{eta}"
         reporter.emit(text, done=done + 1, total=total)  # the layer started counts: a log shows first and last
 
-    def _check(self, task_name, site, reply):
+    def _check(self, label, site, task):
+        """The reply of ``site`` to ``task`` (``label``: the task and message type, for the reason), or JobFailed
+        saying what happened: no reply within the timeout, the site deemed disconnected, a reply that did not come
+        through, an error at the site."""
+        reply = next((ct.result for ct in task.client_tasks if ct.client.name == site), None)
+        status = task.completion_status
         if reply is None:
-            raise JobFailed(f"{site}: no reply to {task_name} (timed out, or its result could not be serialized)")
+            if status == TaskCompletionStatus.CLIENT_DEAD:
+                raise JobFailed(f"{site}: disconnected (NVFlare deemed it dead) with no reply to {label}")
+            if status in (TaskCompletionStatus.OK, TaskCompletionStatus.IGNORED):
+                raise JobFailed(f"{site}: its reply to {label} did not come through (a result the site could not "
+                                f"serialize, or one lost on the way; see the site's log)")
+            raise JobFailed(f"{site}: no reply to {label} within {self.task_timeout} s")
         rc = reply.get_return_code()
         if rc != ReturnCode.OK:
-            raise JobFailed(f"{site}: {task_name} failed with return code {rc}: {reply.get('error', '')}")
+            raise JobFailed(f"{site}: {label} failed with return code {rc}: {reply.get('error', '')}")
         return reply
 
-    def _ask_one(self, name, site, data, abort_signal, fl_ctx):
+    def _send(self, name, site, data, fl_ctx) -> Task:
         task = Task(name=name, data=Shareable(data), timeout=self.task_timeout)
-        self.broadcast_and_wait(task, fl_ctx, targets=[site], min_responses=1, abort_signal=abort_signal)
-        self._aborted(abort_signal, name)
-        reply = next((ct.result for ct in task.client_tasks if ct.client.name == site), None)
-        return self._check(name, site, reply)
+        self.broadcast(task, fl_ctx, targets=[site], min_responses=1)
+        return task
+
+    def _wait(self, tasks: dict, labels: dict, abort_signal, fl_ctx) -> dict:
+        """Wait for one task per site (site -> task), all in flight; site -> its checked reply. The first site that
+        fails ends the wait (the other tasks are cancelled); a task still open ``DEADLINE_GRACE_S`` after its
+        timeout is ended here as timed out."""
+        deadline = time.monotonic() + self.task_timeout + DEADLINE_GRACE_S
+        replies, open_ = {}, dict(tasks)
+        try:
+            while open_:
+                for site, task in list(open_.items()):
+                    if task.completion_status is not None:
+                        replies[site] = self._check(labels[site], site, task)
+                        del open_[site]
+                if not open_:
+                    break
+                self._aborted(abort_signal, next(iter(labels.values())))
+                if time.monotonic() > deadline:
+                    site = next(iter(open_))
+                    raise JobFailed(f"{site}: no reply to {labels[site]} within {self.task_timeout} s")
+                time.sleep(0.005)
+        finally:
+            for task in open_.values():  # a failure ended the round: no task of it stays standing
+                if task.completion_status is None:
+                    self.cancel_task(task, completion_status=TaskCompletionStatus.TIMEOUT, fl_ctx=fl_ctx)
+        return replies
+
+    def _ask_one(self, name, site, data, abort_signal, fl_ctx):
+        return self._wait({site: self._send(name, site, data, fl_ctx)}, {site: name}, abort_signal, fl_ctx)[site]
 
     def _route(self, outbox, abort_signal, fl_ctx) -> dict:
         """One task per addressed site, all in flight at once; wait for every one of them."""
-        tasks = {}
-        for site, msg in outbox.items():
-            task = Task(name=MSG, data=Shareable({"msg": msg}), timeout=self.task_timeout)
-            self.broadcast(task, fl_ctx, targets=[site], min_responses=1)
-            tasks[site] = task
-        while any(t.completion_status is None for t in tasks.values()):
-            self._aborted(abort_signal, MSG)
-            time.sleep(0.005)
+        tasks = {site: self._send(MSG, site, {"msg": msg}, fl_ctx) for site, msg in outbox.items()}
+        labels = {site: f"{MSG} ({outbox[site]['type']})" for site in outbox}
         replies = {}
-        for site, task in tasks.items():
-            reply = next((ct.result for ct in task.client_tasks if ct.client.name == site), None)
-            reply = self._check(f"{MSG}:{outbox[site]['type']}", site, reply)
+        for site, reply in self._wait(tasks, labels, abort_signal, fl_ctx).items():
             msg = reply.get("msg")
             if not isinstance(msg, dict) or msg.get("type") not in REPLY_TYPES:
                 raise JobFailed(f"{site}: malformed reply to {outbox[site]['type']!r}")
