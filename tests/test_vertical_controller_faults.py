@@ -113,3 +113,6 @@ def test_nvflares_own_timeout_reads_as_no_reply_within_the_timeout():
     task = SimpleNamespace(client_tasks=[], completion_status=TaskCompletionStatus.TIMEOUT)
     with pytest.raises(vc.JobFailed, match="^site-3: no reply to vertical_msg \\(layer\\) within 60 s$"):
         ctl._check("vertical_msg (layer)", "site-3", task)
+    task.completion_status = TaskCompletionStatus.ABORTED  # the job aborted: not a silence of the site's
+    with pytest.raises(vc.JobFailed, match="^site-3: vertical_msg \\(layer\\) ended \\(aborted\\) with no reply$"):
+        ctl._check("vertical_msg (layer)", "site-3", task)

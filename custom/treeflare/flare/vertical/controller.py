@@ -168,6 +168,8 @@ class VerticalController(ResultWorkflow):
             if status in (TaskCompletionStatus.OK, TaskCompletionStatus.IGNORED):
                 raise JobFailed(f"{site}: its reply to {label} did not come through (a result the site could not "
                                 f"serialize, or one lost on the way; see the site's log)")
+            if status not in (None, TaskCompletionStatus.TIMEOUT):  # cancelled, aborted, an error at the server
+                raise JobFailed(f"{site}: {label} ended ({status.value}) with no reply")
             raise JobFailed(f"{site}: no reply to {label} within {self.task_timeout} s")
         rc = reply.get_return_code()
         if rc != ReturnCode.OK:
