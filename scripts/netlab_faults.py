@@ -463,8 +463,10 @@ class Matrix:
                  "site-3 dropped after the task timeout (60 s), the job completes on the others", self.lost_icdta4fl)
         self.row("link_lost_xgb", "fault", "site-3's link down for good during XGBoost direct",
                  "the job fails naming site-3 (heartbeat timeout 120 s)", self.lost_xgb)
-        self.row("link_lost_vertical", "fault", "site-3's link down for good during the vertical job",
-                 "the job fails naming site-3", self.lost_vertical)
+        self.row("link_lost_vertical", "fault", "site-3's link down for good during the vertical job's training "
+                 "(cut once the server has sent it its first layer message)",
+                 "the job fails naming site-3 and the task within the task timeout (60 s) + 20 s; no site's job "
+                 "process left (site-3's once its link is back)", self.lost_vertical)
         self.row("link_lost_vertical_psi", "fault", "site-3's link down for good during the vertical job's PSI phase",
                  "the job fails naming site-3 (here: the script waits 240 s, then aborts the job)",
                  self.lost_vertical_psi)
@@ -577,25 +579,45 @@ class Matrix:
         job = self.export("vt", "vertical_tree", ["--schema", self.work / "vertical_schema.json", *VT_ARGS])
         job_id = self.lab.submit(job)
         self._wait_deployed(job_id, self.sites)
-        # until the PSI phase is over and training under way: the server has sent site-3 a training message
+        # until the PSI phase is over and training under way: the server has sent site-3 its second training
+        # message (setup answered, the first layer's in flight)
         deadline, log = time.monotonic() + 300, self.lab.kits["server"] / job_id / "log.txt"
         rx = re.compile(r"peer=site-3\b.*task_name=vertical_msg.*sent task assignment")
-        while time.monotonic() < deadline and not (log.is_file() and rx.search(log.read_text(errors="replace"))):
-            time.sleep(0.5)
-        check(time.monotonic() < deadline, f"job {job_id}: no training message to site-3 within 300 s")
+        while time.monotonic() < deadline and not (log.is_file() and
+                                                   len(rx.findall(log.read_text(errors="replace"))) >= 2):
+            time.sleep(0.3)
+        check(time.monotonic() < deadline, f"job {job_id}: no second training message to site-3 within 300 s")
+        running = len(self._site_job_processes(job_id))  # what the counts after the end are out of
         t = time.monotonic()
         self.lab.link_down("site-3")
         try:
             status = self.lab.wait_job(job_id, timeout=900)
             ended = time.monotonic() - t
+            others = self._job_processes_end(job_id, ["site-1", "site-2"], timeout=60)
         finally:
             back = self.link_restored("site-3")
+        cut = self._job_processes_end(job_id, ["site-3"], timeout=180)
         result = self.result_of(job_id, "vertical_result.json")
         self.no_job_running()
         err = result.get("error") or ""
-        ok = status != "FINISHED:COMPLETED" and result.get("status") == "failed" and "site-3" in err
-        return {"met": ok, "happened": f"{status}; result {result.get('status')}: {short(err)}",
+        limit = int(VT_ARGS[VT_ARGS.index("--task-timeout") + 1]) + 20
+        ok = status != "FINISHED:COMPLETED" and result.get("status") == "failed" and "site-3" in err \
+            and "vertical_msg" in err and ended <= limit and running > 0 and others[0] == 0 and cut[0] == 0
+        ends = (f"site job processes: {running} before the cut; left at site-1/2 {others[0]} ({others[1]:.0f} s "
+                f"after the end), at site-3 {cut[0]} ({cut[1]:.0f} s after its link came back)")
+        return {"met": ok, "happened": f"{status}; result {result.get('status')}: {short(err)}; {ends}",
                 "detect_s": round(ended, 1), "reconnect_s": back, "lost": "the job (no model)"}
+
+    def _job_processes_end(self, job_id: str, sites, timeout: float) -> tuple[int, float]:
+        """(how many of ``sites``' processes of ``job_id`` still run, seconds waited): polled until none or
+        ``timeout``."""
+        t = time.monotonic()
+        while True:
+            theirs = {p for s in sites for p in self.lab.pids(s)}
+            left = [p for p in self._site_job_processes(job_id) if p in theirs]
+            if not left or time.monotonic() - t > timeout:
+                return len(left), time.monotonic() - t
+            time.sleep(1.0)
 
     def lost_vertical_psi(self) -> dict:
         job = self.export("vt", "vertical_tree", ["--schema", self.work / "vertical_schema.json", *VT_ARGS])
