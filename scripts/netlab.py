@@ -241,6 +241,10 @@ class NetLab:
             if not (kit / "startup").is_dir():
                 raise RuntimeError(f"provisioning made no kit for {role} at {kit}")
         self._own_server_storage()
+        # the server component that ends the jobs a server restart interrupted (treeflare.flare.server_recovery)
+        from treeflare.flare.server_recovery import add_to_server_kit
+
+        add_to_server_kit(self.kits["server"])
 
     def _own_server_storage(self) -> None:
         """Give the server a job store and snapshot store of its own, in its host folder. A kit's defaults put

@@ -1,5 +1,6 @@
 """The command line for real FLARE systems: ``python -m treeflare.flare.deploy poc-up|poc-down|poc-status|submit``
-(what scripts/poc.sh runs). The work is done by :mod:`.poc` (a local POC system) and :mod:`.admin` (admin
+(what scripts/poc.sh runs), and ``server-recovery KIT`` (adds :mod:`.server_recovery`'s component, which ends the jobs
+a server restart interrupted, to a provisioned server kit). The work is done by :mod:`.poc` (a local POC system) and :mod:`.admin` (admin
 sessions, job submission and result collection)."""
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def main(argv=None) -> int:
     s.add_argument("--root", type=Path)
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--timeout", type=float, default=3600.0)
+    r = sub.add_parser("server-recovery", help="add the component that ends, at server start, the jobs a server "
+                                               "restart interrupted to a server kit's local/resources.json")
+    r.add_argument("kit", type=Path)
     args = p.parse_args(argv)
     try:
         if args.cmd == "poc-up":
@@ -56,6 +60,15 @@ def main(argv=None) -> int:
                 return 1
             print(f"POC running in {poc.root}: sites {poc.sites}; connected: "
                   f"{connected_sites(poc.admin_kit)}\n  admin kit {poc.admin_kit}")
+        elif args.cmd == "server-recovery":
+            from .server_recovery import add_to_server_kit
+
+            try:
+                path = add_to_server_kit(args.kit)
+            except (OSError, ValueError) as exc:
+                raise DeployError(str(exc)) from None
+            print(f"{path}: jobs a server restart interrupted end FINISHED:ABNORMAL with a failed result at the "
+                  "next start (needs treeflare installed where the server runs)")
         elif args.cmd == "submit":
             if args.startup_kit:
                 kit, sites = args.startup_kit, local_site_dirs(args.startup_kit)
