@@ -135,3 +135,30 @@ def test_add_to_server_kit_is_idempotent_and_refuses_a_site_kit(tmp_path):
     assert deploy.main(["server-recovery", str(tmp_path / "site")]) == 2
     assert not (site / "resources.json").exists()
     assert deploy.main(["server-recovery", str(tmp_path / "server")]) == 0
+
+
+def test_only_a_server_job_process_of_the_job_counts_as_alive():
+    import subprocess
+    import sys
+
+    job = "0b5e7c1e-job-under-test"
+    site_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m",
+                                  "nvflare.private.fed.app.client.worker_process", "-n", job])
+    try:
+        assert not sr._job_process_alive(job)  # a site's job process (same host in the lab) is not the server's
+        server_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m",
+                                        sr.SERVER_JOB_MODULE.decode(), "-n", job])
+        try:
+            import time
+
+            deadline = time.monotonic() + 5
+            while not sr._job_process_alive(job) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sr._job_process_alive(job)
+            assert not sr._job_process_alive("another-job")
+        finally:
+            server_like.kill()
+            server_like.wait()
+    finally:
+        site_like.kill()
+        site_like.wait()

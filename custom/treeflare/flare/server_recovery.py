@@ -9,7 +9,7 @@ treeflare result file was never written.
 :class:`InterruptedJobRecovery`, listed in the server kit's ``local/resources.json`` components (see
 :func:`add_to_server_kit`; ``python -m treeflare.flare.deploy server-recovery KIT``), does at server bootstrap, before
 the job runner schedules anything, for every job the job store lists as RUNNING or DISPATCHED that this server does
-not run (a fresh server runs none; a process whose command line names the job is also looked for):
+not run (a fresh server runs none; a server job process of the job left on the host is also looked for):
 
 1. writes the job's treeflare result file (``xgb_result.json``, ``icdta4fl_result.json``, ... -- the one its last
    treeflare workflow writes) into the job's run folder, ``status: failed`` with the reason, unless that workflow
@@ -89,8 +89,12 @@ def write_failed_result(run_dir: Path, reason: str = REASON) -> Path | None:
     return path
 
 
+SERVER_JOB_MODULE = b"nvflare.private.fed.app.server.runner_process"  # what a server job process runs (2.9)
+
+
 def _job_process_alive(job_id: str) -> bool:
-    """Whether a process on this host names ``job_id`` on its command line (a server job process left running)."""
+    """Whether a server job process of ``job_id`` still runs on this host (its command line runs NVFlare's server
+    job module and names the job; a site's job process, on the same host in a test, does not count)."""
     me = os.getpid()
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
@@ -100,10 +104,11 @@ def _job_process_alive(job_id: str) -> bool:
         if pid == me:
             continue
         try:
-            if job_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return True
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
+        if SERVER_JOB_MODULE in cmdline and job_id.encode() in cmdline:
+            return True
     return False
 
 
