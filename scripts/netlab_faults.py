@@ -707,6 +707,30 @@ class Matrix:
         jobs = data if isinstance(data, list) else (data or {}).get("jobs") or []
         return {j.get("job_id") or j.get("id"): j.get("status") or j.get("state") for j in jobs}
 
+    def _download_again(self, job_id: str, name: str, tries: int = 3) -> tuple[dict, str]:
+        """``nvflare job download`` of an earlier job after a restart, into a folder of its own: (its result file
+        ``name``, '' or what went wrong, from NVFlare's own answer). Tried ``tries`` times, 5 s apart (a server just
+        started may not answer yet)."""
+        problem = ""
+        for attempt in range(tries):
+            dest_root = self.work / "downloads_after_restart" / str(attempt)
+            dest_root.mkdir(parents=True, exist_ok=True)
+            try:
+                proc = self.lab.nvflare("job", "download", job_id, "-o", dest_root, "--force", timeout=180)
+                out = self.lab._json_of(proc)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                problem = f"download failed: {short(exc, 300)}"
+            else:
+                data = out.get("data") or {}
+                dest = Path(data.get("download_path") or data.get("path") or dest_root / job_id)
+                found = sorted(dest.rglob(name)) if dest.is_dir() else []
+                if out.get("status") == "ok" and found:
+                    return json.loads(found[0].read_text()), ""
+                problem = (f"download {out.get('status')}: {short(out.get('error_code') or out.get('detail') or data, 300)}"
+                           if out.get("status") != "ok" else f"downloaded, but no {name} under {dest.name}/")
+            time.sleep(5)
+        return {}, problem
+
     def server_restart_between(self) -> dict:
         before = self._jobs()
         t = time.monotonic()
@@ -714,13 +738,13 @@ class Matrix:
         back = time.monotonic() - t
         after = self._jobs()
         kept = [j for j, s in before.items() if after.get(j) == s]
-        fetched = self.result_of(self.icd_job, "icdta4fl_result.json")
+        fetched, problem = self._download_again(self.icd_job, "icdta4fl_result.json")
         job_id = self.lab.submit(self._icd_job())
         status = self.lab.wait_job(job_id, timeout=900)
         ok = status == "FINISHED:COMPLETED" and len(kept) == len(before) and fetched.get("status") == "completed"
         return {"met": ok, "happened": f"sites connected again {back:.0f} s after the restart; {len(kept)} of "
                                        f"{len(before)} earlier jobs listed as before, the first one's result "
-                                       f"downloaded again ({fetched.get('status')}); next job {status}",
+                                       f"downloaded again ({fetched.get('status') or problem}); next job {status}",
                 "reconnect_s": round(back, 1), "lost": "nothing (no job was running)"}
 
     def server_restart_during(self) -> dict:
@@ -749,7 +773,7 @@ class Matrix:
                   f"no result file (downloaded or in the server's run folder); NVFlare's status {status}"
                   if not result else "")
         ok = str(status).startswith("FINISHED") and status != "FINISHED:COMPLETED" and len(kept) == len(before) \
-            and bool(result) and result.get("status") == "failed"
+            and bool(result) and result.get("status") == "failed" and not left
         return {"met": ok, "happened": f"job {status}; result: {result.get('status', 'none')}"
                                        f"{': ' + reason if reason else ''}; sites connected again "
                                        f"{back:.0f} s after the stop; {len(kept)} of {len(before)} finished jobs "
