@@ -726,8 +726,9 @@ class Matrix:
                 found = sorted(dest.rglob(name)) if dest.is_dir() else []
                 if out.get("status") == "ok" and found:
                     return json.loads(found[0].read_text()), ""
-                problem = (f"download {out.get('status')}: {short(out.get('error_code') or out.get('detail') or data, 300)}"
-                           if out.get("status") != "ok" else f"downloaded, but no {name} under {dest.name}/")
+                answer = out.get("error_code") or out.get("detail") or data
+                problem = (f"download {out.get('status')}: {short(answer, 300)}" if out.get("status") != "ok" else
+                           f"downloaded, but no {name} under {dest.name}/")
             time.sleep(5)
         return {}, problem
 

@@ -1,7 +1,7 @@
 """The command line for real FLARE systems: ``python -m treeflare.flare.deploy poc-up|poc-down|poc-status|submit``
 (what scripts/poc.sh runs), and ``server-recovery KIT`` (adds :mod:`.server_recovery`'s component, which ends the jobs
-a server restart interrupted, to a provisioned server kit). The work is done by :mod:`.poc` (a local POC system) and :mod:`.admin` (admin
-sessions, job submission and result collection)."""
+a server restart interrupted, to a provisioned server kit). The work is done by :mod:`.poc` (a local POC system)
+and :mod:`.admin` (admin sessions, job submission and result collection)."""
 
 from __future__ import annotations
 
