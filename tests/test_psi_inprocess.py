@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from nvflare.apis.controller_spec import TaskCompletionStatus
 from nvflare.apis.shareable import Shareable
 from nvflare.apis.signal import Signal
 from nvflare.app_common.decomposers import common_decomposers
@@ -114,6 +115,7 @@ class InProcessPSI:
             task.client_tasks.append(ct)
             if task.result_received_cb is not None:
                 task.result_received_cb(ct, fl_ctx)
+        task.completion_status = TaskCompletionStatus.OK  # as NVFlare's monitor, once every target answered
 
     def run(self) -> dict:
         abort, ctx = Signal(), self.server_ctx()

@@ -5,10 +5,16 @@
    a party with fewer training rows than ``min_rows`` ends it too (the intersection could not hold more).
 2. :class:`MeteredDhPSIController` -- NVFlare's ``DhPSIController`` (the DH-PSI workflow itself), polling its tasks
    more often, timed, retried with fresh keys when its own consistency check fails, followed by an identity check
-   of the intersections, and ending the job with a clear reason (and the result file) if it fails.
+   of the intersections, and ending the job with a clear reason (and the result file) if it fails. Every DH-PSI
+   task has the job's task timeout (NVFlare gives them none): a site that does not answer one ends the job naming
+   the site and the step (``site-3: no reply to PSI (DH-PSI setup) within 60 s``), see
+   :class:`PromptBroadcastAndWait`.
 3. :class:`PsiResultController` -- every site reports the rows it kept per kind and what PSI cost it; all parties
    must have kept the same numbers, and at least ``min_rows`` training rows. On a failure the sites delete their
    intersection. Writes ``psi_result.json`` (``protocol.RESULT_FILE``) in the server's run folder.
+
+The module is past 400 lines because the phase's three workflows share one result, its checks and the fixes to
+NVFlare's DH-PSI, and are read together, in the order above.
 
 The result file is written whatever happens: by the phase that failed, or by the result phase. The server handles
 row counts, seconds and byte counts only: the ids stay at the sites, and DH-PSI's messages carry only values
@@ -40,7 +46,7 @@ from __future__ import annotations
 import time
 import traceback
 
-from nvflare.apis.controller_spec import Task
+from nvflare.apis.controller_spec import Task, TaskCompletionStatus
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 from nvflare.apis.dxo import from_shareable
@@ -61,6 +67,9 @@ TASK_CHECK_PERIOD = 0.02  # the phase is a chain of short tasks: look for finish
 # a handful of ids, so three all fail about once in 10^5 jobs or fewer; a failure that repeats (not chance: a bug,
 # or a party that changes its answers) still ends the job after three runs of DH-PSI, not an unbounded number.
 MAX_ATTEMPTS = 3
+# seconds past a task's timeout after which a DH-PSI round ends itself (NVFlare's task monitor ends the task at
+# the timeout; this bounds the wait should it not), as the vertical controller's
+DEADLINE_GRACE_S = 5.0
 
 
 def check_min_rows(min_rows) -> int:
@@ -156,7 +165,9 @@ class _PsiPhase(ResultWorkflow):
                                 abort_signal=abort_signal)
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed(f"aborted during the PSI phase ({name})")
-        return replies_of(task, self.sites)
+        replies, problems = replies_of(task, self.sites)
+        return replies, {s: f"no reply to {name} within {self.task_timeout} s" if p.startswith("no reply") else p
+                         for s, p in problems.items()}
 
     def start_result(self, fl_ctx) -> dict:
         return phase_state(fl_ctx, self.sites, self.kinds, self.min_rows)
@@ -187,24 +198,109 @@ class PsiResultController(_PsiPhase):
             raise
 
 
+class PsiSiteFailed(JobFailed):
+    """A site that did not answer a DH-PSI task (silent past the timeout, deemed dead, an error at the site): the
+    phase cannot go on without it, and another attempt would not help."""
+
+    def __init__(self, site: str, reason: str):
+        super().__init__(f"{site}: {reason}")
+        self.site = site
+
+
+def no_reply_reason(label: str, status, timeout: int) -> str:
+    """Why a task (``label``: its name and DH-PSI step) ended without a reply, from its completion status (the
+    wording of the vertical controller's)."""
+    if status == TaskCompletionStatus.CLIENT_DEAD:
+        return f"disconnected (NVFlare deemed it dead) with no reply to {label}"
+    if status in (TaskCompletionStatus.OK, TaskCompletionStatus.IGNORED):
+        return (f"its reply to {label} did not come through (a result the site could not serialize, or one lost on "
+                f"the way; see the site's log)")
+    if status not in (None, TaskCompletionStatus.TIMEOUT):  # cancelled, aborted, an error at the server
+        return f"{label} ended ({status.value}) with no reply"
+    return f"no reply to {label} within {timeout} s"
+
+
 class PromptBroadcastAndWait(BroadcastAndWait):
-    """NVFlare 2.9's ``BroadcastAndWait`` as its DH-PSI workflow uses it, with two fixes: a multicast (10 of the
-    13 task rounds of a 3-party DH-PSI) is looked at every ``TASK_CHECK_PERIOD`` seconds, not every 0.5 s (its
-    default: each such round took at least that long, however small the sets); and no debug
-    ``print("task_name", ...)`` to stdout per result.
+    """NVFlare 2.9's ``BroadcastAndWait`` as its DH-PSI workflow uses it, with these fixes: every task has the
+    controller's ``task_timeout`` (NVFlare's have none: a site whose link is gone kept the job running for good),
+    and a site that does not answer ends the phase naming the site and the DH-PSI step (:class:`PsiSiteFailed`),
+    its partners' tasks cancelled; a multicast (10 of the 13 task rounds of a 3-party DH-PSI) waits for its own
+    tasks only, looked at every ``TASK_CHECK_PERIOD`` seconds, not every 0.5 s (its default: each such round took
+    at least that long, however small the sets), ended by its own deadline (``DEADLINE_GRACE_S`` past the timeout)
+    should NVFlare's task monitor not end a task; and no debug ``print("task_name", ...)`` to stdout per result.
     Installed in the server process by :class:`MeteredDhPSIController` as the name NVFlare's workflow module uses."""
+
+    def __init__(self, fl_ctx, controller):
+        super().__init__(fl_ctx, controller)
+        self.timeout = int(getattr(controller, "task_timeout", 0) or 0)  # seconds (NVFlare: an int); 0: none
+        self.failures: dict = {}  # site -> what its reply said instead of a result
+
+    @staticmethod
+    def label(task_name: str, task_input) -> str:
+        step = task_input.get(PSIConst.TASK_KEY) if hasattr(task_input, "get") else None
+        step = str(step).removeprefix("PSI_").removeprefix("TASK_").lower() if step else ""  # PSI_SETUP: setup
+        return f"{task_name} (DH-PSI {step})" if step else f"{task_name} (DH-PSI)"
+
+    def _task(self, task_name, task_input, task_props=None) -> Task:
+        return Task(name=task_name, data=task_input, result_received_cb=self.results_cb, props=task_props,
+                    timeout=self.timeout)
+
+    def _check(self, site: str, task: Task, label: str) -> None:
+        if site in self.results:
+            return
+        if site in self.failures:
+            raise PsiSiteFailed(site, f"{label} {self.failures[site]}")
+        raise PsiSiteFailed(site, no_reply_reason(label, task.completion_status, self.timeout))
+
+    def broadcast_and_wait(self, task_name, task_input, fl_ctx, targets=None, task_props=None, min_responses=1,
+                           abort_signal=None):
+        task = self._task(task_name, task_input, task_props)
+        self.controller.broadcast_and_wait(task, fl_ctx, targets, min_responses, 0, abort_signal)
+        if abort_signal is not None and abort_signal.triggered:
+            return self.results
+        names = [t if isinstance(t, str) else t.name for t in targets] if targets else \
+            [c.name for c in fl_ctx.get_engine().get_clients()]
+        for site in names:
+            self._check(site, task, self.label(task_name, task_input))
+        return self.results
 
     def multicasts_and_wait(self, task_name, task_inputs, fl_ctx, abort_signal=None,
                             task_check_period=TASK_CHECK_PERIOD):
-        return super().multicasts_and_wait(task_name, task_inputs, fl_ctx, abort_signal, task_check_period)
+        tasks = {site: self._task(task_name, data) for site, data in task_inputs.items()}
+        for site, task in tasks.items():
+            self.controller.send(task=task, fl_ctx=fl_ctx, targets=[site])
+        deadline = time.monotonic() + self.timeout + DEADLINE_GRACE_S if self.timeout else None
+        open_ = dict(tasks)
+        try:
+            while open_:
+                for site, task in list(open_.items()):
+                    if task.completion_status is not None:
+                        self._check(site, task, self.label(task_name, task_inputs[site]))
+                        del open_[site]
+                if not open_:
+                    break
+                if abort_signal is not None and abort_signal.triggered:
+                    return None  # as NVFlare's: the workflow sees the signal
+                if deadline is not None and time.monotonic() > deadline:
+                    site = next(iter(open_))
+                    raise PsiSiteFailed(site, no_reply_reason(self.label(task_name, task_inputs[site]), None,
+                                                              self.timeout))
+                time.sleep(task_check_period)
+        finally:
+            for task in open_.values():  # a failure ended the round: no task of it stays standing
+                if task.completion_status is None:
+                    self.controller.cancel_task(task, completion_status=TaskCompletionStatus.TIMEOUT, fl_ctx=fl_ctx)
+        return self.results
 
     def results_cb(self, client_task, fl_ctx):
         result = client_task.result
         rc = result.get_return_code()
         if rc == ReturnCode.OK:
             self.update_result(client_task.client.name, from_shareable(result))
-        elif rc in self.controller.abort_job_in_error:
-            self.controller.handle_client_errors(rc, client_task, fl_ctx)
+        else:
+            self.failures[client_task.client.name] = f"failed with return code {rc}"
+            if rc in self.controller.abort_job_in_error:
+                self.controller.handle_client_errors(rc, client_task, fl_ctx)
         client_task.result = None
 
 
@@ -345,6 +441,10 @@ class MeteredDhPSIController(DhPSIController):
                         break
             if abort_signal is not None and abort_signal.triggered:
                 error = "DH-PSI was aborted (see the server log)"
+        except PsiSiteFailed as exc:  # a site gone or failing: the others delete what they kept, it cannot
+            error = str(exc)
+            self.log_error(fl_ctx, error)
+            self._discard(fl_ctx, abort_signal, without=exc.site)
         except JobFailed as exc:
             error = str(exc)
             self.log_error(fl_ctx, error)
@@ -375,12 +475,14 @@ class MeteredDhPSIController(DhPSIController):
                     f"DH-PSI stops there: {error})")
         return error
 
-    def _discard(self, fl_ctx, abort_signal) -> None:
-        """The sites delete what DH-PSI's passes saved (a failed attempt or phase keeps nothing)."""
+    def _discard(self, fl_ctx, abort_signal, without: str | None = None) -> None:
+        """The sites (but ``without``, one that did not answer) delete what DH-PSI's passes saved (a failed attempt
+        or phase keeps nothing)."""
+        targets = [s for s in self.sites if s != without]
         try:
             task = Task(name=TASK_DISCARD, data=Shareable({"request": request(self.kinds)}),
                         timeout=min(self.task_timeout, 60))
-            self.broadcast_and_wait(task, fl_ctx, targets=self.sites, min_responses=len(self.sites),
+            self.broadcast_and_wait(task, fl_ctx, targets=targets, min_responses=len(targets),
                                     abort_signal=abort_signal)
         except Exception as exc:  # noqa: BLE001 -- the job fails anyway; the reason above is the one to report
             self.log_warning(fl_ctx, f"PSI: the sites could not be asked to delete their intersection: {exc}")
