@@ -468,8 +468,8 @@ class Matrix:
                  "the job fails naming site-3 and the task within the task timeout (60 s) + 20 s; no site's job "
                  "process left (site-3's once its link is back)", self.lost_vertical)
         self.row("link_lost_vertical_psi", "fault", "site-3's link down for good during the vertical job's PSI phase",
-                 "the job fails naming site-3 (here: the script waits 240 s, then aborts the job)",
-                 self.lost_vertical_psi)
+                 "the job fails naming site-3 and the DH-PSI step within the task timeout (60 s) + 20 s; no job "
+                 "process left at site-1/2", self.lost_vertical_psi)
         self.row("link_back", "fault", "site-3's link back after the three outages",
                  "site-3 reconnects by itself; the next job runs on every site", self.link_back)
         self.row("site_killed_between", "fault", "site-2 killed (SIGKILL, every process) and restarted between jobs",
@@ -627,9 +627,11 @@ class Matrix:
         while time.monotonic() < deadline and not (log.is_file() and rx.search(log.read_text(errors="replace"))):
             time.sleep(0.2)
         check(time.monotonic() < deadline, f"job {job_id}: no PSI task to site-3 within 300 s")
+        running = len(self._site_job_processes(job_id))  # what the count after the end is out of
         t = time.monotonic()
         self.lab.link_down("site-3")
         waited = 240
+        others = (None, 0.0)
         try:
             status = self.lab.wait_job(job_id, timeout=waited)
         except Exception:
@@ -638,18 +640,25 @@ class Matrix:
         still = status is None or not str(status).startswith("FINISHED")
         if still:
             status = self._jobs().get(job_id)
+        else:
+            others = self._job_processes_end(job_id, ["site-1", "site-2"], timeout=60)
         try:
             back = self.link_restored("site-3")
         finally:
             if still:
                 self._abort(job_id)
-        result = self.result_of(job_id, "vertical_result.json") if not still else {}
+        # a failed PSI phase ends the job before training: its result is psi_result.json (what the job reads first)
+        result = (self.result_of(job_id, "vertical_result.json") or self.result_of(job_id, "psi_result.json")) \
+            if not still else {}
         self.no_job_running()
         err = result.get("error") or ""
-        ok = not still and result.get("status") == "failed" and "site-3" in err
+        limit = int(VT_ARGS[VT_ARGS.index("--task-timeout") + 1]) + 20
+        ok = not still and result.get("status") == "failed" and "site-3" in err and "DH-PSI" in err \
+            and ended <= limit and running > 0 and others[0] == 0
         happened = (f"still {status} {ended:.0f} s after the cut: the DH-PSI phase's tasks (NVFlare's "
                     "BroadcastAndWait) have no timeout; the script aborted it" if still else
-                    f"{status}; result {result.get('status')}: {short(err)}")
+                    f"{status}; result {result.get('status')}: {short(err)}; site job processes: {running} before "
+                    f"the cut, left at site-1/2 {others[0]} ({others[1]:.0f} s after the end)")
         return {"met": ok, "happened": happened, "detect_s": None if still else round(ended, 1),
                 "reconnect_s": back, "lost": "the job"}
 
