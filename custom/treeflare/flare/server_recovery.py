@@ -180,5 +180,5 @@ def add_to_server_kit(kit: Path) -> Path:
     components = resources.setdefault("components", [])
     if not any(isinstance(c, dict) and c.get("id") == COMPONENT_ID for c in components):
         components.append({"id": COMPONENT_ID, "path": COMPONENT_PATH, "args": {}})
-    current.write_text(json.dumps(resources, indent=2) + "\n")
+    write_json_atomic(current, resources)         # the server reads this file at start: never half of it
     return current
