@@ -17,6 +17,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 from nvflare.app_common.app_constant import PSIConst
 
+from treeflare.flare import workflow
 from treeflare.flare.psi import controller as pc
 from treeflare.flare.psi.protocol import RESULT_FILE, TASK_DISCARD
 
@@ -95,7 +96,7 @@ def test_a_silent_site_at_dh_psi_fails_the_job_naming_it_and_the_step(tmp_path):
     ({"site-3": "silent"}, "site-3: no reply to PSI (DH-PSI setup) within 1 s"),
 ])
 def test_a_multicast_round_ends_at_the_first_failure_or_its_deadline(monkeypatch, behaviour, reason):
-    monkeypatch.setattr(pc, "DEADLINE_GRACE_S", 0.1)  # NVFlare's monitor is not running: the round's own deadline
+    monkeypatch.setattr(workflow, "DEADLINE_GRACE_S", 0.1)  # NVFlare's monitor is not running: the round's own deadline
     server = FakeServer(behaviour)
     server.task_timeout = 1
     bop = pc.PromptBroadcastAndWait(None, server)

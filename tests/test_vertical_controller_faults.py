@@ -17,6 +17,7 @@ from nvflare.apis.impl.wf_comm_server import WFCommServer
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 
+from treeflare.flare import workflow
 from treeflare.flare.vertical import controller as vc
 from treeflare.flare.vertical.protocol import MSG, STEP
 
@@ -86,7 +87,7 @@ def run_job(tmp_path, behaviour, task_timeout=1):
 ])
 def test_a_site_that_never_replies_fails_the_job_naming_it_within_the_timeout(tmp_path, monkeypatch, behaviour,
                                                                                 reason):
-    monkeypatch.setattr(vc, "DEADLINE_GRACE_S", 0.3)  # NVFlare's monitor is not running: the controller's deadline
+    monkeypatch.setattr(workflow, "DEADLINE_GRACE_S", 0.3)  # NVFlare's monitor is not running: the controller's deadline
     result, panics, tasks, took = run_job(tmp_path, behaviour)
     assert result["status"] == "failed" and result["error"] == reason
     assert panics == [reason]

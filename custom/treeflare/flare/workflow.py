@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from nvflare.apis.controller_spec import TaskCompletionStatus
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.impl.controller import Controller
 
@@ -47,6 +48,50 @@ def replies_of(task, sites, key: str = "reply") -> tuple[dict, dict]:
         if site not in replies and site not in problems:
             problems[site] = "no reply"
     return replies, problems
+
+
+# seconds past a task's timeout after which a workflow ends the task itself (NVFlare's task monitor ends it at the
+# timeout; this bounds the wait should the monitor not, e.g. a site half-way through its reply)
+DEADLINE_GRACE_S = 5.0
+
+
+def no_reply_reason(label: str, status, timeout) -> str:
+    """Why a task (``label``: its name and step) ended without a reply, from its completion status."""
+    if status == TaskCompletionStatus.CLIENT_DEAD:
+        return f"disconnected (NVFlare deemed it dead) with no reply to {label}"
+    if status in (TaskCompletionStatus.OK, TaskCompletionStatus.IGNORED):
+        return (f"its reply to {label} did not come through (a result the site could not serialize, or one lost on "
+                f"the way; see the site's log)")
+    if status not in (None, TaskCompletionStatus.TIMEOUT):  # cancelled, aborted, an error at the server
+        return f"{label} ended ({status.value}) with no reply"
+    return f"no reply to {label} within {timeout} s"
+
+
+def wait_for_tasks(tasks: dict, finish, timeout, cancel, aborted, late, period: float) -> bool:
+    """Wait for one task per site (site -> task), all in flight: ``finish(site, task)`` as each ends (it may raise,
+    which ends the wait); ``late(site)`` (it raises) for a task still open ``DEADLINE_GRACE_S`` after ``timeout``
+    seconds (0: no deadline); False when ``aborted()`` says so.  A task left open when the wait ends is cancelled
+    with ``cancel(task)``: no task of a failed round stays standing."""
+    deadline = time.monotonic() + timeout + DEADLINE_GRACE_S if timeout else None
+    open_ = dict(tasks)
+    try:
+        while open_:
+            for site, task in list(open_.items()):
+                if task.completion_status is not None:
+                    finish(site, task)
+                    del open_[site]
+            if not open_:
+                break
+            if aborted():
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                late(next(iter(open_)))
+            time.sleep(period)
+    finally:
+        for task in open_.values():
+            if task.completion_status is None:
+                cancel(task)
+    return True
 
 
 class JobFailed(RuntimeError):

@@ -57,7 +57,7 @@ from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 
 from ...data.intersection import DEFAULT_MIN_ROWS
 from ...reporting import write_json_atomic
-from ..workflow import JobFailed, ResultWorkflow, poll_often, replies_of
+from ..workflow import JobFailed, ResultWorkflow, no_reply_reason, poll_often, replies_of, wait_for_tasks
 from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_ITEMS, VERIFY_KEY,
                        PsiProtocolError, check_kinds, check_reply, check_result_reply, request, run_dir_of)
 
@@ -67,9 +67,6 @@ TASK_CHECK_PERIOD = 0.02  # the phase is a chain of short tasks: look for finish
 # a handful of ids, so three all fail about once in 10^5 jobs or fewer; a failure that repeats (not chance: a bug,
 # or a party that changes its answers) still ends the job after three runs of DH-PSI, not an unbounded number.
 MAX_ATTEMPTS = 3
-# seconds past a task's timeout after which a DH-PSI round ends itself (NVFlare's task monitor ends the task at
-# the timeout; this bounds the wait should it not), as the vertical controller's
-DEADLINE_GRACE_S = 5.0
 
 
 def check_min_rows(min_rows) -> int:
@@ -207,19 +204,6 @@ class PsiSiteFailed(JobFailed):
         self.site = site
 
 
-def no_reply_reason(label: str, status, timeout: int) -> str:
-    """Why a task (``label``: its name and DH-PSI step) ended without a reply, from its completion status (the
-    wording of the vertical controller's)."""
-    if status == TaskCompletionStatus.CLIENT_DEAD:
-        return f"disconnected (NVFlare deemed it dead) with no reply to {label}"
-    if status in (TaskCompletionStatus.OK, TaskCompletionStatus.IGNORED):
-        return (f"its reply to {label} did not come through (a result the site could not serialize, or one lost on "
-                f"the way; see the site's log)")
-    if status not in (None, TaskCompletionStatus.TIMEOUT):  # cancelled, aborted, an error at the server
-        return f"{label} ended ({status.value}) with no reply"
-    return f"no reply to {label} within {timeout} s"
-
-
 class PromptBroadcastAndWait(BroadcastAndWait):
     """NVFlare 2.9's ``BroadcastAndWait`` as its DH-PSI workflow uses it, with these fixes: every task has the
     controller's ``task_timeout`` (NVFlare's have none: a site whose link is gone kept the job running for good),
@@ -269,27 +253,19 @@ class PromptBroadcastAndWait(BroadcastAndWait):
         tasks = {site: self._task(task_name, data) for site, data in task_inputs.items()}
         for site, task in tasks.items():
             self.controller.send(task=task, fl_ctx=fl_ctx, targets=[site])
-        deadline = time.monotonic() + self.timeout + DEADLINE_GRACE_S if self.timeout else None
-        open_ = dict(tasks)
-        try:
-            while open_:
-                for site, task in list(open_.items()):
-                    if task.completion_status is not None:
-                        self._check(site, task, self.label(task_name, task_inputs[site]))
-                        del open_[site]
-                if not open_:
-                    break
-                if abort_signal is not None and abort_signal.triggered:
-                    return None  # as NVFlare's: the workflow sees the signal
-                if deadline is not None and time.monotonic() > deadline:
-                    site = next(iter(open_))
-                    raise PsiSiteFailed(site, no_reply_reason(self.label(task_name, task_inputs[site]), None,
-                                                              self.timeout))
-                time.sleep(task_check_period)
-        finally:
-            for task in open_.values():  # a failure ended the round: no task of it stays standing
-                if task.completion_status is None:
-                    self.controller.cancel_task(task, completion_status=TaskCompletionStatus.TIMEOUT, fl_ctx=fl_ctx)
+
+        def finish(site, task):
+            self._check(site, task, self.label(task_name, task_inputs[site]))
+
+        def late(site):
+            raise PsiSiteFailed(site, no_reply_reason(self.label(task_name, task_inputs[site]), None, self.timeout))
+
+        def cancel(task):
+            self.controller.cancel_task(task, completion_status=TaskCompletionStatus.TIMEOUT, fl_ctx=fl_ctx)
+
+        aborted = (lambda: abort_signal.triggered) if abort_signal is not None else (lambda: False)
+        if not wait_for_tasks(tasks, finish, self.timeout, cancel, aborted, late, task_check_period):
+            return None  # as NVFlare's: the workflow sees the signal
         return self.results
 
     def results_cb(self, client_task, fl_ctx):

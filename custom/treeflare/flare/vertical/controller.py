@@ -22,7 +22,7 @@ Every reply is checked for shape (a dict with a ``type``, from a site that was a
 a site that fails, times out or sends a malformed payload ends the job with a logged reason naming the site and
 the task (``status: failed`` in the result file); the server itself keeps running.  A site has ``task_timeout``
 seconds for one task, counted from when the server scheduled it: NVFlare ends the task then, and the controller's
-own deadline (:data:`DEADLINE_GRACE_S` later) ends it should NVFlare not; the first failed reply of a round ends
+own deadline (``workflow.DEADLINE_GRACE_S`` later) ends it should NVFlare not; the first failed reply of a round ends
 the round at once, without waiting for the other sites' replies, and their tasks are cancelled.
 """
 from __future__ import annotations
@@ -34,14 +34,11 @@ from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
 from ..progress import PROGRESS_ID, format_duration, remaining
-from ..workflow import JobFailed, ResultWorkflow
+from ..workflow import JobFailed, ResultWorkflow, no_reply_reason, wait_for_tasks
 from ...vertical.params import MAX_PREDICT_ROWS
 from .protocol import MSG, MSG_TYPES, REPLY_TYPES, STEP
 
 RESULT_FILE = "vertical_result.json"
-# seconds past a task's timeout after which the controller ends the task itself (NVFlare's task monitor ends
-# it at the timeout; this bounds the wait should the monitor not, e.g. a site half-way through its reply)
-DEADLINE_GRACE_S = 5.0
 MODES = ("train", "predict")
 _RESULT_KEYS = {
     "train": ("objective", "global", "crypto", "layout", "timings_s", "passive_timings_s", "n_train", "n_test",
@@ -161,16 +158,8 @@ class VerticalController(ResultWorkflow):
         saying what happened: no reply within the timeout, the site deemed disconnected, a reply that did not come
         through, an error at the site."""
         reply = next((ct.result for ct in task.client_tasks if ct.client.name == site), None)
-        status = task.completion_status
         if reply is None:
-            if status == TaskCompletionStatus.CLIENT_DEAD:
-                raise JobFailed(f"{site}: disconnected (NVFlare deemed it dead) with no reply to {label}")
-            if status in (TaskCompletionStatus.OK, TaskCompletionStatus.IGNORED):
-                raise JobFailed(f"{site}: its reply to {label} did not come through (a result the site could not "
-                                f"serialize, or one lost on the way; see the site's log)")
-            if status not in (None, TaskCompletionStatus.TIMEOUT):  # cancelled, aborted, an error at the server
-                raise JobFailed(f"{site}: {label} ended ({status.value}) with no reply")
-            raise JobFailed(f"{site}: no reply to {label} within {self.task_timeout} s")
+            raise JobFailed(f"{site}: {no_reply_reason(label, task.completion_status, self.task_timeout)}")
         rc = reply.get_return_code()
         if rc != ReturnCode.OK:
             raise JobFailed(f"{site}: {label} failed with return code {rc}: {reply.get('error', '')}")
@@ -185,25 +174,19 @@ class VerticalController(ResultWorkflow):
         """Wait for one task per site (site -> task), all in flight; site -> its checked reply. The first site that
         fails ends the wait (the other tasks are cancelled); a task still open ``DEADLINE_GRACE_S`` after its
         timeout is ended here as timed out."""
-        deadline = time.monotonic() + self.task_timeout + DEADLINE_GRACE_S
-        replies, open_ = {}, dict(tasks)
-        try:
-            while open_:
-                for site, task in list(open_.items()):
-                    if task.completion_status is not None:
-                        replies[site] = self._check(labels[site], site, task)
-                        del open_[site]
-                if not open_:
-                    break
-                self._aborted(abort_signal, next(iter(labels.values())))
-                if time.monotonic() > deadline:
-                    site = next(iter(open_))
-                    raise JobFailed(f"{site}: no reply to {labels[site]} within {self.task_timeout} s")
-                time.sleep(0.005)
-        finally:
-            for task in open_.values():  # a failure ended the round: no task of it stays standing
-                if task.completion_status is None:
-                    self.cancel_task(task, completion_status=TaskCompletionStatus.TIMEOUT, fl_ctx=fl_ctx)
+        replies = {}
+
+        def finish(site, task):
+            replies[site] = self._check(labels[site], site, task)
+
+        def late(site):
+            raise JobFailed(f"{site}: {no_reply_reason(labels[site], None, self.task_timeout)}")
+
+        def cancel(task):
+            self.cancel_task(task, completion_status=TaskCompletionStatus.TIMEOUT, fl_ctx=fl_ctx)
+
+        wait_for_tasks(tasks, finish, self.task_timeout, cancel,
+                       lambda: self._aborted(abort_signal, next(iter(labels.values()))), late, 0.005)
         return replies
 
     def _ask_one(self, name, site, data, abort_signal, fl_ctx):
