@@ -119,7 +119,7 @@ def parse_args(argv=None):
     c.add_argument("--compress", type=on_off, default=True, help="on|off: several results per returned ciphertext")
     c.add_argument("--obfuscation", choices=["full", "djn"], default="full",
                    help="full: fresh r^n (default); djn: short-exponent randomness (faster, extra assumption)")
-    # checked here (not by check_args' integer rule: dask-local:N is a string)
+    # validated by its own option type (N, or dask-local:N, a string)
     c.add_argument("--workers", type=workers_option, default=0,
                    help="crypto workers per site: N processes (0 = all cores) or dask-local:N (a local Dask cluster "
                         "of N processes); a site's $TREEFLARE_VERTICAL_WORKERS overrides it. dask://HOST:PORT (a "
