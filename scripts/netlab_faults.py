@@ -153,19 +153,25 @@ class Matrix:
 
     def result_of(self, job_id: str, name: str) -> dict:
         """The server's result file of ``job_id`` (downloaded as the admin does); {} if there is none."""
-        dest_root = self.work / "downloads"
+        return self._fetch(job_id, name, self.work / "downloads")[0]
+
+    def _fetch(self, job_id: str, name: str, dest_root: Path) -> tuple[dict, str]:
+        """``nvflare job download`` of ``job_id`` into ``dest_root``: (its result file ``name`` or {}, '' or what went
+        wrong, from NVFlare's own answer)."""
         dest_root.mkdir(parents=True, exist_ok=True)
         try:  # NVFlare names the folder <job id>__N when it has downloaded that job before: use the path it gives
             out = self.lab._json_of(self.lab.nvflare("job", "download", job_id, "-o", dest_root, "--force",
                                                      timeout=180))
-        except (RuntimeError, subprocess.TimeoutExpired):
-            return {}
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            return {}, f"download failed: {short(exc, 300)}"
         data = out.get("data") or {}
         dest = Path(data.get("download_path") or data.get("path") or dest_root / job_id)
-        if out.get("status") != "ok" or not dest.is_dir():
-            return {}
-        found = list(dest.rglob(name))
-        return json.loads(found[0].read_text()) if found else {}
+        if out.get("status") != "ok":
+            return {}, f"download {out.get('status')}: {short(out.get('error_code') or out.get('detail') or data, 300)}"
+        found = sorted(dest.rglob(name)) if dest.is_dir() else []
+        if not found:
+            return {}, f"downloaded, but no {name} under {dest.name}/"
+        return json.loads(found[0].read_text()), ""
 
     def admin_console(self, commands: list[str], timeout: float = 120) -> str:
         """The admin console as a person types it: ``startup/fl_admin.sh`` with ``commands`` on its input."""
@@ -722,22 +728,9 @@ class Matrix:
         started may not answer yet)."""
         problem = ""
         for attempt in range(tries):
-            dest_root = self.work / "downloads_after_restart" / str(attempt)
-            dest_root.mkdir(parents=True, exist_ok=True)
-            try:
-                proc = self.lab.nvflare("job", "download", job_id, "-o", dest_root, "--force", timeout=180)
-                out = self.lab._json_of(proc)
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                problem = f"download failed: {short(exc, 300)}"
-            else:
-                data = out.get("data") or {}
-                dest = Path(data.get("download_path") or data.get("path") or dest_root / job_id)
-                found = sorted(dest.rglob(name)) if dest.is_dir() else []
-                if out.get("status") == "ok" and found:
-                    return json.loads(found[0].read_text()), ""
-                answer = out.get("error_code") or out.get("detail") or data
-                problem = (f"download {out.get('status')}: {short(answer, 300)}" if out.get("status") != "ok" else
-                           f"downloaded, but no {name} under {dest.name}/")
+            result, problem = self._fetch(job_id, name, self.work / "downloads_after_restart" / str(attempt))
+            if result:
+                return result, ""
             time.sleep(5)
         return {}, problem
 
