@@ -158,3 +158,55 @@ def test_layout_message_roundtrip_with_bounds_beyond_64_bits():
     for bad in ({**msg, "lo": [1.5, 0]}, {**msg, "hi": [True, 1]}, {**msg, "widths": [1, 1]}):
         with pytest.raises((ValueError, SlotOverflowError)):
             SlotLayout.from_message(bad)
+
+
+def test_node_widths_narrow_the_top_channel_of_each_unit_and_still_decode_extremes():
+    """A node of r rows returns fields as wide as sums over r rows need: only each unit's last channel narrows
+    (the others sit at the offsets the rows were encrypted with).  Sums of r extreme rows (every g at its lowest
+    or highest, every h at its highest) still decode exactly after compression with the narrowed widths, and
+    the FATE shape's deep nodes fit five fields per 2046-bit plaintext instead of four."""
+    from treeflare.crypto.packing import pack_plan, unpack_fields
+
+    p, n = 53, 100_000
+    lay = SlotLayout.for_channels([-(1 << p), 0], [1 << p, 1 << (p - 2)], n)
+    units = lay.units(2046)
+    assert lay.node_widths(units, n) == lay.widths == (71, 68)
+    assert lay.node_widths(units, 5000) == (71, 64)            # bitlen(5000 * 2^51) = 64
+    assert lay.node_widths(units, 10 ** 9) == lay.widths        # never wider than the layout's
+    assert len(pack_plan(100, [sum(lay.node_widths(units, 6000))], 681)) == 20       # 135-bit fields: 5 per OU ct
+    assert len(pack_plan(100, [sum(lay.widths)], 681)) == 25                          # 139-bit: 4
+    # packing off: every channel its own unit, every one narrows (the signed one keeps its sign bit)
+    solo = lay.units(2046, packing=False)
+    assert lay.node_widths(solo, 5000) == (67, 64)             # bitlen(5000 * 2^53) + 1
+    # decode at the extremes: r rows, three subsets, compressed three per ciphertext with the node's widths
+    small = SlotLayout.for_channels([-(1 << 20), 0, 0], [1 << 20, 1 << 18, 1], 4096)
+    su = [(0, 2), (2, 3)]                          # two units: (g, h) and a count
+    r = 37
+    w = small.node_widths(su, r)
+    assert w == (small.widths[0], (r << 18).bit_length(), r.bit_length())
+    uw = [sum(w[a:b]) for a, b in su]
+    pub = KH.public
+    for g in (-(1 << 20), 1 << 20):
+        rows = np.array([[g, 1 << 18, 1]] * r, dtype=object)
+        cts = [[KH.encrypt_many(small.unit_layout(a, b).pack_rows(rows[:, a:b]))[i] for a, b in su] for i in range(r)]
+        subsets = [list(range(r)), list(range(0, r, 2)), list(range(r - 1))]
+        sums = []
+        for sub in subsets:
+            tot = [pub.one(), pub.one()]
+            for i in sub:
+                tot = [pub.add(t, c) for t, c in zip(tot, cts[i])]
+            sums.append(tot)
+        got = [[None, None, None] for _ in subsets]
+        for ct in pack_plan(len(subsets), uw, pub.usable_bits):
+            i0, u0 = ct[-1]
+            acc = sums[i0][u0]
+            for i, u in reversed(ct[:-1]):
+                acc = pub.add(pub.shift(acc, uw[u]), sums[i][u])
+            vals = unpack_fields(KH.decrypt_many([acc])[0], [x for _i, u in ct for x in w[su[u][0]:su[u][1]]],
+                                 [x for _i, u in ct for x in small.signed[su[u][0]:su[u][1]]])
+            k = 0
+            for i, u in ct:
+                a, b = su[u]
+                got[i][a:b] = vals[k:k + b - a]
+                k += b - a
+        assert got == [[g * len(s), len(s) << 18, len(s)] for s in subsets]

@@ -143,6 +143,17 @@ class SlotLayout:
         out.append((start, self.n_channels))
         return out
 
+    def node_widths(self, units, n_rows: int) -> tuple:
+        """Slot widths for sums over at most ``n_rows`` rows (one node's), given the layout's ``units``: the last
+        channel of each unit narrows to what that many rows need, the others keep their widths, since they sit at
+        the offsets the rows were packed with.  Sender and receiver both know a node's row count, so fewer fields
+        travel (one more per returned ciphertext in small nodes) at no cost in what either learns."""
+        n = max(1, min(int(n_rows), self.n_max))
+        w = list(self.widths)
+        for _a, b in units:
+            w[b - 1] = min(w[b - 1], required_width(n, self.lo[b - 1], self.hi[b - 1]))
+        return tuple(w)
+
     def unit_layout(self, start: int, stop: int) -> "SlotLayout":
         return SlotLayout(self.lo[start:stop], self.hi[start:stop], self.n_max, self.widths[start:stop])
 

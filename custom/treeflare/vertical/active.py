@@ -288,7 +288,8 @@ class ActiveParty:
                     grad = None             # held by the message only: freed once every passive has it
                 replies = yield {p: dict(msg) for p in self.passives}
                 ranges = {nid: self._channel_ranges(node_idx[nid], totals[nid][1]) for nid in open_}
-                cands = self._passive_candidates(replies, open_, layout, units, unit_widths, ranges)
+                sizes = {nid: int(node_idx[nid].size) for nid in open_}
+                cands = self._passive_candidates(replies, open_, layout, units, sizes, ranges)
                 with _Timer(self.timings, "split_search"):
                     for nid in open_:
                         b = self._best_split(node_idx[nid], totals[nid], stats, cands.get(nid, {}))
@@ -331,9 +332,10 @@ class ActiveParty:
         return {"nodes": [nodes[k_] for k_ in sorted(nodes)]}, leaf_of
 
     # ---------------------------------------------------------------- decrypt & decode
-    def _passive_candidates(self, replies, open_, layout, units, unit_widths, ranges):
-        """{node: {passive: [(id, left channel sums)]}} from the passives' histogram replies (``ranges``: the
-        range of every channel's left sum in each open node, :meth:`_channel_ranges`).
+    def _passive_candidates(self, replies, open_, layout, units, sizes, ranges):
+        """{node: {passive: [(id, left channel sums)]}} from the passives' histogram replies (``sizes``: each open
+        node's row count, which sets the width of the returned fields, :meth:`.SlotLayout.node_widths`; ``ranges``:
+        the range of every channel's left sum in each open node, :meth:`_channel_ranges`).
 
         A reply entry is either one node's candidates, or a sibling pair: the smaller child's sums over
         some of the parent's candidates (``pos``), from which the larger child's follow by subtracting them
@@ -341,8 +343,17 @@ class ActiveParty:
         decryptions).  ``sel`` / ``sel_sibling`` say which of those candidates each child is offered."""
         P = self.params
         pub = self.kh.public
-        fields = [(layout.widths[a:b], layout.signed[a:b], a, b) for a, b in units]
         open_set = set(open_)
+        by_size = {}
+
+        def node_fields(nid):
+            # (per unit: channel widths, signedness, channel range; the units' field widths) for the node's rows
+            n = sizes[nid]
+            if n not in by_size:
+                w = layout.node_widths(units, n)
+                by_size[n] = ([(w[a:b], layout.signed[a:b], a, b) for a, b in units], [sum(w[a:b]) for a, b in units])
+            return by_size[n]
+
         jobs, raws = [], []
         with _Timer(self.timings, "deserialize"):
             for p in self.passives:
@@ -353,6 +364,8 @@ class ActiveParty:
                 seen = set()          # split ids are unique across the whole reply (they name one node's candidate)
                 for nd in require(r, "nodes", list):
                     nid = require(nd, "nid", int)
+                    if nid not in open_set:
+                        raise ProtocolError(f"{p}: histogram reply for node {nid}, which is not open")
                     ids = self._offered(p, nd, "ids", bound, seen)
                     if "sibling" in nd:
                         if not P.hist_subtraction:
@@ -378,13 +391,14 @@ class ActiveParty:
                     else:
                         pair, n_values = None, len(ids)
                         covered.append(nid)
+                    fields, unit_widths = node_fields(nid)      # the sums are over nid's rows (the smaller child's)
                     plan = pack_plan(n_values, unit_widths, pub.usable_bits, P.compress)
                     try:
                         raw = pub.wire_bytes(require(nd, "cts", np.ndarray), len(plan))
                         pub.from_bytes(raw, check=True)
                     except CiphertextError as e:
                         raise ProtocolError(f"{p}: {e}") from None
-                    jobs.append((p, nid, ids, n_values, plan, pair))
+                    jobs.append((p, nid, ids, n_values, plan, pair, fields))
                     raws.append(raw)
                     self.comm["hist_nodes"] += 1 if pair is None else 2      # nodes answered, not reply entries
                 if sorted(covered) != sorted(open_):
@@ -399,7 +413,7 @@ class ActiveParty:
         with _Timer(self.timings, "unpack"):
             pos_ct = 0
             nch = layout.n_channels
-            for p, nid, ids, n_values, plan, pair in jobs:
+            for p, nid, ids, n_values, plan, pair, fields in jobs:
                 vecs = [[0] * nch for _ in range(n_values)]
                 try:
                     for fl in plan:

@@ -25,8 +25,9 @@ from gmpy2 import mpz
 from ..crypto import CiphertextError
 
 # 3: sibling pairs in histogram replies (subtraction at the active party); 4: no id digest in setup, the passive
-# parties' alignment value encrypted under the active party's key in setup_ok
-PROTOCOL_VERSION = 4
+# parties' alignment value encrypted under the active party's key in setup_ok; 5: returned fields narrowed to the
+# node's row count (SlotLayout.node_widths)
+PROTOCOL_VERSION = 5
 # what a saved model part says it is (checked when a prediction run loads it)
 ACTIVE_FORMAT, PASSIVE_FORMAT = "treeflare.vertical.active/2", "treeflare.vertical.passive/2"
 _ID_RE = re.compile(r"^[0-9a-f]{16}$")

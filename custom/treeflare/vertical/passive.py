@@ -211,8 +211,7 @@ class PassiveParty:
         except (CiphertextError, WorkerError) as e:
             raise ProtocolError(str(e)) from None
         self.timings["deserialize"] += time.perf_counter() - t
-        self._grad = {"units": len(units), "unit_widths": [sum(layout.widths[a:b]) for a, b in units],
-                      "compress": compress}
+        self._grad = {"units": len(units), "layout": layout, "unit_ranges": units, "compress": compress}
         self._lists = {}
         self._counts = {}
 
@@ -319,7 +318,6 @@ class PassiveParty:
 
         t0 = time.perf_counter()
         G, pub = self._grad, self.pub
-        uw = G["unit_widths"]
         self._pending = {}
         lists = {}
         replies = []                  # (entry without cts, number of ciphertexts)
@@ -332,7 +330,10 @@ class PassiveParty:
             self._pending.update(zip(ids, ((nid, f, b) for f, b in chosen)))
             return ids
 
-        def pack(values):
+        def pack(values, n_rows):
+            # fields as wide as sums over the node's rows need (the active party knows its row count too)
+            w = G["layout"].node_widths(G["unit_ranges"], n_rows)
+            uw = [sum(w[a:b]) for a, b in G["unit_ranges"]]
             plan = pack_plan(len(values), uw, pub.usable_bits, G["compress"])
             groups.extend([(values[i][u], uw[u]) for i, u in fields] for fields in plan)
             return len(plan)
@@ -344,7 +345,7 @@ class PassiveParty:
             _RNG.shuffle(cands)                 # order would reveal feature boundaries
             lists[nid] = [(f, b) for f, b, _left in cands]
             ids = offer(nid, lists[nid], [True] * len(cands))
-            replies.append(({"nid": int(nid), "ids": ids}, pack([left for _f, _b, left in cands])))
+            replies.append(({"nid": int(nid), "ids": ids}, pack([left for _f, _b, left in cands], rows(nid).size)))
         for s_nid, (x_nid, parent) in pairs.items():
             counts[s_nid] = self._bin_counts(rows(s_nid))
             # the children split the parent's rows (checked): the larger's counts are the parent's minus the smaller's
@@ -356,7 +357,7 @@ class PassiveParty:
             entry = {"nid": int(s_nid), "sibling": int(x_nid), "pos": np.asarray(pos, dtype=np.int32),
                      "sel": np.asarray(sel_s, dtype=np.uint8), "sel_sibling": np.asarray(sel_x, dtype=np.uint8),
                      "ids": offer(s_nid, entries, sel_s), "ids_sibling": offer(x_nid, entries, sel_x)}
-            replies.append((entry, pack(values)))
+            replies.append((entry, pack(values, rows(s_nid).size)))
         self.timings["cumulate"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         packed = self.engine.compress(groups)
