@@ -240,10 +240,16 @@ def test_histograms_sharded_and_tree_reduced(cluster):
         assert eng.pool.n == 2 and eng.shards == [(0, 300), (300, 600)]
         ref.load(raw, 1)
         eng.load(raw, 1)
-        assert eng.histograms(nodes) == ref.histograms(nodes)
+        def sums(e, ns):
+            return {k: e.sums(h) for k, h in e.histograms(ns).items()}
+
+        def packed(e):      # bin 0 of each column, three times over in one ciphertext
+            h = e.histograms({0: nodes[0]})[0]
+            return e.compress([[(u[0], 20)] * 3 for u in e.handles(h, np.arange(3), np.zeros(3, dtype=np.int64))])
+
+        assert sums(eng, nodes) == sums(ref, nodes)
         assert eng.counts["multiplications"] >= ref.counts["multiplications"]
-        groups = [[(c, 20) for c in ref.histograms({0: nodes[0]})[0][f][0]] * 3 for f in range(3)]
-        assert eng.compress(groups) == ref.compress(groups)
+        assert packed(eng) == packed(ref)
         with pytest.raises(ValueError, match="outside the party's rows"):
             eng.histograms({0: np.array([n])})
     finally:
@@ -257,7 +263,7 @@ def test_histograms_sharded_and_tree_reduced(cluster):
         w = pub.ct_bytes
         tiny.load(raw[:w], 1)
         tiny_ref.load(raw[:w], 1)
-        assert tiny.histograms({0: np.array([0])}) == tiny_ref.histograms({0: np.array([0])})
+        assert sums(tiny, {0: np.array([0])}) == sums(tiny_ref, {0: np.array([0])})
     finally:
         tiny.close()
         tiny_ref.close()
@@ -355,8 +361,15 @@ def test_local_shards_with_and_without_the_kernel(monkeypatch):
         assert engines[2].mont is False and engines[1].mont == (native.status().startswith("on"))
         for e in engines:
             e.load(raw, 1)
-        got = [e.histograms(nodes) for e in engines]
+        got = [{k: e.sums(h) for k, h in e.histograms(nodes).items()} for e in engines]
         assert got[0] == got[1] == got[2]
+        # packing from the kernel's form (engines 0 and 1) and from ciphertexts (engine 2): the same ciphertexts
+        packed = []
+        for e in engines:
+            h = e.histograms({0: nodes[0]})[0]
+            fields = e.handles(h, np.arange(3), np.full(3, 2, dtype=np.int64))
+            packed.append(e.compress([[(f[0], 25) for f in fields], [(fields[0][0], 7)]]))
+        assert packed[0] == packed[1] == packed[2]
         assert len({e.counts["multiplications"] for e in engines[1:]}) == 1
     finally:
         for e in engines:

@@ -44,14 +44,22 @@ def test_cumulative_sums_equal_the_plaintext_sums(kernel, monkeypatch):
         try:
             assert eng.mont == (kernel == "native")
             eng.load(raw, 2)
-            hist = eng.histograms(nodes)
+            hist = {key: eng.sums(h) for key, h in eng.histograms(nodes).items()}
+            # packed three fields to a ciphertext (the compression), from the node's own sums: bin 1 of each column
+            h0 = eng.histograms({0: nodes[0]})[0]
+            fields = eng.handles(h0, np.arange(len(NBINS)), np.ones(len(NBINS), dtype=np.int64))
+            packed = eng.compress([[(u, 30) for f in fields[:3] for u in f], [(u, 30) for u in fields[3]]])
         finally:
             eng.close()
+        plain = KH.decrypt_bytes(packed, 1)
+        low = [vals[bins[:, f] <= 1].sum(0) for f in range(len(NBINS))]
+        assert plain[0] == sum(int(low[f][u]) << (30 * (2 * f + u)) for f in range(3) for u in range(2))
+        assert plain[1] == int(low[3][0]) + (int(low[3][1]) << 30)
         for key, rows in nodes.items():
             for f, nb in enumerate(NBINS):
                 cts = [c for b in range(nb) for c in hist[key][f][b]]
                 got = np.array(KH.decrypt_bytes(KH.public.to_bytes(cts), 1)).reshape(nb, 2)
                 want = np.array([vals[rows][bins[rows, f] <= b].sum(0) for b in range(nb)])
                 assert np.array_equal(got, want), (workers, key, f)
-        ref = hist if ref is None else ref
-        assert hist == ref          # the same ciphertexts with any number of workers
+        ref = (hist, packed) if ref is None else ref
+        assert (hist, packed) == ref          # the same ciphertexts with any number of workers

@@ -197,6 +197,9 @@ def pack_plan(n_items: int, unit_widths, usable_bits: int, compress: bool = True
     widths = [int(w) for w in unit_widths]
     if any(w > usable_bits for w in widths):
         raise SlotOverflowError(f"a unit of {max(widths)} bits exceeds the {usable_bits} usable bits")
+    if compress and len(widths) == 1:         # one unit per item: as many whole items per ciphertext as fit
+        k = usable_bits // widths[0]
+        return [[(i, 0) for i in range(a, min(a + k, int(n_items)))] for a in range(0, int(n_items), k)]
     out, cur, used = [], [], 0
     for i in range(int(n_items)):
         for u, w in enumerate(widths):

@@ -32,7 +32,7 @@ from ..crypto.workers import WorkerError
 from .gains import make_criterion, select
 from .inference import leaf_outputs, route_layers
 from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, alignment_pieces, alignment_value,
-                       check_split_id, count_traffic, expect_reply, int_array, int_list, join_pieces, require,
+                       check_split_ids, count_traffic, expect_reply, int_array, int_list, join_pieces, require,
                        split_alignment)
 from .objectives import make_objective, tree_channels
 from .params import VerticalParams
@@ -55,16 +55,15 @@ def _positive_parts(chan, lo, hi):
 
 
 def _first_out_of_range(vecs, ranges, max_width: int):
-    """The first channel some vector of ``vecs`` leaves its [low, high] in, or None; exact, one array comparison
-    over all candidates (int64 when every slot is narrow enough that no decoded or derived sum can overflow it,
-    Python integers otherwise)."""
+    """The first channel some vector of ``vecs`` leaves its [low, high] in, or None; exact (Python integers, one
+    min and one max per channel)."""
     if not vecs:
         return None
-    dtype = np.int64 if max_width <= 61 else object
-    a = np.array(vecs, dtype=dtype)
-    lows, highs = (np.array(r, dtype=dtype) for r in ranges)
-    bad = ((a < lows) | (a > highs)).any(axis=0)
-    return int(np.argmax(bad)) if bad.any() else None
+    lows, highs = ranges
+    for c, col in enumerate(zip(*vecs)):
+        if min(col) < lows[c] or max(col) > highs[c]:
+            return c
+    return None
 
 
 class _Timer:
@@ -413,15 +412,16 @@ class ActiveParty:
         with _Timer(self.timings, "unpack"):
             pos_ct = 0
             nch = layout.n_channels
+            shapes = {}               # (node's widths, units of a ciphertext's fields) -> its slot widths, signs
             for p, nid, ids, n_values, plan, pair, fields in jobs:
                 vecs = [[0] * nch for _ in range(n_values)]
                 try:
                     for fl in plan:
-                        ws, ss = [], []
-                        for _i, u in fl:
-                            ws += fields[u][0]
-                            ss += fields[u][1]
-                        vals = unpack_fields(plain[pos_ct], ws, ss)
+                        key = (id(fields), tuple(u for _i, u in fl))
+                        if key not in shapes:
+                            shapes[key] = ([w for _i, u in fl for w in fields[u][0]],
+                                           [x for _i, u in fl for x in fields[u][1]])
+                        vals = unpack_fields(plain[pos_ct], *shapes[key])
                         pos_ct += 1
                         k = 0
                         for i, u in fl:
@@ -456,8 +456,7 @@ class ActiveParty:
         if len(ids) > bound:
             raise ProtocolError(f"{p}: {len(ids)} candidates for node {nd['nid']}, more than the {bound} "
                                 f"its {self.declared[p]} declared features x {self.params.bins - 1} thresholds allow")
-        for s_ in ids:
-            check_split_id(s_)
+        check_split_ids(ids)
         n_before = len(seen)
         seen.update(ids)
         if len(seen) != n_before + len(ids):

@@ -359,10 +359,34 @@ def _horner(pub, group, widths):
     return acc
 
 
+def _compress_mont(pub, nat, widths_list, raw: bytes) -> bytes:
+    """:func:`_op_compress` of fields in the C kernel's Montgomery form (``raw``: rows of L digits, the groups one
+    after another): the histogram sums go from the merge to the packing without a conversion in between."""
+    row = 8 * nat.L
+    shapes, pos = {}, 0
+    for i, widths in enumerate(widths_list):
+        shapes.setdefault(tuple(widths), []).append((i, pos))
+        pos += len(widths)
+    if pos * row != len(raw):
+        raise ValueError("the fields do not match the widths")
+    out = [None] * len(widths_list)
+    for widths, items in shapes.items():
+        g = len(widths)
+        table = b"".join(raw[p * row:(p + g) * row] for _i, p in items)
+        for (i, _p), c in zip(items, nat.horner_mont(table, list(widths))):
+            out[i] = c
+    return pub.to_bytes(out)
+
+
 def _op_compress(st, args, blobs):
     """Horner packing: for fields x_0..x_m (lowest first) with widths w_j, E(sum_j 2^(w_0+..+w_(j-1)) x_j).
-    Groups of one shape go through the C kernel (:mod:`treeflare.crypto.native`) together when it is usable."""
-    pub, nat = st["pub"], st["native"]
+    Groups of one shape go through the C kernel (:mod:`treeflare.crypto.native`) together when it is usable; with
+    ``mont`` the fields arrive in its Montgomery form.  The packed ciphertexts return as wire bytes."""
+    pub, nat = _merge_pub(st, args), st.get("native")
+    if args.get("mont"):
+        if nat is None:
+            raise ValueError("Montgomery-form fields sent to a worker without the C kernel")
+        return {}, [_compress_mont(pub, nat, args["widths"], blobs[0])]
     flat = pub.from_bytes(blobs[0], check=False)
     out, pos, shapes = [], 0, {}
     for widths in args["widths"]:
@@ -410,11 +434,14 @@ class HistEngine:
             self._nat = native.products(pub.modulus) if pub.modulus is not None else None
             self.mont = self._nat is not None and all(r.get("native") for r, _b in replies)
             self._merge_args = {"pub": pub_json, "mont": self.mont}
+            self._pub_json = pub_json
         except BaseException:
             self.pool.close()
             raise
         self.units = 0
         self.counts = {"multiplications": 0}
+        self._table = None            # the layer's node sums in the kernel's Montgomery form (mont)
+        self._offsets = np.cumsum([0] + self.nbins[:-1]).astype(np.int64)   # engine column -> first bin's entry
 
     def load(self, raw: bytes, units: int) -> None:
         """The tree's ciphertexts, ``units`` per row, row-major: each worker gets (and checks) its rows' only."""
@@ -427,7 +454,9 @@ class HistEngine:
         self.units = units
 
     def histograms(self, nodes: dict) -> dict:
-        """{key: global row indices} -> {key: hist[f][b] = [unit ciphertexts]} (neutral for empty bins)."""
+        """{key: global row indices} -> {key: the node's cumulative sums} (neutral for empty bins), to be read with
+        :meth:`handles` or :meth:`sums` until the next call: its ciphertexts, or where its table starts among the
+        layer's sums in the kernel's Montgomery form."""
         keys = list(nodes)
         per_worker = [[] for _ in self.shards]
         for key in keys:
@@ -440,23 +469,42 @@ class HistEngine:
         res, blobs = self.pool.map_reduce("hist", [{"mont": self.mont}] * self.pool.n, per_worker, "hist_merge",
                                           self._merge_args)
         self.counts["multiplications"] += int(res["mults"])
-        pub, units = self.pub, self.units
-        out = {}
-        for key, raw in zip(keys, blobs):
-            flat = self._nat.values(raw) if self.mont else pub.from_bytes(raw, check=False)
-            hist, pos = [], 0
-            for nb in self.nbins:
-                hist.append([flat[pos + b * units:pos + (b + 1) * units] for b in range(nb)])
-                pos += nb * units
-            out[key] = hist
+        if self.mont:
+            # the sums stay in the kernel's form, one table for the layer, until the workers pack them
+            L = self._nat.L
+            self._table = np.concatenate([np.frombuffer(raw, dtype=np.uint64).reshape(-1, L) for raw in blobs])
+            starts = np.cumsum([0] + [len(raw) // (8 * L) for raw in blobs])
+            return {key: int(a) for key, a in zip(keys, starts[:-1].tolist())}
+        return {key: self.pub.from_bytes(raw, check=False) for key, raw in zip(keys, blobs)}
+
+    def sums(self, hist) -> list:
+        """A node's cumulative sums as integers, hist[f][b] = [one ciphertext per unit] (``hist``: what the last
+        :meth:`histograms` call returned for the node)."""
+        units, size = self.units, sum(self.nbins) * self.units
+        flat = self._nat.values(self._table[hist:hist + size].tobytes()) if self.mont else hist
+        out, pos = [], 0
+        for nb in self.nbins:
+            out.append([flat[pos + b * units:pos + (b + 1) * units] for b in range(nb)])
+            pos += nb * units
         return out
 
-    def compress(self, groups: list) -> list:
-        """groups: [[(ciphertext, width), ...] lowest field first] -> one ciphertext per group."""
+    def handles(self, hist, cols: np.ndarray, bins: np.ndarray) -> list:
+        """Per candidate (engine column, bin), its cumulative sums' handles, one per unit, in a node's ``hist``
+        (what :meth:`histograms` returned for it), for :meth:`compress`: ciphertexts, or rows of the layer's
+        Montgomery-form table."""
+        units = self.units
+        at = (self._offsets[cols] + bins) * units
+        if self.mont:
+            at = at + hist
+            return [[a + u for u in range(units)] for a in at.tolist()] if units > 1 else [[a] for a in at.tolist()]
+        return [hist[a:a + units] for a in at.tolist()]
+
+    def compress(self, groups: list) -> bytes:
+        """groups: [[(handle, width), ...] lowest field first] -> one ciphertext per group, as wire bytes."""
         if not groups:
-            return []
-        if all(len(g) == 1 for g in groups):
-            return [g[0][0] for g in groups]
+            return b""
+        if all(len(g) == 1 for g in groups) and not self.mont:
+            return self.pub.to_bytes(g[0][0] for g in groups)
         # shares of at least 8 groups: the C kernel packs 8 groups at once (fewer lanes would idle)
         n_tasks = 1 if self.pool.n == 1 else max(1, min(len(groups) // 8, 4 * self.pool.n))
         # contiguous shares of about equal cost (sum of shift bits)
@@ -466,12 +514,14 @@ class HistEngine:
         tasks = []
         for a, b in zip(cuts[:-1], cuts[1:]):
             share = groups[a:b]
-            tasks.append(({"widths": [[w for _c, w in g] for g in share]},
-                          [self.pub.to_bytes(c for g in share for c, _w in g)]))
-        out = []
-        for _res, rb in self.pool.run_tasks("hist_compress", tasks):
-            out.extend(self.pub.from_bytes(rb[0], check=False))
-        return out
+            if self.mont:
+                rows = np.fromiter((h for g in share for h, _w in g), dtype=np.int64)
+                blob = self._table[rows].tobytes()
+            else:
+                blob = self.pub.to_bytes(c for g in share for c, _w in g)
+            tasks.append(({"widths": [[w for _c, w in g] for g in share], "mont": self.mont, "pub": self._pub_json},
+                          [blob]))
+        return b"".join(rb[0] for _res, rb in self.pool.run_tasks("hist_compress", tasks))
 
     def close(self) -> None:
         self.pool.close()

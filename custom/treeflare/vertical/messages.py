@@ -147,6 +147,16 @@ def same_mac(a, b: str) -> bool:
     return isinstance(a, str) and hmac.compare_digest(a, b)
 
 
+_HEX_RE = re.compile(r"[0-9a-f]*")
+
+
+def check_split_ids(ids) -> None:
+    """check_split_id on every id of a list, at once (a layer's reply carries hundreds of thousands)."""
+    if not all(type(x) is str and len(x) == 16 for x in ids) or not _HEX_RE.fullmatch("".join(ids)):
+        for sid in ids:
+            check_split_id(sid)          # names the first bad one
+
+
 def check_split_id(sid) -> str:
     if not isinstance(sid, str) or not _ID_RE.match(sid):
         raise ProtocolError(f"malformed split id {sid!r}")

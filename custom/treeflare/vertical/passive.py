@@ -37,6 +37,7 @@ import secrets
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class PassiveParty:
         self.splits: dict = {}        # split id -> {feature, feature_index, bin, threshold, tree, node, depth}
         self._pending: dict = {}      # candidate id -> (node, feature, bin), this layer only
         self._grad = None
-        self._lists: dict = {}        # node -> its candidates [(feature, bin)], open nodes of the previous layer
+        self._lists: dict = {}        # node -> its candidates (features, bins) arrays, open nodes of the previous layer
         self._counts: dict = {}       # node -> its rows' bin counts, open nodes of the previous layer
         self._idx: dict = {}
         self.tree, self.depth = -1, -1
@@ -171,6 +172,8 @@ class PassiveParty:
         self.X_train = None           # only the codes and edges are used from here on (a caller may still hold it)
         self.nbins = [len(e) + 1 for e in self.edges]
         self.features = [f for f, nb in enumerate(self.nbins) if nb >= 2]   # constant columns give no split
+        self._engine_col = np.full(len(self.nbins), -1, dtype=np.int64)        # column -> its index in the engine
+        self._engine_col[self.features] = np.arange(len(self.features))
         self.pub = pub
         used = self.bins if len(self.features) == self.bins.shape[1] else self.bins[:, self.features]
         self.engine = HistEngine(pub, used, [self.nbins[f] for f in self.features], self.workers)
@@ -323,12 +326,15 @@ class PassiveParty:
         replies = []                  # (entry without cts, number of ciphertexts)
         groups = []
 
-        def offer(nid, entries, sel):
-            chosen = [e for e, s in zip(entries, sel) if s]
-            raw = secrets.token_bytes(8 * len(chosen)).hex()          # one 64-bit random id each, one draw
-            ids = [raw[16 * i:16 * i + 16] for i in range(len(chosen))]
-            self._pending.update(zip(ids, ((nid, f, b) for f, b in chosen)))
+        def offer(nid, F, B):
+            raw = secrets.token_bytes(8 * len(F)).hex()          # one 64-bit random id each, one draw
+            ids = [raw[16 * i:16 * i + 16] for i in range(len(F))]
+            self._pending.update(zip(ids, zip(repeat(int(nid)), F.tolist(), B.tolist())))
             return ids
+
+        def cumulative(hist, F, B):
+            # the engine's histograms are cumulative: bin b of a column sums the rows in bins 0..b
+            return self.engine.handles(hist, self._engine_col[F], B)
 
         def pack(values, n_rows):
             # fields as wide as sums over the node's rows need (the active party knows its row count too)
@@ -341,32 +347,38 @@ class PassiveParty:
         counts = {}                   # node -> bin counts of its rows (kept for the next layer's pairs)
         for nid in direct:
             counts[nid] = self._bin_counts(rows(nid))
-            cands = self._candidates(rows(nid), hists[nid], counts[nid])
-            _RNG.shuffle(cands)                 # order would reveal feature boundaries
-            lists[nid] = [(f, b) for f, b, _left in cands]
-            ids = offer(nid, lists[nid], [True] * len(cands))
-            replies.append(({"nid": int(nid), "ids": ids}, pack([left for _f, _b, left in cands], rows(nid).size)))
+            F, B = np.nonzero(self._admissible(rows(nid).size, counts[nid]))
+            order = list(range(F.size))
+            _RNG.shuffle(order)                 # order would reveal feature boundaries
+            F, B = F[order], B[order]
+            lists[nid] = (F, B)
+            ids = offer(nid, F, B)
+            replies.append(({"nid": int(nid), "ids": ids}, pack(cumulative(hists[nid], F, B), rows(nid).size)))
         for s_nid, (x_nid, parent) in pairs.items():
             counts[s_nid] = self._bin_counts(rows(s_nid))
             # the children split the parent's rows (checked): the larger's counts are the parent's minus the smaller's
             up = self._counts.get(parent)
             counts[x_nid] = up - counts[s_nid] if up is not None else self._bin_counts(rows(x_nid))
-            pos, sel_s, sel_x, entries, values = self._pair_entries(self._lists[parent], rows(s_nid), rows(x_nid),
-                                                                    hists[s_nid], counts[s_nid], counts[x_nid])
-            lists[s_nid] = lists[x_nid] = entries
-            entry = {"nid": int(s_nid), "sibling": int(x_nid), "pos": np.asarray(pos, dtype=np.int32),
-                     "sel": np.asarray(sel_s, dtype=np.uint8), "sel_sibling": np.asarray(sel_x, dtype=np.uint8),
-                     "ids": offer(s_nid, entries, sel_s), "ids_sibling": offer(x_nid, entries, sel_x)}
-            replies.append((entry, pack(values, rows(s_nid).size)))
+            # the parent's candidates that are admissible in either child, in the parent's order
+            Fp, Bp = self._lists[parent]
+            sel_s = self._admissible(rows(s_nid).size, counts[s_nid])[Fp, Bp]
+            sel_x = self._admissible(rows(x_nid).size, counts[x_nid])[Fp, Bp]
+            keep = sel_s | sel_x
+            F, B, sel_s, sel_x = Fp[keep], Bp[keep], sel_s[keep], sel_x[keep]
+            lists[s_nid] = lists[x_nid] = (F, B)
+            entry = {"nid": int(s_nid), "sibling": int(x_nid), "pos": np.flatnonzero(keep).astype(np.int32),
+                     "sel": sel_s.astype(np.uint8), "sel_sibling": sel_x.astype(np.uint8),
+                     "ids": offer(s_nid, F[sel_s], B[sel_s]), "ids_sibling": offer(x_nid, F[sel_x], B[sel_x])}
+            replies.append((entry, pack(cumulative(hists[s_nid], F, B), rows(s_nid).size)))
         self.timings["cumulate"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         packed = self.engine.compress(groups)
         self.ops["shifts"] += sum(len(g) - 1 for g in groups)
         self.ops["additions"] += sum(len(g) - 1 for g in groups)
         self.timings["compress"] += time.perf_counter() - t0
-        out, pos = [], 0
+        out, pos, w = [], 0, pub.ct_bytes
         for entry, n_ct in replies:
-            entry["cts"] = pub.serialize(packed[pos:pos + n_ct])
+            entry["cts"] = np.frombuffer(memoryview(packed)[pos * w:(pos + n_ct) * w], dtype=np.uint8).copy()
             out.append(entry)
             pos += n_ct
         self._lists = lists
@@ -396,30 +408,6 @@ class PassiveParty:
                 out[small] = (large, parent)
         return out
 
-    def _pair_entries(self, parent_list, rows_s, rows_x, hist_s, counts_s, counts_x):
-        """The parent's candidates that are admissible in either child, in the parent's order: their
-        positions, admissibility in each child, and the smaller child's cumulative left sums there."""
-        adm_s, adm_x = self._admissible(rows_s, counts_s), self._admissible(rows_x, counts_x)
-        pos, sel_s, sel_x, entries = [], [], [], []
-        for i, (f, b) in enumerate(parent_list):
-            a_s, a_x = bool(adm_s[f][2][b]), bool(adm_x[f][2][b])
-            if a_s or a_x:
-                pos.append(i)
-                sel_s.append(a_s)
-                sel_x.append(a_x)
-                entries.append((f, b))
-        # the engine's histograms are cumulative: hist[f][b] sums the rows in bins 0..b
-        return pos, sel_s, sel_x, entries, [hist_s[adm_s[f][0]][b] for f, b in entries]
-
-    def _candidates(self, ii, hist, counts) -> list:
-        """Admissible thresholds of every feature: (feature, bin, cumulative left unit ciphertexts)."""
-        out = []
-        for f, (fe, _cnt, ok) in self._admissible(ii, counts).items():
-            bs = np.flatnonzero(ok).tolist()
-            if bs:
-                out += [(f, b, hist[fe][b]) for b in bs]      # cumulative: bins 0..b
-        return out
-
     def _bin_counts(self, rows) -> np.ndarray:
         """(columns, widest bin count) matrix: how many of ``rows`` fall in each bin of each column."""
         n_cols = self.bins.shape[1]
@@ -433,18 +421,15 @@ class PassiveParty:
             counts += np.bincount(keys.ravel(), minlength=counts.size)
         return counts.reshape(n_cols, width)
 
-    def _admissible(self, rows, counts) -> dict:
-        """{feature: (its column in the engine, bin counts, ok)}: ok[b] when a threshold after bin b leaves at
-        least the agreed minimum rows on each side and bin b holds rows (after an empty bin the split repeats the
-        last one).  So this party's own splits never create a node below the minimum (see _check_small_children).
-        ``counts``: the rows' :meth:`_bin_counts`."""
+    def _admissible(self, n_rows: int, counts) -> np.ndarray:
+        """(columns, widest bin count - 1) booleans: [f, b] when a threshold after bin b of column f leaves at least
+        the agreed minimum rows on each side of a node of ``n_rows`` rows and bin b holds rows (after an empty bin
+        the split repeats the last one).  So this party's own splits never create a node below the minimum (see
+        _check_small_children).  ``counts``: the rows' :meth:`_bin_counts` (zero past a column's own bins, and a
+        constant column's one bin holds every row, so neither offers a threshold there)."""
         m = max(2, self.min_rows)
-        out = {}
-        for fe, f in enumerate(self.features):
-            cnt = counts[f, :self.nbins[f]]
-            left = np.cumsum(cnt)[:-1]
-            out[f] = (fe, cnt, (cnt[:-1] > 0) & (left >= m) & (left <= rows.size - m))
-        return out
+        left = np.cumsum(counts, axis=1)[:, :-1]
+        return (counts[:, :-1] > 0) & (left >= m) & (left <= n_rows - m)
 
     # ------------------------------------------------------------------------------- splits
     def _split(self, msg):

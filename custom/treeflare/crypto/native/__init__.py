@@ -156,11 +156,24 @@ class NativeProducts(_Modulus):
             raise ValueError("every group needs one value per width")
         if any(not 0 <= int(w) < 2**31 for w in widths):
             raise ValueError("field widths must be in [0, 2^31)")
+        return self._horner(self._digits(v for gr in groups for v in gr), len(groups), widths, self._r2)
+
+    def horner_mont(self, table: bytes, widths) -> list:
+        """:meth:`horner_many` of groups already in the kernel's Montgomery form (a :meth:`segment_products` table):
+        ``table`` holds the groups one after another, ``len(widths)`` values each, lowest field first."""
+        g = len(widths)
+        if g < 1 or len(table) % (8 * self.L * g):
+            raise ValueError("the table does not hold whole groups")
+        if any(not 0 <= int(w) < 2**31 for w in widths):
+            raise ValueError("field widths must be in [0, 2^31)")
+        return self._horner(table, len(table) // (8 * self.L * g), widths, None)
+
+    def _horner(self, vals: bytes, count: int, widths, r2) -> list:
+        g = len(widths)
         shifts = (ctypes.c_long * max(1, g - 1))(*[int(w) for w in reversed(widths[:-1])])
-        vals = self._digits(v for gr in groups for v in gr)
-        out = ctypes.create_string_buffer(8 * self.n64 * len(groups))
+        out = ctypes.create_string_buffer(8 * self.n64 * count)
         self._check(self._lib.fb_horner_many(vals, g, ctypes.cast(shifts, ctypes.c_char_p), self.L, self._m,
-                                             self._minv, self._r2, len(groups), out, self.n64))
+                                             self._minv, r2, count, out, self.n64))
         return self._results(out)
 
     def load(self, values) -> bytes:

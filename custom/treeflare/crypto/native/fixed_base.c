@@ -147,21 +147,22 @@ IFMA int fb_pow_many(const u64 *table, long rows, long L, const u64 *m, u64 minv
 
 /* Horner packing of ciphertexts (a passive party's compression): for each of ``count`` groups of g values
    v_0..v_(g-1) (normal form, L digits each, group-major), acc = v_(g-1), then for k = 0..g-2:
-   acc = acc^(2^shifts[k]) * v_(g-2-k) mod m.  r2 = R^2 mod m (into Montgomery form).  Results < 2m. */
+   acc = acc^(2^shifts[k]) * v_(g-2-k) mod m.  r2 = R^2 mod m (into Montgomery form); with r2 NULL the values
+   are in Montgomery form already (a passive party's histogram sums straight from the merge).  Results < 2m. */
 IFMA int fb_horner_many(const u64 *vals, long g, const long *shifts, long L, const u64 *m, u64 minv,
                         const u64 *r2, long count, u64 *out, long n64) {
     if (L < 1 || L > MAXL || g < 1) return -1;
     __m512i acc[MAXL], x[MAXL], rr[MAXL];
-    broadcast(rr, r2, L);
+    if (r2) broadcast(rr, r2, L);
     for (long base = 0; base < count; base += 8) {
         long lanes = LANES(base, count);
         __m512i vidx = lane_index(base, lanes, g * L);
         gather(acc, vidx, vals + (g - 1) * L, L);
-        mont_mul8(acc, acc, rr, m, minv, L);
+        if (r2) mont_mul8(acc, acc, rr, m, minv, L);
         for (long k = 0; k < g - 1; k++) {
             for (long s = 0; s < shifts[k]; s++) mont_mul8(acc, acc, acc, m, minv, L);
             gather(x, vidx, vals + (g - 2 - k) * L, L);
-            mont_mul8(x, x, rr, m, minv, L);
+            if (r2) mont_mul8(x, x, rr, m, minv, L);
             mont_mul8(acc, acc, x, m, minv, L);
         }
         store_normal(acc, base, lanes, m, minv, L, out, n64);
