@@ -413,8 +413,9 @@ class ActiveParty:
             pos_ct = 0
             nch = layout.n_channels
             shapes = {}               # (node's widths, units of a ciphertext's fields) -> its slot widths, signs
+            whole = len(units) == 1          # one unit holds every channel: a field is a whole vector
             for p, nid, ids, n_values, plan, pair, fields in jobs:
-                vecs = [[0] * nch for _ in range(n_values)]
+                vecs = [None] * n_values if whole else [[0] * nch for _ in range(n_values)]
                 try:
                     for fl in plan:
                         key = (id(fields), tuple(u for _i, u in fl))
@@ -423,6 +424,10 @@ class ActiveParty:
                                            [x for _i, u in fl for x in fields[u][1]])
                         vals = unpack_fields(plain[pos_ct], *shapes[key])
                         pos_ct += 1
+                        if whole:
+                            for j, (i, _u) in enumerate(fl):
+                                vecs[i] = vals[j * nch:(j + 1) * nch]
+                            continue
                         k = 0
                         for i, u in fl:
                             a, b = fields[u][2], fields[u][3]

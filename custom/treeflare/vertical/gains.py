@@ -203,21 +203,20 @@ class GBDTCriterion(Criterion):
         # would otherwise lose its low bits
         if k == 1:
             G, H = parent
-            gl_, hl_, gr_, hr_ = [], [], [], []
-            for i, (gl, hl) in enumerate(lefts):
-                hr = H - hl
-                if hl < 0 or hr < 0:
-                    raise ValueError("decoded hessian sums are inconsistent with the node")
-                if hl >= mcw and hr >= mcw:
-                    idx.append(i)
-                    gl_.append(gl)
-                    hl_.append(hl)
-                    gr_.append(G - gl)
-                    hr_.append(hr)
+            if not lefts:
+                return np.zeros(0, np.intp), np.zeros(0), np.zeros(0)
+            hl_ = [x[1] for x in lefts]
+            if min(hl_) < 0 or max(hl_) > H:
+                raise ValueError("decoded hessian sums are inconsistent with the node")
+            # exact integer comparisons (object arrays: Python's own int comparison, one C loop each)
+            hl_o = np.array(hl_, dtype=object)
+            idx = np.flatnonzero((hl_o >= mcw) & (hl_o <= H - mcw)).tolist()
             if not idx:
                 return np.zeros(0, np.intp), np.zeros(0), np.zeros(0)
+            gl_ = [lefts[i][0] for i in idx]
+            hl_ = [hl_[i] for i in idx]
             L = np.array([gl_, hl_], dtype=np.float64).T                # OverflowError beyond float range
-            R = np.array([gr_, hr_], dtype=np.float64).T
+            R = np.array([[G - x for x in gl_], [H - x for x in hl_]], dtype=np.float64).T
         else:
             idx = [i for i, left in enumerate(lefts) if self._children(left, parent) is not None]
             if not idx:

@@ -36,16 +36,15 @@ class PlainHist:
     def sums(self, idx: np.ndarray, keys: np.ndarray, nkeys: int):
         """-> (counts per key, [channel sums per key])"""
         cnt = np.bincount(keys, minlength=nkeys)
-        out = []
+        cols = []
         for c, limbs in enumerate(self.limbs):
-            tot = [0] * nkeys
+            tot = None
             for j, limb in enumerate(limbs):
-                s = np.bincount(keys, weights=limb[idx], minlength=nkeys)
-                for b in range(nkeys):
-                    tot[b] += int(s[b]) << (_LIMB * j)
-            lo = self.lo[c]
-            out.append([tot[b] + int(cnt[b]) * lo for b in range(nkeys)])
-        return [int(x) for x in cnt], [[out[c][b] for c in range(len(out))] for b in range(nkeys)]
+                # a limb's sums are below 2^53: exact as float64, as int64, then Python integers (object arrays)
+                s = np.bincount(keys, weights=limb[idx], minlength=nkeys).astype(np.int64).astype(object)
+                tot = s if tot is None else tot + (s << (_LIMB * j))
+            cols.append((tot + cnt.astype(object) * self.lo[c]).tolist())
+        return cnt.tolist(), [list(v) for v in zip(*cols)]
 
     def total(self, idx):
         cnt, sums = self.sums(idx, np.zeros(len(idx), dtype=np.int64), 1)
