@@ -63,3 +63,31 @@ def test_cumulative_sums_equal_the_plaintext_sums(kernel, monkeypatch):
                 assert np.array_equal(got, want), (workers, key, f)
         ref = (hist, packed) if ref is None else ref
         assert (hist, packed) == ref          # the same ciphertexts with any number of workers
+
+
+def test_bulk_cell_plans_equal_the_per_group_plans(monkeypatch):
+    """_cell_plans (groups of one shape keyed and sorted together, features' plans shared where the same cells are
+    present) gives every group the plan _cell_plan gives it, and counts the same multiplications."""
+    rng = np.random.default_rng(7)
+    nbins = [32] * 6 + [2] * 16 + [5, 300, 7]
+    n = 4000
+    cols = np.stack([rng.integers(0, nb, n) for nb in nbins]).astype(np.uint16)
+    cols[1, :] = rng.integers(0, 3, n)           # a 32-bin column with few bins used: other cells present
+    for rows in (np.arange(n), np.sort(rng.choice(n, 150, replace=False)), np.array([5]), np.zeros(0, np.int64),
+                 np.arange(n - 1)):
+        groups = histo._groups(nbins, max(1, rows.size))
+        groups += [(0, 1), (2, 3), (22, 23)]       # extra pairs of the same and of other shapes
+        st_a = {"cols": cols, "nbins": nbins, "C": [None, None], "mults": 0}
+        monkeypatch.setattr(histo, "_BULK_ROWS", n - 1)     # the whole node one by one, the others together
+        st_b = dict(st_a, mults=0)
+        bulk = histo._cell_plans(st_a, rows, groups)
+        one = [histo._cell_plan(st_b, rows, g) for g in groups]
+        assert st_a["mults"] == st_b["mults"]
+        for (ra, sa, pa), (rb, sb, pb) in zip(bulk, one):
+            assert np.array_equal(ra, rb) and np.array_equal(sa, sb)
+            assert len(pa) == len(pb)
+            for (fa, ka, oa, ga), (fb, kb, ob, gb) in zip(pa, pb):
+                assert fa == fb and np.array_equal(ka, kb)
+                assert (oa is None) == (ob is None)
+                if oa is not None:
+                    assert np.array_equal(oa, ob) and np.array_equal(ga, gb)

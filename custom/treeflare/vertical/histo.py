@@ -130,6 +130,68 @@ def _cell_plan(st, rows: np.ndarray, grp: tuple):
     return rows[order], starts, plan
 
 
+def _feature_plan(cell_keys: np.ndarray, shape: tuple, grp: tuple) -> list:
+    """The features' part of :func:`_cell_plan` (bins as products of the present cells), given the cell keys."""
+    n_cells = len(cell_keys)
+    plan, stride = [], int(np.prod(shape))
+    for j, (f, nb) in enumerate(zip(grp, shape)):
+        stride //= nb
+        digit = cell_keys // np.uint16(stride) % np.uint16(nb)
+        # sorted by key: the cells of one bin of the first feature are contiguous already
+        o = np.arange(n_cells) if j == 0 else np.argsort(digit, kind="stable")
+        seg = np.asarray(_segments(digit[o]), dtype=np.int64)
+        plan.append((f, digit[o][seg[:-1]], o, seg))
+    return plan
+
+
+_BULK_ROWS = 8192     # nodes up to this many rows (per worker) plan their groups together (larger: one by one,
+                     # each group's arrays still in the caches when its products run)
+
+
+def _cell_plans(st, rows: np.ndarray, groups: list) -> list:
+    """:func:`_cell_plan` of every group of a node, the same integers: the groups of one shape (their features' bin
+    counts) are keyed and sorted together, in one numpy call each, and their features' plans are shared wherever
+    the same cells are present (every group of a large node): a small node's many groups would otherwise cost
+    more in numpy calls than in products."""
+    cols, nbins = st["cols"], st["nbins"]
+    units = len(st["C"])
+    by_shape = {}
+    for gi, grp in enumerate(groups):
+        by_shape.setdefault(tuple(nbins[f] for f in grp), []).append(gi)
+    out = [None] * len(groups)
+    r = rows.size
+    for shape, gis in by_shape.items():
+        if len(shape) == 1 or int(np.prod(shape)) > _MAX_CELLS or len(gis) == 1 or not 0 < r <= _BULK_ROWS:
+            for gi in gis:
+                out[gi] = _cell_plan(st, rows, groups[gi])
+            continue
+        G = np.asarray([groups[gi] for gi in gis], dtype=np.int64)
+        K = cols[G[:, 0]][:, rows].astype(np.uint16)
+        for j in range(1, len(shape)):
+            K *= np.uint16(shape[j])
+            K += cols[G[:, j]][:, rows]
+        order = np.argsort(K, axis=1, kind="stable")
+        SK = np.take_along_axis(K, order, axis=1)
+        SR = rows[order]
+        change = np.ones(SK.shape, dtype=bool)
+        change[:, 1:] = SK[:, 1:] != SK[:, :-1]
+        cache = {}
+        for t, gi in enumerate(gis):
+            starts = np.append(np.flatnonzero(change[t]), r).astype(np.int64)
+            cell_keys = SK[t][starts[:-1]]
+            n_cells = len(starts) - 1
+            key = cell_keys.tobytes()
+            if key not in cache:
+                cache[key] = _feature_plan(cell_keys, shape, (0,) * len(shape))
+            st["mults"] += units * (r - n_cells)
+            plan = []
+            for f, (_f0, keys_f, o, seg) in zip(groups[gi], cache[key]):
+                st["mults"] += units * (n_cells - (len(seg) - 1))
+                plan.append((f, keys_f, o, seg))
+            out[gi] = (SR[t], starts, plan)
+    return out
+
+
 def _node_hist(st, rows: np.ndarray) -> list:
     """out[f][b][u]: product over the node's rows of this worker with a bin <= b of feature f (None if none):
     cumulative, as the split candidates need them.  A product of the workers' cumulative products is the
@@ -208,8 +270,7 @@ def _node_hist_mont(st, rows: np.ndarray) -> bytes:
     flat = np.tile(one, (int(offsets[-1]), 1))
     if rows.size:
         filled = np.zeros(int(offsets[-1]), dtype=bool)
-        for grp in _groups(nbins, rows.size):
-            srows, starts, plan = _cell_plan(st, rows, grp)
+        for srows, starts, plan in _cell_plans(st, rows, _groups(nbins, rows.size)):
             for u in range(units):
                 cells = nat.segment_products(st["C52"][u], srows, starts)
                 for f, keys_f, idx, seg in plan:
