@@ -30,6 +30,7 @@ from ..crypto import CiphertextError, KeyHolder, make_key_holder
 from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan, unpack_fields
 from ..crypto.workers import WorkerError
 from .gains import make_criterion, select
+from .gc_pause import gc_paused
 from .inference import leaf_outputs, route_layers
 from .messages import (ACTIVE_FORMAT, PROTOCOL_VERSION, Exchanges, ProtocolError, alignment_pieces, alignment_value,
                        check_split_ids, count_traffic, expect_reply, int_array, int_list, join_pieces, require,
@@ -132,7 +133,8 @@ class ActiveParty:
         Returns the next outbox ({passive_name: message}) or None when finished."""
         count_traffic(self.comm, (inbox or {}).values(), "active",
                       self.kh.public.ct_bytes if self.kh is not None else 0)
-        out = self._exchanges.send(inbox)
+        with gc_paused():
+            out = self._exchanges.send(inbox)
         if out is not None:
             count_traffic(self.comm, out.values(), "passive", self.kh.public.ct_bytes)
         return out
@@ -415,19 +417,25 @@ class ActiveParty:
             shapes = {}               # (node's widths, units of a ciphertext's fields) -> its slot widths, signs
             whole = len(units) == 1          # one unit holds every channel: a field is a whole vector
             for p, nid, ids, n_values, plan, pair, fields in jobs:
-                vecs = [None] * n_values if whole else [[0] * nch for _ in range(n_values)]
                 try:
-                    for fl in plan:
+                    if whole:           # ciphertext c holds whole vectors, items in order: decode, then cut
+                        flat = []
+                        for fl in plan:
+                            key = (id(fields), len(fl))
+                            if key not in shapes:
+                                shapes[key] = (fields[0][0] * len(fl), fields[0][1] * len(fl))
+                            flat += unpack_fields(plain[pos_ct], *shapes[key])
+                            pos_ct += 1
+                        vecs = [flat[i:i + nch] for i in range(0, len(flat), nch)]
+                    else:
+                        vecs = [[0] * nch for _ in range(n_values)]
+                    for fl in ([] if whole else plan):
                         key = (id(fields), tuple(u for _i, u in fl))
                         if key not in shapes:
                             shapes[key] = ([w for _i, u in fl for w in fields[u][0]],
                                            [x for _i, u in fl for x in fields[u][1]])
                         vals = unpack_fields(plain[pos_ct], *shapes[key])
                         pos_ct += 1
-                        if whole:
-                            for j, (i, _u) in enumerate(fl):
-                                vecs[i] = vals[j * nch:(j + 1) * nch]
-                            continue
                         k = 0
                         for i, u in fl:
                             a, b = fields[u][2], fields[u][3]
@@ -501,9 +509,9 @@ class ActiveParty:
                 lefts.append(left)
                 owners.append((self.name, f, b))
         for p in self.passives:
-            for sid, left in cands.get(p, []):
-                lefts.append(left)
-                owners.append((p, sid, None))
+            got = cands.get(p, [])
+            lefts += [left for _sid, left in got]
+            owners += [(p, sid, None) for sid, _left in got]
         best, winners = select(lefts, parent, self.crit)
         if best is None or not best > 0:
             return None

@@ -44,6 +44,7 @@ import numpy as np
 from ..crypto import MAX_KEY_BITS, MIN_SECURE_BITS, CiphertextError, check_key_bits, public_from_message
 from ..crypto.packing import SlotLayout, SlotOverflowError, pack_plan
 from ..crypto.workers import WorkerError, parse_workers
+from .gc_pause import gc_paused
 from .histo import HistEngine
 from .inference import PredictionAnswers
 from .messages import (PASSIVE_FORMAT, PROTOCOL_VERSION, ProtocolError, check_split_id, encrypt_alignment,
@@ -122,7 +123,8 @@ class PassiveParty:
             raise ProtocolError(f"unknown message type {kind!r}")
         if kind != "setup" and self.pub is None:
             raise ProtocolError("protocol not set up")
-        return fn(msg)
+        with gc_paused():
+            return fn(msg)
 
     def close(self) -> None:
         if self.engine is not None:
