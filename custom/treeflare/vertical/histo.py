@@ -144,7 +144,6 @@ def _feature_plan(cell_keys: np.ndarray, shape: tuple, grp: tuple) -> list:
     return plan
 
 
-_COPY_FRACTION = 2       # a node with fewer than 1/2 of a worker's rows gets its ciphertexts copied together
 _BULK_ROWS = 8192     # nodes up to this many rows (per worker) plan their groups together (larger: one by one,
                      # each group's arrays still in the caches when its products run)
 
@@ -271,18 +270,9 @@ def _node_hist_mont(st, rows: np.ndarray) -> bytes:
     flat = np.tile(one, (int(offsets[-1]), 1))
     if rows.size:
         filled = np.zeros(int(offsets[-1]), dtype=bool)
-        tabs, pos_of = st["C52"], None
-        if rows.size * _COPY_FRACTION < st["n_local"]:
-            # a small node's ciphertexts copied together: its groups' products then read a table that stays in the
-            # caches instead of rows spread over the whole one
-            pos_of = np.empty(st["n_local"], dtype=np.int32)
-            pos_of[rows] = np.arange(rows.size, dtype=np.int32)
-            tabs = [np.frombuffer(t, dtype=np.uint64).reshape(-1, L)[rows].tobytes() for t in tabs]
         for srows, starts, plan in _cell_plans(st, rows, _groups(nbins, rows.size)):
-            if pos_of is not None:
-                srows = pos_of[srows]
             for u in range(units):
-                cells = nat.segment_products(tabs[u], srows, starts)
+                cells = nat.segment_products(st["C52"][u], srows, starts)
                 for f, keys_f, idx, seg in plan:
                     tab = cells if idx is None else nat.segment_products(cells, idx, seg)
                     at = offsets[f] + keys_f * units + u
