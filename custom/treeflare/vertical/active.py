@@ -499,11 +499,15 @@ class ActiveParty:
         _cnt, parent = total
         lefts, owners = [], []
         # own features first (party order: active, then passives in order), feature, bin
-        for f in range(self.bins.shape[1]):
+        feats = [f for f in range(self.bins.shape[1]) if len(self.edges[f]) >= 1]
+        width = max((len(self.edges[f]) + 1 for f in feats), default=1)
+        if feats:
+            # every feature's bin sums in one pass: feature j's bins are keys j * width + bin
+            keys = self.bins[idx][:, feats].astype(np.intp) + np.arange(len(feats), dtype=np.intp) * width
+            all_c, all_v = stats.sums(np.repeat(idx, len(feats)), keys.ravel(), len(feats) * width)
+        for j, f in enumerate(feats):
             nb = len(self.edges[f]) + 1
-            if nb < 2:
-                continue
-            bc, bv = stats.sums(idx, self.bins[idx, f], nb)
+            bc, bv = all_c[j * width:j * width + nb], all_v[j * width:j * width + nb]
             # no child below the node minimum: the passive sites would refuse to answer its open sibling
             for b, _nl, left in cum_candidates(bc, bv, max(2, self.params.min_rows_node)):
                 lefts.append(left)
