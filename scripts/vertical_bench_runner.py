@@ -211,12 +211,17 @@ class MemorySampler:
 
 
 # ---------------------------------------------------------------------------------------- messages
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _encode(obj, blobs):
     if isinstance(obj, dict):
         if any(not isinstance(k, str) for k in obj):
             return {"__dict__": [[_encode(k, blobs), _encode(v, blobs)] for k, v in obj.items()]}
         return {k: _encode(v, blobs) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
+        if all(type(v) in _SCALARS for v in obj):          # a layer's split ids: hundreds of thousands of strings
+            return list(obj)
         return [_encode(v, blobs) for v in obj]
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biuf":
@@ -244,6 +249,8 @@ def _decode(obj, blobs):
             return {_decode(k, blobs): _decode(v, blobs) for k, v in obj["__dict__"]}
         return {k: _decode(v, blobs) for k, v in obj.items()}
     if isinstance(obj, list):
+        if all(type(v) in _SCALARS for v in obj):
+            return obj
         return [_decode(v, blobs) for v in obj]
     return obj
 
