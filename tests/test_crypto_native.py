@@ -407,3 +407,25 @@ def test_okamoto_uchiyama_moduli_in_the_kernel():
         want = functools.reduce(lambda x, y: x * y % key.public.n, cts)
         assert nat.values(nat.segment_products(table, np.arange(len(cts), dtype=np.int32), [0, len(cts)])) == [want]
         assert key.decrypt(want) == sum(vals)
+
+
+@needs_kernel
+def test_wire_form_loads_as_the_values_do_and_out_of_range_values_are_refused():
+    """load_wire (a passive party's ciphertexts straight from the message) gives the table load gives, refuses 0,
+    m and anything above it without converting a value to Python, and product multiplies the whole table."""
+    m = (mpz(1) << 2047) + secrets.randbits(2046) * 2 + 1
+    nat = native.products(m)
+    width = 256
+    vals = [secrets.randbelow(int(m) - 1) + 1 for _ in range(21)] + [1, int(m) - 1]
+    raw = b"".join(int(v).to_bytes(width, "big") for v in vals)
+    assert nat.load_wire(raw, width) == nat.load(vals)
+    want = mpz(1)
+    for v in vals:
+        want = want * v % m
+    assert nat.product(nat.load_wire(raw, width)) == want
+    assert nat.load_wire(b"", width) == b"" and nat.product(b"") == 1
+    for bad in (0, int(m), int(m) + 1, (1 << 2048) - 1):
+        with pytest.raises(ValueError, match="outside"):
+            nat.load_wire(raw[:width * 5] + bad.to_bytes(width, "big") + raw[width * 5:], width)
+    with pytest.raises(ValueError, match="width"):
+        nat.load_wire(raw[:-1], width)

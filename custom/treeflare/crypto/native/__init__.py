@@ -183,6 +183,47 @@ class NativeProducts(_Modulus):
         self._check(self._lib.fb_to_mont(digits, count, self.L, self._m, self._minv, self._r2, out))
         return out.raw
 
+    def load_wire(self, raw, width: int) -> bytes:
+        """:meth:`load` of values in their wire form (fixed-width ``width``-byte big-endian unsigned integers, as
+        ciphertexts travel), each checked to lie in (0, m) without a Python integer per value: ValueError
+        otherwise.  (Whether they are units is :meth:`product`'s to tell, with one gcd.)"""
+        width = int(width)
+        if width < 1 or len(raw) % width or width > 8 * self.n64:
+            raise ValueError("values of the wrong width for this modulus")
+        k = len(raw) // width
+        if not k:
+            return b""
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(k, width)
+        try:
+            mrow = np.frombuffer(int(self.mod).to_bytes(width, "big"), dtype=np.uint8)
+        except OverflowError:
+            raise ValueError("values of the wrong width for this modulus") from None
+        diff = rows != mrow
+        first = diff.argmax(axis=1)                 # the first byte where a value and m differ
+        below = diff.any(axis=1) & (rows[np.arange(k), first] < mrow[first])
+        if not (below.all() and rows.any(axis=1).all()):
+            raise ValueError("a value outside (0, m)")
+        le = np.zeros((k, 8 * self.n64), dtype=np.uint8)
+        le[:, :width] = rows[:, ::-1]
+        digits = ctypes.create_string_buffer(8 * self.L * k)
+        self._lib.fb_to52_many(le.tobytes(), k, self.n64, digits, self.L)
+        out = ctypes.create_string_buffer(8 * self.L * k)
+        self._check(self._lib.fb_to_mont(digits.raw, k, self.L, self._m, self._minv, self._r2, out))
+        return out.raw
+
+    def product(self, table: bytes):
+        """The product mod m of every value of a Montgomery-form table, as an integer (eight lanes' partial
+        products, then their product)."""
+        k = len(table) // (8 * self.L)
+        if k == 0:
+            return mpz(1)
+        cuts = np.linspace(0, k, min(8, k) + 1).astype(np.int64)
+        parts = self.values(self.segment_products(table, np.arange(k), cuts))
+        acc = mpz(1)
+        for v in parts:
+            acc = acc * v % self.mod
+        return acc
+
     def segment_products(self, table: bytes, idx, starts) -> bytes:
         """out[s] = prod of table[idx[i]] for i in [starts[s], starts[s+1]) (every segment non-empty)."""
         idx = np.ascontiguousarray(idx, dtype=np.int32)
