@@ -326,8 +326,11 @@ def _op_load(st, args, blobs):
         if len(tab) != st["n_local"] * units * 8 * nat.L:
             raise ValueError("ciphertext count does not match the rows")
         pub.check(nat.product(tab))
-        rows = np.frombuffer(tab, dtype=np.uint64).reshape(st["n_local"], units, nat.L)
-        st["C52"] = [rows[:, u, :].tobytes() for u in range(units)]
+        if units == 1:
+            st["C52"] = [tab]
+        else:
+            rows = np.frombuffer(tab, dtype=np.uint64).reshape(st["n_local"], units, nat.L)
+            st["C52"] = [rows[:, u, :].tobytes() for u in range(units)]
         st["C"] = [None] * units
         return {}, []
     flat = pub.from_bytes(blobs[0], check=False)

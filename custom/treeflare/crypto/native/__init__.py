@@ -40,6 +40,7 @@ _LIB = None
 _STATUS = "not loaded yet"
 _LOCK = threading.Lock()
 _MAX_DIGITS = 160           # MAXL in the C source: moduli up to 8192 bits (n^2 of a 4096-bit key)
+_WIRE_BLOCK = 1 << 16       # values per block of load_wire
 
 
 def _disabled() -> bool:
@@ -186,29 +187,33 @@ class NativeProducts(_Modulus):
     def load_wire(self, raw, width: int) -> bytes:
         """:meth:`load` of values in their wire form (fixed-width ``width``-byte big-endian unsigned integers, as
         ciphertexts travel), each checked to lie in (0, m) without a Python integer per value: ValueError
-        otherwise.  (Whether they are units is :meth:`product`'s to tell, with one gcd.)"""
+        otherwise.  (Whether they are units is :meth:`product`'s to tell, with one gcd.)  Converted block by
+        block, so the temporary arrays stay small beside the table."""
         width = int(width)
         if width < 1 or len(raw) % width or width > 8 * self.n64:
             raise ValueError("values of the wrong width for this modulus")
         k = len(raw) // width
-        if not k:
-            return b""
-        rows = np.frombuffer(raw, dtype=np.uint8).reshape(k, width)
         try:
             mrow = np.frombuffer(int(self.mod).to_bytes(width, "big"), dtype=np.uint8)
         except OverflowError:
             raise ValueError("values of the wrong width for this modulus") from None
-        diff = rows != mrow
-        first = diff.argmax(axis=1)                 # the first byte where a value and m differ
-        below = diff.any(axis=1) & (rows[np.arange(k), first] < mrow[first])
-        if not (below.all() and rows.any(axis=1).all()):
-            raise ValueError("a value outside (0, m)")
-        le = np.zeros((k, 8 * self.n64), dtype=np.uint8)
-        le[:, :width] = rows[:, ::-1]
-        digits = ctypes.create_string_buffer(8 * self.L * k)
-        self._lib.fb_to52_many(le.tobytes(), k, self.n64, digits, self.L)
+        rows_all = np.frombuffer(raw, dtype=np.uint8).reshape(k, width)
         out = ctypes.create_string_buffer(8 * self.L * k)
-        self._check(self._lib.fb_to_mont(digits.raw, k, self.L, self._m, self._minv, self._r2, out))
+        row = 8 * self.L
+        for a in range(0, k, _WIRE_BLOCK):
+            rows = rows_all[a:a + _WIRE_BLOCK]
+            n = rows.shape[0]
+            diff = rows != mrow
+            first = diff.argmax(axis=1)                 # the first byte where a value and m differ
+            below = diff.any(axis=1) & (rows[np.arange(n), first] < mrow[first])
+            if not (below.all() and rows.any(axis=1).all()):
+                raise ValueError("a value outside (0, m)")
+            le = np.zeros((n, 8 * self.n64), dtype=np.uint8)
+            le[:, :width] = rows[:, ::-1]
+            digits = ctypes.create_string_buffer(row * n)
+            self._lib.fb_to52_many(le.ctypes.data_as(ctypes.c_char_p), n, self.n64, digits, self.L)
+            dest = ctypes.cast(ctypes.addressof(out) + a * row, ctypes.c_char_p)
+            self._check(self._lib.fb_to_mont(digits, n, self.L, self._m, self._minv, self._r2, dest))
         return out.raw
 
     def product(self, table: bytes):
