@@ -118,15 +118,9 @@ def _cell_plan(st, rows: np.ndarray, grp: tuple):
     st["mults"] += units * (rows.size - n_cells)
     if len(grp) == 1:
         return rows[order], starts, [(grp[0], cell_keys, None, None)]
-    plan, stride = [], int(np.prod([nbins[f] for f in grp]))
-    for j, f in enumerate(grp):
-        stride //= nbins[f]
-        digit = cell_keys // np.uint16(stride) % np.uint16(nbins[f])
-        # sorted by key: the cells of one bin of the first feature are contiguous already
-        o = np.arange(n_cells) if j == 0 else np.argsort(digit, kind="stable")
-        seg = np.asarray(_segments(digit[o]), dtype=np.int64)
+    plan = _feature_plan(cell_keys, tuple(nbins[f] for f in grp), grp)
+    for _f, _k, _o, seg in plan:
         st["mults"] += units * (n_cells - (len(seg) - 1))
-        plan.append((f, digit[o][seg[:-1]], o, seg))
     return rows[order], starts, plan
 
 
