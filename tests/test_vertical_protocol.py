@@ -633,3 +633,17 @@ def test_select_same_as_exact_scan(n_outputs, lam, mcw):
             top = max(g for _, g in exact)
             assert isinstance(best, Fraction) and best == top
             assert winners == [i for i, g in exact if g == top]
+
+
+def test_own_feature_sums_taken_a_few_features_per_pass_give_the_same_model(monkeypatch):
+    """The active party's own bin sums, a chunk of features per pass (bounded memory at a million rows), build the
+    same trees and predictions as all features in one pass, and as the oracle."""
+    from treeflare.vertical import active as active_mod
+
+    d = synthetic(n=160, n_test=40, passive_features=(3,), n_classes=2, seed=4)
+    P = params(model="gbdt", n_trees=2)
+    one_pass = run_vertical(d, P)
+    monkeypatch.setattr(active_mod, "_OWN_PAIRS", 50)          # one feature per pass at every node
+    chunked = run_vertical(d, P)
+    assert compare_runs(chunked, one_pass)["identical"]
+    assert compare_runs(chunked, run_oracle(d, P))["identical"]

@@ -67,6 +67,9 @@ def _first_out_of_range(vecs, ranges, max_width: int):
     return None
 
 
+_OWN_PAIRS = 1 << 22        # (row, feature) pairs per pass of the active party's own bin sums
+
+
 class _Timer:
     def __init__(self, timings, key):
         self.timings, self.key = timings, key
@@ -501,10 +504,16 @@ class ActiveParty:
         # own features first (party order: active, then passives in order), feature, bin
         feats = [f for f in range(self.bins.shape[1]) if len(self.edges[f]) >= 1]
         width = max((len(self.edges[f]) + 1 for f in feats), default=1)
-        if feats:
-            # every feature's bin sums in one pass: feature j's bins are keys j * width + bin
-            keys = self.bins[idx][:, feats].astype(np.intp) + np.arange(len(feats), dtype=np.intp) * width
-            all_c, all_v = stats.sums(np.repeat(idx, len(feats)), keys.ravel(), len(feats) * width)
+        all_c, all_v = [], []
+        # the features' bin sums a few features per pass (keys j * width + bin): one pass over a node's rows for a
+        # chunk, about 4 million (row, feature) pairs, so a million-row root does not hold 30 copies of its rows
+        step = max(1, _OWN_PAIRS // max(1, idx.size))
+        for a in range(0, len(feats), step):
+            chunk = feats[a:a + step]
+            keys = self.bins[idx][:, chunk].astype(np.intp) + np.arange(len(chunk), dtype=np.intp) * width
+            c, v = stats.sums(np.repeat(idx, len(chunk)), keys.ravel(), len(chunk) * width)
+            all_c += c
+            all_v += v
         for j, f in enumerate(feats):
             nb = len(self.edges[f]) + 1
             bc, bv = all_c[j * width:j * width + nb], all_v[j * width:j * width + nb]
