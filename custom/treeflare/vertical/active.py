@@ -55,7 +55,7 @@ def _positive_parts(chan, lo, hi):
     return signed, PlainHist(pos, [0] * len(signed), [max(0, int(hi[c])) for c in signed])
 
 
-def _first_out_of_range(vecs, ranges, max_width: int):
+def _first_out_of_range(vecs, ranges):
     """The first channel some vector of ``vecs`` leaves its [low, high] in, or None; exact (Python integers, one
     min and one max per channel)."""
     if not vecs:
@@ -457,7 +457,7 @@ class ActiveParty:
                 else:
                     ids_of = {nid: ids}
                 for node, node_vecs, node_sel in nodes:
-                    bad = _first_out_of_range(node_vecs, ranges[node], max(layout.widths))
+                    bad = _first_out_of_range(node_vecs, ranges[node])
                     if bad is not None:
                         raise ProtocolError(f"{p}: split statistics inconsistent with node {node} "
                                             f"({self._channel_name(bad)} outside the sums its rows allow)")

@@ -453,7 +453,7 @@ def _op_compress(st, args, blobs):
     """Horner packing: for fields x_0..x_m (lowest first) with widths w_j, E(sum_j 2^(w_0+..+w_(j-1)) x_j).
     Groups of one shape go through the C kernel (:mod:`treeflare.crypto.native`) together when it is usable; with
     ``mont`` the fields arrive in its Montgomery form.  The packed ciphertexts return as wire bytes."""
-    pub, nat = _merge_pub(st, args), st.get("native")
+    pub, nat = st["pub"], st["native"]
     if args.get("mont"):
         if nat is None:
             raise ValueError("Montgomery-form fields sent to a worker without the C kernel")
@@ -505,7 +505,6 @@ class HistEngine:
             self._nat = native.products(pub.modulus) if pub.modulus is not None else None
             self.mont = self._nat is not None and all(r.get("native") for r, _b in replies)
             self._merge_args = {"pub": pub_json, "mont": self.mont}
-            self._pub_json = pub_json
         except BaseException:
             self.pool.close()
             raise
@@ -590,8 +589,7 @@ class HistEngine:
                 blob = self._table[rows].tobytes()
             else:
                 blob = self.pub.to_bytes(c for g in share for c, _w in g)
-            tasks.append(({"widths": [[w for _c, w in g] for g in share], "mont": self.mont, "pub": self._pub_json},
-                          [blob]))
+            tasks.append(({"widths": [[w for _c, w in g] for g in share], "mont": self.mont}, [blob]))
         return b"".join(rb[0] for _res, rb in self.pool.run_tasks("hist_compress", tasks))
 
     def close(self) -> None:
