@@ -432,18 +432,18 @@ class ActiveParty:
                         vecs = [flat[i:i + nch] for i in range(0, len(flat), nch)]
                     else:
                         vecs = [[0] * nch for _ in range(n_values)]
-                    for fl in ([] if whole else plan):
-                        key = (id(fields), tuple(u for _i, u in fl))
-                        if key not in shapes:
-                            shapes[key] = ([w for _i, u in fl for w in fields[u][0]],
-                                           [x for _i, u in fl for x in fields[u][1]])
-                        vals = unpack_fields(plain[pos_ct], *shapes[key])
-                        pos_ct += 1
-                        k = 0
-                        for i, u in fl:
-                            a, b = fields[u][2], fields[u][3]
-                            vecs[i][a:b] = vals[k:k + b - a]
-                            k += b - a
+                        for fl in plan:
+                            key = (id(fields), tuple(u for _i, u in fl))
+                            if key not in shapes:
+                                shapes[key] = ([w for _i, u in fl for w in fields[u][0]],
+                                               [x for _i, u in fl for x in fields[u][1]])
+                            vals = unpack_fields(plain[pos_ct], *shapes[key])
+                            pos_ct += 1
+                            k = 0
+                            for i, u in fl:
+                                a, b = fields[u][2], fields[u][3]
+                                vecs[i][a:b] = vals[k:k + b - a]
+                                k += b - a
                 except SlotOverflowError as e:
                     raise ProtocolError(f"{p}: returned statistics do not decode: {e}") from None
                 nodes = [(nid, vecs, None)]
