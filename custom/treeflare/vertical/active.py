@@ -508,9 +508,10 @@ class ActiveParty:
         # the features' bin sums a few features per pass (keys j * width + bin): one pass over a node's rows for a
         # chunk, about 4 million (row, feature) pairs, so a million-row root does not hold 30 copies of its rows
         step = max(1, _OWN_PAIRS // max(1, idx.size))
+        node_bins = self.bins[idx]                   # the node's codes, gathered once for every chunk
         for a in range(0, len(feats), step):
             chunk = feats[a:a + step]
-            keys = self.bins[idx][:, chunk].astype(np.intp) + np.arange(len(chunk), dtype=np.intp) * width
+            keys = node_bins[:, chunk].astype(np.intp) + np.arange(len(chunk), dtype=np.intp) * width
             c, v = stats.sums(np.repeat(idx, len(chunk)), keys.ravel(), len(chunk) * width)
             all_c += c
             all_v += v
