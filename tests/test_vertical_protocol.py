@@ -423,6 +423,16 @@ def test_ciphertext_outside_range_rejected(setup_pair):
         a.step({name: {"type": "hist", "nodes": [node]}})
 
 
+def test_reply_for_a_node_that_is_not_open_is_a_protocol_error(setup_pair):
+    """A passive answering for a node the layer did not open (whose row count, hence field widths, the active party
+    never set) is refused by name, before anything is decrypted, not a crash of the run."""
+    d, a, p, name, out = setup_pair
+    r = p.handle(out[name])
+    node = dict(r["nodes"][0], nid=5)                   # depth 0 opened node 0 only
+    with pytest.raises(ProtocolError, match="node 5, which is not open"):
+        a.step({name: {"type": "hist", "nodes": [node]}})
+
+
 def test_unknown_split_id_rejected(setup_pair):
     d, a, p, name, out = setup_pair
     p.handle(out[name])
