@@ -26,6 +26,22 @@ runner = _load("vertical_bench_runner")
 bench = _load("bench_vertical")
 
 
+def _run_tree(cmd, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=...)`` for a script whose parties and workers
+    are processes of their own: on timeout the whole tree is ended, since ``subprocess.run`` kills only the script,
+    and then waits for ever on the pipes its children still hold."""
+    from treeflare.processes import end_tree
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        end_tree([proc.pid], grace=2.0)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{Path(cmd[1]).name} did not end within {timeout:.0f} s:\n{out[-2000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def test_party_messages_round_trip_exactly():
     msg = {"type": "layer", "tree": 0, "open": [1, 2], "big": 1 << 4100, "neg": -(1 << 70), "f": 0.1, "nan": None,
            "pk": {"n": b"\x00\xff\x10", "scheme": "paillier"}, "flag": True,
@@ -72,7 +88,7 @@ def test_peers_and_memory_sections_run_and_the_memory_check_fails_loudly(tmp_pat
     cmd = [sys.executable, str(SCRIPTS / "bench_vertical.py"), "--tiny", "--sections", "peers,memory",
            "--key-bits", "1024", "--shapes", "fate", "--arms", "paillier", "--memory-rows", "300", "--code-ref", "worktree",
            "--results-dir", str(tmp_path), "--memory-budget-fixed-gb=0.001", "--memory-guard=0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    proc = _run_tree(cmd, 240)
     # a party's resident memory exceeds a 1 MB budget: the script says which and exits non-zero
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "MEMORY REGRESSION: memory fate_300" in proc.stdout and "site-2 peaked at" in proc.stdout
@@ -100,7 +116,7 @@ def test_a_party_past_the_memory_guard_is_stopped_and_named(tmp_path):
     params = bench.VerticalParams(model="gbdt", max_depth=2, key_bits=1024, allow_insecure_key=True, workers=1)
     (tmp_path / "p.json").write_text(json.dumps(params.to_dict()))
     env = {**__import__("os").environ, runner.LIMIT_ENV: "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "vertical_bench_runner.py"), str(data), str(tmp_path / "p.json"),
-                           "--split"], capture_output=True, text=True, timeout=120, env=env)
+    proc = _run_tree([sys.executable, str(SCRIPTS / "vertical_bench_runner.py"), str(data), str(tmp_path / "p.json"),
+                      "--split"], 120, env=env)
     assert proc.returncode != 0
     assert "memory limit: site-" in proc.stderr and "over the run's limit of 1 MB; stopped" in proc.stderr
