@@ -5,6 +5,7 @@ own key changed)."""
 from __future__ import annotations
 
 import datetime
+import json
 
 import numpy as np
 import pytest
@@ -18,10 +19,13 @@ from treeflare.crypto import secagg
 JOB = "job-7"
 
 
-def _name(cn, org=None):
+def _name(cn, org=None, role=None):
+    """A subject as NVFlare's ``lighter.utils.x509_name`` writes it: CN, O, and the role as unstructuredName."""
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
     if org:
         attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    if role:
+        attrs.append(x509.NameAttribute(NameOID.UNSTRUCTURED_NAME, role))
     return x509.Name(attrs)
 
 
@@ -36,12 +40,15 @@ def make_ca(project="project"):
     return key, cert
 
 
-def write_kit(folder, site, ca, cn=None, expired=False):
-    """A startup kit's three files for ``site`` as NVFlare's provisioning writes them (RSA 2048, O=org, CN=site)."""
+def write_kit(folder, site, ca, cn=None, expired=False, role="client", server="localhost"):
+    """A client startup kit's files for ``site`` as NVFlare's provisioning writes them: client.key (RSA 2048),
+    client.crt (CN=site, O=org, and the role in unstructuredName: "client" as ``nvflare cert sign -t client``
+    writes it; ``role=None`` as ``nvflare provision``/POC write a client's, with no role), rootCA.pem, and a
+    fed_client.json naming the server's identity (``server``)."""
     ca_key, ca_cert = ca
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=30 if expired else 0)
-    cert = (x509.CertificateBuilder().subject_name(_name(cn or site, "org")).issuer_name(ca_cert.subject)
+    cert = (x509.CertificateBuilder().subject_name(_name(cn or site, "org", role)).issuer_name(ca_cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
             .sign(ca_key, hashes.SHA256()))
@@ -51,6 +58,10 @@ def write_kit(folder, site, ca, cn=None, expired=False):
                                                           serialization.NoEncryption()))
     (folder / "client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (folder / "rootCA.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "fed_client.json").write_text(json.dumps(
+        {"format_version": 2, "servers": [{"name": "project", "service": {"target": f"{server}:8002"},
+                                           "identity": server}],
+         "client": {"ssl_private_key": "client.key", "ssl_cert": "client.crt", "ssl_root_cert": "rootCA.pem"}}))
     return folder
 
 
@@ -176,3 +187,49 @@ def test_without_a_kit_keys_are_unauthenticated_and_a_kit_site_refuses_them(kits
     assert np.array_equal(total, 4 * np.arange(5)) and len(peers) == 4
     with pytest.raises(secagg.SecAggError, match="unsigned"):
         _verify(plain, records, root=True, kits=kits)
+
+
+
+def _signed_as(folder, name, ca):
+    """An announcement signed with a kit's own key and certificate, taken as they are (no check of the kit)."""
+    key = serialization.load_pem_private_key((folder / "client.key").read_bytes(), None)
+    cert = x509.load_pem_x509_certificate((folder / "client.crt").read_bytes())
+    return secagg.MaskingKeys(name, JOB, secagg.SiteIdentity(name, key, cert, ca[1])).record()
+
+
+def test_only_client_sites_certificates_count_whichever_way_the_kits_were_provisioned(kits):
+    """Distributed provisioning (``nvflare cert sign -t TYPE``) marks every certificate's role; ``nvflare provision``
+    marks admins' only, and the server's certificate is then told apart by the server's identity in the site's own
+    fed_client.json (with NVFlare's real kits: test_secagg_roles.py)."""
+    keys = _keys(kits)
+    records = [keys[s].record() for s in SITES]
+    tmp, ca = kits["tmp"], kits["ca"]
+
+    def check(extra, **kw):
+        return secagg.verify_key_list([*records[:2], extra], site="site-1", own_public=keys["site-1"].public,
+                                      job_id=JOB, root_ca=ca[1], min_sites=3, **kw)
+
+    for role in ("server", "project_admin", "org_admin", "lead", "member"):
+        kit = write_kit(tmp / f"role-{role}", "intruder", ca, role=role)
+        for names in (None, ("localhost",)):
+            with pytest.raises(secagg.SecAggError, match=f"key of intruder: the certificate's role is '{role}', not "
+                                                         "a client site's"):
+                check(_signed_as(kit, "intruder", ca), server_names=names)
+        with pytest.raises(secagg.SecAggError, match=f"intruder's own kit: the certificate's role is '{role}'"):
+            secagg.SiteIdentity.from_kit(kit, "intruder")
+    # unmarked (as `nvflare provision` writes a site's certificate): a site's, unless its CN is the server's identity;
+    # refused by a site not told the server's identity
+    plain = _signed_as(write_kit(tmp / "plain9", "site-9", ca, role=None), "site-9", ca)
+    server = _signed_as(write_kit(tmp / "srv", "localhost", ca, role=None), "localhost", ca)
+    assert sorted(check(plain, server_names=("localhost",))) == ["site-1", "site-2", "site-9"]
+    with pytest.raises(secagg.SecAggError, match="key of site-9: the certificate carries no role"):
+        check(plain)
+    with pytest.raises(secagg.SecAggError, match="key of localhost: the certificate is the server's"):
+        check(server, server_names=("localhost",))
+    with pytest.raises(secagg.SecAggError, match="key of site-9: not a site of this job"):
+        check(plain, server_names=("localhost",), allowed_sites=SITES)
+    # allowed_sites applies to unauthenticated keys too (the simulator)
+    sim = {s: secagg.MaskingKeys(s, JOB) for s in ("site-1", "site-2", "site-9")}
+    with pytest.raises(secagg.SecAggError, match="key of site-9: not a site of this job"):
+        secagg.verify_key_list([sim[s].record() for s in sim], site="site-1", own_public=sim["site-1"].public,
+                               job_id=JOB, root_ca=None, min_sites=3, allowed_sites=SITES)

@@ -3,12 +3,23 @@
 Every site makes a fresh X25519 key pair per run and announces its public key, signed with its provisioned
 identity (the startup kit's ``client.key``; its ``client.crt`` is issued by the project's ``rootCA.pem``). The
 server forwards the list of announcements; every site checks the list itself (:func:`verify_key_list`): each
-certificate chains to *its own* root CA, names the listed site, the signature covers (job id, site, key), the
-list is long enough and holds the site's own key unchanged. Each pair (i, j) then derives a mask from its
-X25519 secret: HKDF-SHA256 (info = job id | round | the sorted participant list | the pair | a digest of what the
-round asks, so that a server sending sites different questions gets no cancelling masks) keys a ChaCha20
-keystream read as uint64. Site i sends ``y_i = c_i + sum_{j>i} m_ij - sum_{j<i} m_ij  (mod 2^64)``; the masks
-cancel only in the sum over every listed site, so a proper subset of the ``y_i`` is uniformly random.
+certificate chains to *its own* root CA, names the listed site, is a *client site's* certificate, the signature
+covers (job id, site, key), the list is long enough and holds the site's own key unchanged. Each pair (i, j) then
+derives a mask from its X25519 secret: HKDF-SHA256 (info = job id | round | the sorted participant list | the pair |
+a digest of what the round asks, so that a server sending sites different questions gets no cancelling masks) keys a
+ChaCha20 keystream read as uint64. Site i sends ``y_i = c_i + sum_{j>i} m_ij - sum_{j<i} m_ij  (mod 2^64)``; the
+masks cancel only in the sum over every listed site, so a proper subset of the ``y_i`` is uniformly random.
+
+The client-site check: the project's root CA also issues the server's certificate (``server.crt``, whose key the
+server operator holds) and every admin's (project_admin, org_admin, lead, member). Without the check a deviating
+server could list a victim beside "sites" named after those certificates, with X25519 keys it made and signed with
+those keys, and unmask the victim. So a listed certificate is refused when NVFlare's provisioning marked it with any
+role but "client" (every admin's certificate, and the server's in distributed provisioning), and an unmarked one
+(``nvflare provision`` and POC mark no client's or server's certificate) when its CN is the server's identity as this
+site's own kit names it (``fed_client.json``: the name NVFlare's client itself checks the server's certificate
+against). With ``allowed_sites`` only the job's sites are accepted. What stays open: a certificate the root CA issued
+unmarked to something else (a relay; an admin of a kit provisioned without roles) passes the role check, and is
+refused only by ``allowed_sites``; whoever holds the root CA's key, or a site's kit, can sign as that site.
 
 Without certificates (the FLARE simulator has no startup kits) keys are unauthenticated: a server that makes
 keys itself can unmask a site. A site that has a root CA never accepts an unsigned key.
@@ -36,7 +47,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
 __all__ = ["SecAggError", "SiteIdentity", "MaskingKeys", "key_statement", "check_key_record", "verify_key_list",
-           "pair_mask", "sum_masked", "KIT_FILES", "MAX_SITES"]
+           "pair_mask", "sum_masked", "certificate_role", "server_names_from_kit", "KIT_FILES", "KIT_CONFIG",
+           "ROLE_OID", "CLIENT_ROLE", "MAX_SITES"]
 
 KEY_BYTES = 32
 MAX_SITES = 1000
@@ -44,6 +56,18 @@ MAX_CERT_CHARS = 16 * 1024
 MAX_SIGNATURE_BYTES = 1024
 MAX_VALUES = 10_000_000
 KIT_FILES = {"key": "client.key", "cert": "client.crt", "ca": "rootCA.pem"}
+KIT_CONFIG = "fed_client.json"  # a client kit's startup config; it names the server's identity
+# A participant's role in its NVFlare certificate: the subject attribute unstructuredName (PKCS #9,
+# OID 1.2.840.113549.1.9.2), which nvflare/lighter/utils.py ``x509_name(cn, org, role)`` adds when a role is given.
+# - ``nvflare provision`` and ``nvflare poc prepare`` (nvflare/lighter/impl/cert.py CertBuilder.get_pri_key_cert)
+#   give one to admins only: project_admin, org_admin, lead, member (nvflare/lighter/constants.py AdminRole);
+#   client, relay and server certificates carry none.
+# - distributed provisioning, ``nvflare cert sign -t TYPE`` (nvflare/tool/cert/cert_commands.py
+#   _build_signed_cert), sets it to the type: client, server, org_admin, lead, member
+#   (nvflare/tool/cert/cert_constants.py VALID_CERT_TYPES).
+# NVFlare reads it back as the admin's role at login (nvflare/fuel/hci/security.py get_identity_info).
+ROLE_OID = NameOID.UNSTRUCTURED_NAME
+CLIENT_ROLE = "client"
 _DOMAIN = b"treeflare-icdta4fl-secagg-v1"
 
 
@@ -59,6 +83,54 @@ def key_statement(job_id: str, site: str, public_key: bytes) -> bytes:
 def _common_name(cert: x509.Certificate) -> str | None:
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     return str(names[0].value) if len(names) == 1 else None
+
+
+def certificate_role(cert: x509.Certificate) -> str | None:
+    """The role NVFlare's provisioning wrote into ``cert`` (see ``ROLE_OID``), or None if it wrote none."""
+    roles = cert.subject.get_attributes_for_oid(ROLE_OID)
+    if len(roles) > 1:
+        raise SecAggError("the certificate carries more than one role")
+    return str(roles[0].value) if roles else None
+
+
+def _check_client_site(cert: x509.Certificate, name: str, server_names, what: str) -> None:
+    """``cert`` (already known to name ``name``) is a client site's: marked "client", or unmarked and not the
+    server's (``server_names``: the server's identity from this site's own kit; None: not known, so an unmarked
+    certificate cannot be told from the server's and is refused)."""
+    try:
+        role = certificate_role(cert)
+    except SecAggError as exc:
+        raise SecAggError(f"{what}: {exc}") from None
+    if role is not None and role != CLIENT_ROLE:
+        raise SecAggError(f"{what}: the certificate's role is {role!r}, not a client site's")
+    if role is None and server_names is None:
+        raise SecAggError(f"{what}: the certificate carries no role, and this site was not told the server's identity "
+                          "to tell the server's certificate from a site's")
+    if role is None and name in server_names:
+        raise SecAggError(f"{what}: the certificate is the server's ({name!r} is the server's identity in this "
+                          f"site's {KIT_CONFIG}), not a client site's")
+
+
+def server_names_from_kit(startup_dir) -> tuple[str, ...]:
+    """The server's identity as a client kit's ``fed_client.json`` names it: ``servers[*].identity`` (the CN
+    NVFlare's client requires of the server's certificate, nvflare/private/fed/client/communicator.py), or for a kit
+    without one, the host of ``servers[*].service.target`` (NVFlare's fallback for older kits)."""
+    path = Path(startup_dir) / KIT_CONFIG
+    try:
+        config = json.loads(path.read_text())
+        servers = config["servers"]
+        names = []
+        for server in servers:
+            name = server.get("identity") or str(server["service"]["target"]).rsplit(":", 1)[0]
+            if not isinstance(name, str) or not name:
+                raise ValueError("empty server identity")
+            names.append(name)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise SecAggError(f"the startup kit's {KIT_CONFIG} does not name the server ({type(exc).__name__}): "
+                          "without it this site cannot tell the server's certificate from a site's") from None
+    if not names:
+        raise SecAggError(f"the startup kit's {KIT_CONFIG} names no server")
+    return tuple(names)
 
 
 def _check_issued(cert: x509.Certificate, root: x509.Certificate, what: str) -> None:
@@ -84,18 +156,26 @@ def _verify_signature(public_key, signature: bytes, data: bytes) -> None:
 
 @dataclass(frozen=True)
 class SiteIdentity:
-    """A site's provisioned identity: its private key and certificate, and the root CA it trusts."""
+    """A site's provisioned identity: its private key and certificate, the root CA it trusts, and the server's
+    identity its kit names (``server_names``: pass them to :func:`verify_key_list`)."""
 
     site: str
     private_key: object
     certificate: x509.Certificate
     root_ca: x509.Certificate
+    server_names: tuple | None = None
 
     @classmethod
     def from_kit(cls, startup_dir, site: str) -> "SiteIdentity":
-        """Read ``client.key``, ``client.crt`` and ``rootCA.pem`` from a startup kit's folder; the certificate must
-        chain to the root CA and name ``site`` (a kit for another site is refused here, not at the peers)."""
+        """Read ``client.key``, ``client.crt``, ``rootCA.pem`` and the server's identity (``fed_client.json``) from a
+        client site's startup kit folder; the certificate must chain to the root CA, name ``site`` and be a client
+        site's (a kit for another site, the server's or an admin's kit is refused here, not at the peers)."""
         d = Path(startup_dir)
+        if not (d / KIT_CONFIG).is_file():
+            for config, whose in (("fed_server.json", "the server's"), ("fed_admin.json", "an admin's")):
+                if (d / config).is_file():
+                    raise SecAggError(f"{site}: the startup kit is {whose} ({config}), not a client site's: a site "
+                                      "announces its key only with its own client kit")
         try:
             key = serialization.load_pem_private_key((d / KIT_FILES["key"]).read_bytes(), password=None)
             cert = x509.load_pem_x509_certificate((d / KIT_FILES["cert"]).read_bytes())
@@ -108,7 +188,12 @@ class SiteIdentity:
         _check_issued(cert, root, f"{site}'s own kit")
         if _common_name(cert) != site:
             raise SecAggError(f"{site}: the startup kit's certificate names {_common_name(cert)!r}, not this site")
-        return cls(site, key, cert, root)
+        try:
+            servers = server_names_from_kit(d)
+        except SecAggError as exc:
+            raise SecAggError(f"{site}: {exc}") from None
+        _check_client_site(cert, site, servers, f"{site}'s own kit")
+        return cls(site, key, cert, root, servers)
 
     def sign(self, data: bytes) -> bytes:
         if isinstance(self.private_key, rsa.RSAPrivateKey):
@@ -210,14 +295,21 @@ def check_key_record(record, site: str) -> dict:
 
 
 def verify_key_list(records, *, site: str, own_public: bytes, job_id: str, root_ca: x509.Certificate | None,
-                    min_sites: int) -> dict:
+                    min_sites: int, server_names=None, allowed_sites=None) -> dict:
     """A site's check of the key list the server forwarded; returns {site: 32-byte public key} to mask with.
 
     With ``root_ca`` (a site with a startup kit) every key must carry a certificate issued by that root whose CN
-    is the listed site, and a signature of (job id, site, key) under it; without one (the simulator) keys are
-    taken as sent (unauthenticated). Always: at least ``min_sites`` distinct sites, distinct keys, and this
-    site's own key unchanged.
+    is the listed site, that is a client site's, and a signature of (job id, site, key) under it; without one (the
+    simulator) keys are taken as sent (unauthenticated). A client site's certificate: NVFlare's role marking
+    (``ROLE_OID``) says "client", or there is none (``nvflare provision``/POC kits) and the CN is not one of
+    ``server_names`` (the server's identity from this site's own kit, :attr:`SiteIdentity.server_names`). Any other
+    role (server, project_admin, org_admin, lead, member) is refused; so is an unmarked certificate when
+    ``server_names`` is None (not told, this site cannot tell the server's certificate from a site's).
+    ``allowed_sites``: when given, the job's sites; a listed name outside them is refused. Always: at least
+    ``min_sites`` distinct sites, distinct keys, and this site's own key unchanged.
     """
+    allowed = None if allowed_sites is None else frozenset(allowed_sites)
+    servers = None if server_names is None else frozenset(server_names)
     if not isinstance(records, list) or not 0 < len(records) <= MAX_SITES:
         raise SecAggError(f"keys: expected a list of 1 to {MAX_SITES} announcements")
     keys = {}
@@ -227,6 +319,8 @@ def verify_key_list(records, *, site: str, own_public: bytes, job_id: str, root_
             raise SecAggError(f"keys[{i}]: site must be a non-empty name")
         if name in keys:
             raise SecAggError(f"keys[{i}]: {name} is listed twice")
+        if allowed is not None and name not in allowed:
+            raise SecAggError(f"key of {name}: not a site of this job")
         rec = check_key_record(rec, name)
         if root_ca is not None:
             if rec["certificate"] is None:
@@ -239,6 +333,7 @@ def verify_key_list(records, *, site: str, own_public: bytes, job_id: str, root_
             _check_issued(cert, root_ca, f"key of {name}")
             if _common_name(cert) != name:
                 raise SecAggError(f"key of {name}: the certificate names {_common_name(cert)!r}")
+            _check_client_site(cert, name, servers, f"key of {name}")
             try:
                 _verify_signature(cert.public_key(), rec["signature"], key_statement(job_id, name, rec["public_key"]))
             except InvalidSignature:
