@@ -216,9 +216,10 @@ def check_rows(loaded, n: int = 400, seed: int = 0):
 def _rows(loaded, args):
     if args.check_csv is None:
         return check_rows(loaded)
-    from treeflare.data.csv_io import features_table, read_raw
+    from treeflare.data.csv_io import features_table, read_prediction_rows
 
-    table = features_table(read_raw(args.check_csv), loaded.schema, file=str(args.check_csv))
+    raw = read_prediction_rows(args.check_csv, len(loaded.schema.feature_names))  # bounded as predict.py's input
+    table = features_table(raw, loaded.schema, file=str(args.check_csv))
     return table.frame
 
 

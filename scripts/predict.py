@@ -10,7 +10,9 @@ workspace folder. The CSV holds raw values with the column names of the training
 category never seen in training is read as training reads it, a missing feature column is an error naming it,
 other columns (the label too) are ignored. Output: the id column (--id, or the training schema's id column when
 the CSV has it), `predicted` (the class), `p_<class>` per class, and with --explain (ICDTA4FL only)
-`explanation`, the row's decision path. The output file is written whole or not at all. Bad input:
+`explanation`, the row's decision path. The output file is written whole or not at all. A text cell (a class,
+an id) that starts with = + - @, a tab or a carriage return would run as a formula in a spreadsheet: it is
+written with a leading ' (--raw-text writes it as it is); numbers, -1.5 too, are written as they are. Bad input:
 ``error: ...`` naming the file, column and line, exit 2.
 """
 
@@ -45,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", type=Path, default=None,
                    help="the training schema (schema JSON or the federation's partition.json), only for a model "
                         "file that carries none")
+    p.add_argument("--raw-text", action="store_true",
+                   help="write text cells exactly as predicted, without the leading ' that keeps a cell starting "
+                        "with = + - @, a tab or a carriage return from running as a formula: such raw cells MAY RUN "
+                        "AS FORMULAS when the file is opened in a spreadsheet")
     return p
 
 
@@ -52,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     summary = predict_csv(args.model, args.csv, args.out, id_column=args.id_column, explain=args.explain,
-                          schema=args.schema)
+                          schema=args.schema, raw_text=args.raw_text)
     counts = ", ".join(f"{c} {n}" for c, n in summary["predicted"].items())
     print(f"{summary['rows']} predictions written to {summary['out']} with the {summary['model']}\n"
           f"predicted: {counts}")

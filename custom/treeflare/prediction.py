@@ -7,12 +7,13 @@ the federated XGBoost model (``model.json``). Used by ``scripts/predict.py``; im
 A model is found from a file or a folder (a job's workspace holds ``global_tree.json`` or ``model.json``) and
 reads raw CSV values named as in the schema it was trained with. Output: the id column (``--id``, or the
 schema's id column when the CSV has it), ``predicted`` (the class), ``p_<class>`` per class in the schema's class
-order, and with ``explain`` (ICDTA4FL only) ``explanation``, the row's decision path in words.
+order, and with ``explain`` (ICDTA4FL only) ``explanation``, the row's decision path in words. A text cell that
+a spreadsheet would run as a formula (it starts with = + - @, a tab or a carriage return) is written with a
+leading ``'`` unless ``raw_text=True`` (``reporting.spreadsheet_safe``).
 """
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 
 from .data import DataError, Schema, read_schema_file
 from .icdta4fl.export import explain_row
-from .icdta4fl.model import MODEL_SCHEMA, GlobalTree, ModelPayloadError
+from .icdta4fl.model import MODEL_SCHEMA, GlobalTree, ModelPayloadError, check_model_size
 from .trees.validate import PayloadError
 from .xgb.model import ModelError, XGBModel
 
@@ -110,9 +111,12 @@ def _load_tree(file: Path, schema: Schema | None):
         return DataError(f"{file}: not a usable ICDTA4FL model ({why})")
 
     try:
+        check_model_size(file)
         payload = json.loads(file.read_bytes().decode("utf-8-sig"))
     except OSError as exc:
         raise unusable(exc.strerror or exc) from None
+    except PayloadError as exc:
+        raise unusable(exc) from None
     except UnicodeDecodeError as exc:
         raise unusable(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     except RecursionError:
@@ -176,11 +180,13 @@ def predict_frame(loaded: LoadedModel, raw, *, file="input", id_column: str | No
     return out
 
 
-def predict_csv(model, csv, out, *, id_column: str | None = None, explain: bool = False, schema=None) -> dict:
+def predict_csv(model, csv, out, *, id_column: str | None = None, explain: bool = False, schema=None,
+                raw_text: bool = False) -> dict:
     """Read ``csv``, predict with ``model`` (a path or a LoadedModel), write ``out`` atomically (all or nothing).
-    Returns a summary (rows, model kind, classes, counts per predicted class)."""
-    from .data.csv_io import read_raw
-    from .reporting import write_text_atomic
+    Text cells that a spreadsheet would run as formulas get a leading ``'`` unless ``raw_text``. Returns a summary
+    (rows, model kind, classes, counts per predicted class)."""
+    from .data.csv_io import read_prediction_rows
+    from .reporting import csv_text, write_text_atomic
 
     csv, out = Path(csv), Path(out)
     if out.exists() and out.is_dir():
@@ -189,11 +195,9 @@ def predict_csv(model, csv, out, *, id_column: str | None = None, explain: bool 
         raise DataError(f"--out {out}: is the input CSV; choose another file")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, schema)
     check_explain(loaded, explain)  # before reading a large CSV
-    raw = read_raw(csv)
+    raw = read_prediction_rows(csv, len(loaded.schema.feature_names))
     frame = predict_frame(loaded, raw, file=str(csv), id_column=id_column, explain=explain)
-    text = io.StringIO()
-    frame.to_csv(text, index=False)
-    write_text_atomic(out, text.getvalue())
+    write_text_atomic(out, csv_text(frame, raw_text=raw_text))
     counts = frame[PREDICTED].value_counts()
     return {"rows": int(len(frame)), "model": loaded.describe(), "kind": loaded.kind, "out": str(out),
             "classes": loaded.classes, "predicted": {c: int(counts.get(c, 0)) for c in loaded.classes},

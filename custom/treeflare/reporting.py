@@ -1,10 +1,11 @@
-"""Metrics and output files shared by every job: report.json, tables printed to the terminal."""
+"""Metrics and output files shared by every job: report.json, predictions CSVs, tables printed to the terminal."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -76,6 +77,35 @@ def write_bytes_atomic(path, data: bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+# A text cell a spreadsheet runs as a formula when it starts with one of these (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_PLAIN_NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def spreadsheet_safe(cell):
+    """``cell`` as a spreadsheet shows it and never runs it: text starting with = + - @, a tab or a carriage
+    return gets a leading ``'`` (OWASP's advice); other cells, and a plain finite number such as ``-1.5``, as is."""
+    if not isinstance(cell, str) or not cell.startswith(FORMULA_START):
+        return cell
+    if _PLAIN_NUMBER.fullmatch(cell) and math.isfinite(float(cell)):
+        return cell
+    return "'" + cell
+
+
+def csv_text(frame, *, raw_text: bool = False) -> str:
+    """``frame`` as CSV text without its index. Its text cells and column names (class labels, ids: the sites'
+    data) go through :func:`spreadsheet_safe` unless ``raw_text``; numeric columns are written as they are."""
+    import pandas as pd
+
+    if not raw_text:
+        frame = frame.copy()
+        for i in range(frame.shape[1]):
+            if not pd.api.types.is_numeric_dtype(frame.iloc[:, i]):
+                frame.isetitem(i, frame.iloc[:, i].map(spreadsheet_safe))
+        frame.columns = [spreadsheet_safe(str(c)) for c in frame.columns]
+    return frame.to_csv(index=False)
 
 
 def format_table(headers: list[str], rows: list[list]) -> str:

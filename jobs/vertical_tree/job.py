@@ -142,6 +142,10 @@ def parse_args(argv=None):
                         "run's --workspace. New rows: --csv (split by columns like training; simulator/POC; "
                         "--dataset NAME: that embedded dataset's rows), or each site's own file (its binding's "
                         "'predict', default predict.csv in its data folder, beside its model part)")
+    p.add_argument("--raw-text", action="store_true",
+                   help="with --predict: write the predictions' text cells (ids, classes) as they are, without the "
+                        "leading ' that keeps a cell starting with = + - @, a tab or a carriage return from running "
+                        "as a formula: such raw cells MAY RUN AS FORMULAS when the file is opened in a spreadsheet")
     add_run_args(p)
     add_progress_args(p)
     args = check_args(p.parse_args(argv))
@@ -154,6 +158,8 @@ def parse_args(argv=None):
                     f"machine, takes it here")
         # the simulator's sites are this machine's processes: they get the address from their environment
         args.site_cluster, args.workers = args.workers, 0
+    if args.raw_text and args.predict is None:
+        p.error("--raw-text applies to the predictions of --predict")
     if args.psi_min_rows < 1:
         p.error(f"--psi-min-rows must be an integer >= 1, got {args.psi_min_rows}")
     if args.trees is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import csv_bounds
 from .errors import DataError, DataWarning, where
 from .schema import Feature, Schema
 from .separators import detect_separator, first_record, separator_hint
@@ -22,14 +23,19 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 _MOSTLY_NUMERIC = 0.9
 
 
-def read_raw(path, *, sep=None, header=True, names=None, skiprows=None, skipinitialspace=False, opener=None):
+def read_raw(path, *, sep=None, header=True, names=None, skiprows=None, skipinitialspace=False, opener=None,
+             max_columns: int | None = None, max_line_bytes: int | None = None, columns_why: str = ""):
     """Read every cell as a string; ``sep=None`` detects the separator (:func:`detect_separator`). Raises
-    DataError for a missing or empty file."""
+    DataError for a missing or empty file, and (a file on disk) for a header of more than ``max_columns`` columns
+    or a line longer than ``max_line_bytes``, checked before anything is parsed (``csv_bounds``)."""
     path = Path(path)
     if opener is None and not path.is_file():
         raise DataError(f"{path}: file not found", problem="file not found", file=path)
     if opener is None and path.stat().st_size == 0:
         raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
+    if opener is None and (max_columns is not None or max_line_bytes is not None):
+        sep = csv_bounds.check_bounds(path, sep=sep, max_columns=max_columns, columns_why=columns_why,
+                                      max_line_bytes=max_line_bytes or csv_bounds.MAX_LINE_BYTES)
     if sep is None:
         sep = detect_separator(path, opener)
     try:
@@ -59,6 +65,15 @@ def read_raw(path, *, sep=None, header=True, names=None, skiprows=None, skipinit
         raise DataError(f"{path}: no data rows", problem="no data rows", file=path)
     frame.columns = check_column_names([str(c).strip() for c in frame.columns], path)
     return frame
+
+
+def read_prediction_rows(path, n_features: int, sep=None) -> pd.DataFrame:
+    """New rows for a model of ``n_features`` features (:func:`read_raw`), within ``csv_bounds``'s bounds for them:
+    at most max(COLUMNS_PER_FEATURE x n_features, MIN_MAX_COLUMNS) columns, lines of at most MAX_LINE_BYTES."""
+    per, least = csv_bounds.COLUMNS_PER_FEATURE, csv_bounds.MIN_MAX_COLUMNS
+    why = f" (a prediction reads at most {per} per model feature, and at least {least:,})"
+    return read_raw(path, sep=sep, max_columns=max(per * n_features, least), max_line_bytes=csv_bounds.MAX_LINE_BYTES,
+                    columns_why=why)
 
 
 _SCAN_CHUNK = 1 << 20

@@ -23,6 +23,12 @@ __all__ = ["GlobalTree", "MODEL_SCHEMA", "MODEL_SCHEMA_VERSION", "ModelPayloadEr
 MODEL_SCHEMA = "treeflare.icdta4fl.global_tree"
 MODEL_SCHEMA_VERSION = 1
 _MAX_NAME = 1000
+# A global_tree.json bigger than this is refused before it is read (parsing holds several times its size): a job's
+# tree (a budget of 32 leaves by default) is kilobytes, a 10,000-leaf tree of 20 classes 7 MB, and a schema at
+# discovery's bounds (100,000 category values of up to 200 characters, written twice) adds at most ~40 MB.
+MAX_MODEL_BYTES = 64 << 20
+_MODEL_KEYS = ("schema", "version", "classes", "feature_names", "category_names", "tree", "info", "data_schema",
+               "encoding")
 
 
 class ModelPayloadError(PayloadError):
@@ -143,6 +149,9 @@ class GlobalTree(ClassCodesClassifier):
             raise err("schema", f"expected {MODEL_SCHEMA!r}, got {payload.get('schema')!r}")
         if payload.get("version") != MODEL_SCHEMA_VERSION or isinstance(payload.get("version"), bool):
             raise err("version", f"unsupported version {payload.get('version')!r}")
+        unknown = [k for k in payload if k not in _MODEL_KEYS]
+        if unknown:  # to_dict writes no other field: one more is a damaged or padded file
+            raise err(str(unknown[0])[:80], f"unknown field (a global tree holds only {', '.join(_MODEL_KEYS)})")
         tree = Tree.from_dict(payload.get("tree"), **limits)
         classes = check_list(payload.get("classes"), "classes", length=tree.n_classes, error=err)
         names = check_list(payload.get("feature_names"), "feature_names", length=tree.n_features, error=err)
@@ -177,6 +186,7 @@ class GlobalTree(ClassCodesClassifier):
 
     @classmethod
     def load_json(cls, path, **limits) -> "GlobalTree":
+        check_model_size(path)
         try:
             payload = json.loads(Path(path).read_text())
         except RecursionError as exc:  # deeply nested JSON
@@ -188,3 +198,11 @@ class GlobalTree(ClassCodesClassifier):
     def __repr__(self) -> str:
         return (f"GlobalTree(n_leaves={self.get_n_leaves()}, depth={self.get_depth()}, "
                 f"classes={list(self.classes_)})")
+
+
+def check_model_size(path) -> None:
+    """ModelPayloadError naming the file unless it holds at most MAX_MODEL_BYTES, checked before it is read."""
+    size = Path(path).stat().st_size
+    if size > MAX_MODEL_BYTES:
+        raise ModelPayloadError("model", f"{Path(path).name} is {size:,} bytes, more than the {MAX_MODEL_BYTES:,} "
+                                         "(64 MiB) a global tree's file may hold")

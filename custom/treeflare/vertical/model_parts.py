@@ -16,6 +16,9 @@ from ..data import DataError
 
 ACTIVE_MODEL, PASSIVE_MODEL = "vertical_active_model.json", "vertical_passive_model.json"   # in a site's folder
 PREDICT_FILE = "predict.csv"                                   # a site's new rows (its binding's default)
+# A model part bigger than this is refused before it is read (parsing holds several times its size); a trained
+# part is far smaller (a default run's, 3 trees of depth 3, is a few KB).
+MAX_MODEL_BYTES = 512 << 20
 
 
 def find_model_parts(model_dir) -> tuple[Path, dict]:
@@ -31,6 +34,7 @@ def find_model_parts(model_dir) -> tuple[Path, dict]:
             suffix = f"_{role}_model.json"
             if path.name.endswith(suffix):
                 try:
+                    check_part_size(path)
                     part = json.loads(path.read_text())
                 except (OSError, ValueError, RecursionError) as exc:  # bad JSON or UTF-8, a 5,000-digit integer
                     raise DataError(f"{path}: cannot read this model part ({exc})") from None
@@ -39,6 +43,14 @@ def find_model_parts(model_dir) -> tuple[Path, dict]:
                     raise DataError(f"{path}: not {site}'s {role} model part")
                 parts[site] = part
     return folder, parts
+
+
+def check_part_size(path) -> None:
+    """ValueError naming the file unless it holds at most MAX_MODEL_BYTES, checked before it is read."""
+    size = Path(path).stat().st_size
+    if size > MAX_MODEL_BYTES:
+        raise ValueError(f"{Path(path).name} is {size:,} bytes, more than the {MAX_MODEL_BYTES:,} (512 MiB) a model "
+                         "part may hold")
 
 
 def model_sites(parts: dict) -> list[str] | None:

@@ -68,6 +68,18 @@ def _sorted_rows(X, ids, who: str):
     return X[order], list(s), order
 
 
+# What the parties and the executor write in a model part; any other field is a damaged or padded file.
+ACTIVE_KEYS = ("format", "party", "model", "objective", "params", "n_classes", "base_score", "features", "passives",
+               "links", "trees", "schema")
+PASSIVE_KEYS = ("format", "party", "features", "splits", "link", "schema")
+
+
+def _check_keys(model: dict, known, bad) -> None:
+    unknown = [k for k in model if k not in known]
+    if unknown:
+        raise bad(f"unknown field {str(unknown[0])[:80]!r} (a part holds only {', '.join(known)})")
+
+
 # ------------------------------------------------------------------------------------------------ active
 def check_active_model(model: dict, party: str | None = None) -> dict:
     """The active party's model part, checked: a readable tree for every node it routes through."""
@@ -76,6 +88,7 @@ def check_active_model(model: dict, party: str | None = None) -> dict:
 
     if not isinstance(model, dict) or model.get("format") != ACTIVE_FORMAT:
         raise bad(f"format is not {ACTIVE_FORMAT!r} (is this the active site's vertical_active_model.json?)")
+    _check_keys(model, ACTIVE_KEYS, bad)
     me = model.get("party")
     if party is not None and me != party:
         raise bad(f"it belongs to {me!r}, not to {party!r}")
@@ -205,6 +218,7 @@ def check_passive_model(model: dict, party: str | None = None) -> dict:
 
     if not isinstance(model, dict) or model.get("format") != PASSIVE_FORMAT:
         raise bad(f"format is not {PASSIVE_FORMAT!r} (is this a passive site's vertical_passive_model.json?)")
+    _check_keys(model, PASSIVE_KEYS, bad)
     if party is not None and model.get("party") != party:
         raise bad(f"it belongs to {model.get('party')!r}, not to {party!r}")
     feats, splits = model.get("features"), model.get("splits")

@@ -25,7 +25,11 @@ import numpy as np
 from .ubjson import UBJSONError, decode_ubjson
 
 OBJECTIVES = ("binary:logistic", "multi:softprob")
-MAX_FILE_BYTES = 1 << 31
+# Refused before it is read: checking holds several times the file in Python objects. XGBoost's JSON takes ~65 bytes
+# a node, so this is 8 million nodes (1,000 rounds of 10 classes of 800-node trees; the jobs default to 50 rounds
+# of depth-6 trees: a few MB).
+MAX_FILE_BYTES = 512 << 20
+_TOP_KEYS = ("learner", "version")  # all XGBoost writes at the top of a model (its JSON and UBJSON)
 MAX_FEATURES = 1_000_000
 MAX_CLASSES = 10_000
 MAX_CATEGORY = 1 << 24  # XGBoost reads category codes as float32: larger ones are not exact
@@ -80,7 +84,8 @@ def read_model_document(path) -> dict:
     except FileNotFoundError:
         raise ModelError(f"{path}: file not found") from None
     if size > MAX_FILE_BYTES:
-        raise ModelError(f"{path}: {size} bytes is larger than a model file may be ({MAX_FILE_BYTES})")
+        raise ModelError(f"{path}: {size:,} bytes is larger than a model file may be ({MAX_FILE_BYTES:,} bytes, "
+                         "512 MiB)")
     data = path.read_bytes()
     body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
     stripped = body.lstrip()
@@ -187,6 +192,10 @@ def _floats(tree: dict, key: str, n: int, field: str, *, nonnegative=False) -> l
 def _check_model(doc: dict) -> None:
     if "learner" not in doc:
         raise _Bad("not an XGBoost model", "no 'learner' object")
+    unknown = [k for k in doc if k not in _TOP_KEYS]
+    if unknown:  # XGBoost ignores it, and it would be handed on to XGBoost re-serialised: refused
+        raise _Bad(str(unknown[0])[:80], "unknown field at the top of the model (XGBoost writes only "
+                                         "'learner' and 'version')")
     version = _get(doc, "version", list, "version")
     if len(version) != 3 or not all(type(v) is int for v in version) or version[0] < 2:  # noqa: E721
         raise _Bad("version", f"expected XGBoost's [major, minor, patch] of version 2 or later, got {version!r}")

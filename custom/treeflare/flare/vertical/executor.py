@@ -52,10 +52,10 @@ from ...crypto.workers import parse_workers
 from ...data import DataError, Schema, read_site
 from ...data.csv_io import party_rows_table
 from ...data.intersection import read_intersection, restrict
-from ...reporting import write_json_atomic, write_text_atomic
+from ...reporting import csv_text, write_json_atomic, write_text_atomic
 from ...vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
                          metrics)
-from ...vertical.model_parts import ACTIVE_MODEL, PASSIVE_MODEL
+from ...vertical.model_parts import ACTIVE_MODEL, MAX_MODEL_BYTES, PASSIVE_MODEL
 from ...vertical.params import DEFAULT_MIN_ROWS_NODE, MAX_DEPTH, MAX_PREDICT_ROWS, MAX_TREES
 from ...vertical.prediction import (ActivePredictor, ModelPartError, PassivePredictor, check_active_model,
                                     check_passive_model, model_id, predictions_frame)
@@ -72,7 +72,6 @@ MAX_PREDICT_ROWS_ENV = "TREEFLARE_VERTICAL_MAX_PREDICT_ROWS"
 WORKERS_ENV = "TREEFLARE_VERTICAL_WORKERS"
 ACTIVE_PRED = "vertical_active_predictions.json"
 PREDICTIONS = "vertical_predictions.csv"    # a prediction run's output, at the active site only
-MAX_MODEL_BYTES = 512 * 1024 * 1024
 
 
 def _site_tables(data_root: str, site: str, schema: dict | None = None, fl_ctx=None, binding_name: str = ""):
@@ -104,7 +103,7 @@ class VerticalExecutor(SiteExecutor):
     def __init__(self, data_root: str = "", workers: int | str = 0, min_key_bits: int = 2048,
                  allow_mock: bool = False, min_node_rows: int = DEFAULT_MIN_ROWS_NODE,
                  max_trees: int = MAX_TREES, max_depth: int = MAX_DEPTH, schema: dict | None = None,
-                 max_predict_rows: int = MAX_PREDICT_ROWS, binding: str = ""):
+                 max_predict_rows: int = MAX_PREDICT_ROWS, binding: str = "", raw_text: bool = False):
         """
         Args:
             data_root: folder with ``<site>/train.csv`` and ``test.csv``.
@@ -122,6 +121,9 @@ class VerticalExecutor(SiteExecutor):
               (``$TREEFLARE_VERTICAL_MAX_TREES``, ``$TREEFLARE_VERTICAL_MAX_DEPTH``).
             max_predict_rows: the most rows a passive site answers prediction requests about in one run, test rows
               of a training run or new rows of a prediction run (``$TREEFLARE_VERTICAL_MAX_PREDICT_ROWS``).
+            raw_text: a prediction run writes its CSV's text cells (ids, classes) as they are, without the leading
+              ' that keeps a cell starting with = + - @, a tab or a carriage return from running as a formula in
+              a spreadsheet (``reporting.spreadsheet_safe``).
         """
         super().__init__()
         self.data_root = data_root
@@ -133,6 +135,7 @@ class VerticalExecutor(SiteExecutor):
         self.max_trees = int(max_trees)
         self.max_depth = int(max_depth)
         self.max_predict_rows = int(max_predict_rows)
+        self.raw_text = bool(raw_text)
         self.schema = schema
         self.active: ActiveParty | ActivePredictor | None = None
         self.passive: PassiveParty | PassivePredictor | None = None
@@ -257,7 +260,7 @@ class VerticalExecutor(SiteExecutor):
         only, never a prediction."""
         frame = predictions_frame(a.row_ids, self.own_schema.id_column, a.pred, a.score, a.model,
                                   self.own_schema.classes)
-        write_text_atomic(self._run_dir(fl_ctx) / PREDICTIONS, frame.to_csv(index=False))
+        write_text_atomic(self._run_dir(fl_ctx) / PREDICTIONS, csv_text(frame, raw_text=self.raw_text))
         m = a.model
         # n_unscored: the active site's new rows that some party does not hold (PSI left them out); a count the
         # server learns from the PSI phase anyway

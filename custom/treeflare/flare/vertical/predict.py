@@ -22,7 +22,7 @@ from pathlib import Path
 from nvflare.job_config.api import FedJob
 
 from ...data import DataError, load_dataset, site_name
-from ...data.csv_io import read_raw
+from ...data.csv_io import read_prediction_rows, read_raw
 from ...data.separators import check_separator
 from ...data.federation import write_marked_folder
 from ...reporting import write_json_atomic
@@ -63,7 +63,8 @@ def predict_main(args, job_name: str) -> int:
                             "each site reads its own new rows and model part (its binding's 'predict' and "
                             "'vertical_model'): leave out --csv")
         if args.csv:
-            raw = read_raw(args.csv, sep=check_separator(getattr(args, "sep", None)))
+            raw = read_prediction_rows(args.csv, sum(len(p.get("features") or []) for p in parts.values()),
+                                       sep=check_separator(getattr(args, "sep", None)))
             new_rows = str(Path(args.csv).resolve())
         else:  # an embedded dataset's rows, with the ids its training run gave them (a demonstration)
             text = load_dataset(args.dataset).with_row_ids().to_frame().to_csv(index=False)
@@ -87,7 +88,8 @@ def predict_main(args, job_name: str) -> int:
                                      job_info={"model_dir": str(model_dir)}, mode="predict"),
                   id="vertical_controller")
     job.to_clients(VerticalExecutor(data_root=str(data_root or ""), workers=args.workers,
-                                    binding=getattr(args, "binding", "") or ""), tasks=[STEP, MSG])
+                                    binding=getattr(args, "binding", "") or "",
+                                    raw_text=bool(getattr(args, "raw_text", False))), tasks=[STEP, MSG])
     ship_package(job)
     t = time.perf_counter()
     with one_poc(args, sites):
