@@ -4,9 +4,10 @@
 Grid: the four embedded datasets x partitions {iid, quantity a=0.5, label a=0.5} x {5, 10} sites x
 {cart, id3} x seeds. Per run, on the server's global test set: the one-round tree (the paper's method),
 the tree after 1, 2 and 3 refinement rounds, the best and mean local trees, and a centralized tree (same
-learner and depth on the union of the sites' training rows). The refinement here sums the sites' count
-vectors in plaintext, with the job's adopt check on the sites' validation rows: the job sums the same vectors
-pairwise-masked, which the tests show gives the same sums; the masked round's time and bytes are measured
+learner and depth on the union of the sites' training rows). Each run is the job's own protocol
+(``icdta4fl.server`` and ``icdta4fl.site``, the same code the FLARE job runs), in one process with every task and
+reply through FLARE's serializer: masked sums, the sites' checks and the adopt check included. The masked round's
+time and bytes at scale are measured
 separately (adult, up to 100 sites).
 
 Targets, checked and printed:
@@ -37,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from treeflare.data import load_dataset, prepare_federation
+from treeflare.flare.icdta4fl.inprocess import run_in_process
 from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
 from treeflare.reporting import bench_settings, write_bench_block
@@ -63,16 +65,34 @@ def site_arrays(fed, algorithm):
              "X_test": encode(s.test, algorithm), "y_test": s.test.y_codes()} for s in fed.sites.values()]
 
 
+def per_round(out, Xg, yg, rounds) -> list[dict]:
+    """Rounds 1..``rounds`` as the job ends them: the protocol stops at a round that is not adopted (the next would
+    grow the same tree), so a round past the last adopted one keeps that tree (or the start tree)."""
+    refinement = out["result"]["refinement"]
+    history = {h["round"]: h for h in out["refined"]["history"]}
+    tried = refinement.get("not_adopted") or (out["refined"]["history"] or [{}])[0]
+    final = out["refined"]["tree"]
+    pred = final.predict(Xg)
+    kept = {"accuracy": float(np.mean(pred == yg)), "macro_f1": pipeline.macro_f1(yg, pred),
+            "n_leaves": int(final.n_leaves), "depth": int(final.depth)}
+    rows = []
+    for r in range(1, rounds + 1):
+        h = history.get(r)
+        rows.append({**(h if h is not None else kept), "round": r, "n_values": tried.get("n_values", 0),
+                     "seconds": tried.get("seconds", 0.0)})
+    return rows
+
+
 def run_one(table, dataset, kind, alpha, algorithm, n_sites, seed) -> dict:
     fed = prepare_federation(table, n_sites=n_sites, kind=kind, alpha=alpha, seed=seed)
     names, kinds, n_cat = feature_space(fed.schema, algorithm)
     sites = site_arrays(fed, algorithm)
     Xg, yg = encode(fed.server_test, algorithm), fed.server_test.y_codes()
     classes = list(fed.schema.classes)
-    out = pipeline.run_in_process(sites, algorithm=algorithm, classes=classes, feature_kinds=kinds,
-                                  feature_names=names, n_categories=n_cat, local_params={"max_depth": MAX_DEPTH},
-                                  X_global_test=Xg, y_global_test=yg, refine_rounds=ROUNDS,
-                                  bounds=threshold_bounds(fed.schema, algorithm))
+    # the job's own protocol (server and sites), every message through FLARE's serializer
+    out = run_in_process(sites, algorithm=algorithm, classes=classes, schema=fed.schema,
+                         local_params={"max_depth": MAX_DEPTH}, X_global_test=Xg, y_global_test=yg,
+                         refine_rounds=ROUNDS)
     local = out["local_on_global_test"]
     X_all = np.vstack([s["X_train"] for s in sites])
     y_all = np.concatenate([s["y_train"] for s in sites])
@@ -80,7 +100,7 @@ def run_one(table, dataset, kind, alpha, algorithm, n_sites, seed) -> dict:
                                                        feature_kinds=kinds, n_categories=n_cat,
                                                        params={"max_depth": MAX_DEPTH}))
     cpred = central.predict(Xg)
-    stats, hist = out["stats"], out["refined"]["history"]
+    stats, hist = out["stats"], per_round(out, Xg, yg, ROUNDS)
     return {
         "dataset": dataset, "partition": kind, "alpha": alpha, "algorithm": algorithm, "n_sites": n_sites,
         "seed": seed, "one_round_acc": out["global"]["accuracy"], "one_round_f1": out["global"]["macro_f1"],

@@ -3,8 +3,8 @@
 
 Grid: the embedded data sets (and higgs_subset) x {IID, label skew 0.5} x 5 sites x seeds x {cart, id3} x leaf budgets (``--sizes``).
 Per run, on the server's global test set: the global tree the job builds with ``--max-leaves L`` (the one-round
-tree and the refinement rounds, ``--rounds``, default the job's 1; the refinement sums the sites' count vectors in
-plaintext, which the job's pairwise-masked round decrypts to the same sums) beside
+tree and the refinement rounds, ``--rounds``, default the job's 1; each run is the job's own protocol, server and
+sites, in one process with every message through FLARE's serializer, masked sums and checks included) beside
 
 * a centralized CART (scikit-learn, on the union of the sites' training rows, one-hot) with ``max_leaf_nodes=L``
   and the global tree's depth budget: the best a greedy tree of that size does, the limit;
@@ -12,8 +12,8 @@ plaintext, which the job's pairwise-masked round decrypts to the same sums) besi
 * centralized XGBoost (100 rounds, depth 6, eta 0.3: the non-interpretable ceiling, as ``treeflare.xgb.baselines``
   trains it, on the same union).
 
-Local trees and the filter do not depend on the budget, so they are trained once per run and every budget is
-aggregated from the same selection. Target, checked and printed per cell: the global tree's mean accuracy is
+Local trees and the filter do not depend on the budget (the protocol trains and filters the same trees at every
+budget). Target, checked and printed per cell: the global tree's mean accuracy is
 within 0.5 points of the same-size centralized CART's (``GAP``), for both learners.
 
     nice -n 10 python scripts/bench_icdta4fl_front.py [--quick] [--sizes 8 16 32 64] [--seeds 0 1 2 3 4]
@@ -34,8 +34,9 @@ import numpy as np
 from sklearn.tree import DecisionTreeClassifier
 
 from treeflare.data import load_dataset, prepare_federation
+from treeflare.flare.icdta4fl.inprocess import run_in_process
 from treeflare.icdta4fl import pipeline, refine
-from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
+from treeflare.icdta4fl.encoding import encode
 from treeflare.reporting import bench_settings, write_bench_block
 from treeflare.trees import Tree
 
@@ -94,28 +95,20 @@ def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dic
 
     rows = []
     for algorithm in ALGORITHMS:
-        names, kinds, n_cat = feature_space(fed.schema, algorithm)
         sites = [{"X_train": encode(s.train, algorithm), "y_train": s.train.y_codes(),
                   "X_test": encode(s.test, algorithm), "y_test": s.test.y_codes()} for s in fed.sites.values()]
         Xg = encode(fed.server_test, algorithm)
-        trees = [Tree.from_dict(pipeline.train_local_tree(s["X_train"], s["y_train"], algorithm=algorithm,
-                                                          n_classes=len(classes), feature_kinds=kinds,
-                                                          n_categories=n_cat, params={"max_depth": LOCAL_DEPTH}))
-                 for s in sites]
-        reports = [pipeline.score_trees(trees, s["X_test"], s["y_test"]) for s in sites]
-        acc = np.array([r["accuracy"] for r in reports], dtype=float)
-        f1 = np.array([r["macro_f1"] for r in reports], dtype=float)
-        selected, _ = pipeline.select_trees(acc, f1, trees=trees)
-        local = pipeline.score_trees(trees, Xg, yg)
         for leaves in sizes:
             t0 = time.perf_counter()
-            model, stats = pipeline.aggregate(trees, selected, classes=classes, feature_names=names,
-                                              params={"max_leaves": leaves})
+            # the job's own protocol at this budget, every message through FLARE's serializer
+            out = run_in_process(sites, algorithm=algorithm, classes=classes, schema=fed.schema,
+                                 local_params={"max_depth": LOCAL_DEPTH}, aggregate_params={"max_leaves": leaves},
+                                 X_global_test=Xg, y_global_test=yg, refine_rounds=rounds)
+            model, stats = out["model"], out["stats"]
+            trees = [Tree.from_dict(t) for t in out["trees"]]
+            local = out["local_on_global_test"]
             one_acc, one_f1 = _scores(yg, model.tree_.predict(Xg))
-            tree = model.tree_
-            if rounds:
-                tree = pipeline.refine_in_process(model, trees, selected, stats, sites, acc=acc, f1=f1, rounds=rounds,
-                                                  bounds=threshold_bounds(fed.schema, algorithm))["tree"]
+            tree = out["refined"]["tree"] if rounds else model.tree_
             g_acc, g_f1 = _scores(yg, tree.predict(Xg))
             c_acc, c_f1, c_leaves = central(leaves, stats["max_depth"])
             rows.append({"dataset": dataset, "partition": kind, "algorithm": algorithm, "seed": seed,
@@ -177,8 +170,8 @@ def markdown(summary, settings) -> str:
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     met = sum(c["met"] for c in summary)
     lines = [f"Settings: {json.dumps(settings)}. In process, {N_SITES} sites, local trees depth {LOCAL_DEPTH}, filter "
-             f"percentile 75, {settings['rounds']} refinement round(s) on plaintext sums (what the masked round "
-             "decrypts), depth budget the job's default; scores in % on the server's global test set, mean over "
+             f"percentile 75, {settings['rounds']} refinement round(s), the job's own protocol with "
+             "masked sums, depth budget the job's default; scores in % on the server's global test set, mean over "
              "seeds. `global` = the job's tree with `--max-leaves L`; `central CART` = scikit-learn on the union "
              "(one-hot) with `max_leaf_nodes=L` and the same depth (the limit of a greedy tree that size); `best "
              "local` = the best local tree (unbudgeted, its leaves beside it); `XGBoost` = centralized, "

@@ -42,10 +42,10 @@ from bench_icdta4fl import MAX_DEPTH, ROOT, site_arrays  # noqa: E402
 
 from treeflare.data import load_csv, load_dataset, prepare_federation  # noqa: E402
 from treeflare.data.csv_io import frame_to_table, infer_schema  # noqa: E402
+from treeflare.flare.icdta4fl.inprocess import run_in_process  # noqa: E402
 from treeflare.icdta4fl import pipeline, refine  # noqa: E402
-from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds  # noqa: E402
+from treeflare.icdta4fl.encoding import encode  # noqa: E402
 from treeflare.reporting import bench_settings, write_bench_block  # noqa: E402
-from treeflare.trees import Tree  # noqa: E402
 from treeflare.trees.cart import default_min_samples_split  # noqa: E402
 
 # the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
@@ -90,19 +90,17 @@ def load(name):
 
 def run_one(table, dataset, kind, alpha, n_sites, seed) -> dict:
     fed = prepare_federation(table, n_sites=n_sites, kind=kind, alpha=alpha, seed=seed)
-    names, kinds, n_cat = feature_space(fed.schema, "cart")
     sites = site_arrays(fed, "cart")
     Xg, yg = encode(fed.server_test, "cart"), fed.server_test.y_codes()
     classes = list(fed.schema.classes)
-    trees = [Tree.from_dict(pipeline.train_local_tree(s["X_train"], s["y_train"], algorithm="cart",
-                                                      n_classes=len(classes), params={"max_depth": MAX_DEPTH}))
-             for s in sites]
-    reports = [pipeline.score_trees(trees, s["X_test"], s["y_test"]) for s in sites]
-    acc = np.array([r["accuracy"] for r in reports], dtype=float)
-    f1 = np.array([r["macro_f1"] for r in reports], dtype=float)
-    selected, _ = pipeline.select_trees(acc, f1, trees=trees)
-    model, stats = pipeline.aggregate(trees, selected, classes=classes, feature_names=names)
-    local = pipeline.score_trees(trees, Xg, yg)
+    runs = {}
+    for objective in refine.OBJECTIVES:  # the job's own protocol, every message through FLARE's serializer
+        runs[objective] = run_in_process(sites, algorithm="cart", classes=classes, schema=fed.schema,
+                                         local_params={"max_depth": MAX_DEPTH}, X_global_test=Xg, y_global_test=yg,
+                                         refine_rounds=ROUNDS, refine_objective=objective)
+    first = runs[refine.OBJECTIVES[0]]
+    selected, stats = first["selected"], first["stats"]
+    local = first["local_on_global_test"]
     X_all = np.vstack([s["X_train"] for s in sites])
     y_all = np.concatenate([s["y_train"] for s in sites])
     row = {"dataset": dataset, "partition": kind, "alpha": alpha, "n_sites": n_sites, "seed": seed,
@@ -117,9 +115,7 @@ def run_one(table, dataset, kind, alpha, n_sites, seed) -> dict:
         pred = clf.predict(Xg)
         row[f"{label}_f1"], row[f"{label}_acc"] = pipeline.macro_f1(yg, pred), float(np.mean(pred == yg))
     for objective in refine.OBJECTIVES:
-        out = pipeline.refine_in_process(model, trees, selected, stats, sites, acc=acc, f1=f1, rounds=ROUNDS,
-                                         bounds=threshold_bounds(fed.schema, "cart"), X_global_test=Xg,
-                                         y_global_test=yg, objective=objective)
+        out = runs[objective]["refined"]
         pred = out["tree"].predict(Xg)
         row[f"{objective}_f1"], row[f"{objective}_acc"] = pipeline.macro_f1(yg, pred), float(np.mean(pred == yg))
         row[f"{objective}_leaves"] = int(out["tree"].n_leaves)

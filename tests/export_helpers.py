@@ -14,7 +14,8 @@ from sklearn.tree import DecisionTreeClassifier
 from treeflare.data import DATASETS, Feature, Schema, load_dataset
 from treeflare.icdta4fl.encoding import category_names, encode, feature_space
 from treeflare.icdta4fl.model import GlobalTree
-from treeflare.icdta4fl.pipeline import run_in_process, train_local_tree
+from treeflare.flare.icdta4fl.inprocess import run_in_process
+from treeflare.icdta4fl.pipeline import train_local_tree
 from treeflare.trees.cart import tree_from_sklearn
 from treeflare.trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 
@@ -48,7 +49,8 @@ def embedded(dataset: str, algorithm: str, refine_rounds: int = 0):
     names, kinds, n_cat = feature_space(table.schema, algorithm)
     sites = [{"X_train": X[i:n_train:3], "y_train": y[i:n_train:3], "X_test": X[n_train + i::3],
               "y_test": y[n_train + i::3]} for i in range(3)]
-    out = run_in_process(sites, algorithm=algorithm, classes=list(table.schema.classes), feature_kinds=kinds,
+    out = run_in_process(sites, algorithm=algorithm, classes=list(table.schema.classes), schema=table.schema,
+                         feature_kinds=kinds,
                          feature_names=names, n_categories=n_cat,
                          category_names=category_names(table.schema, algorithm), local_params={"max_depth": 4},
                          refine_rounds=refine_rounds)

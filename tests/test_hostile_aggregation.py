@@ -78,10 +78,9 @@ def test_threshold_outside_the_schema_range_is_refused():
 
 
 def test_an_unusable_tree_drops_its_site_and_the_others_aggregate(adult, monkeypatch):
-    from treeflare.flare.icdta4fl.controller import ICDTA4FLController
+    from treeflare.icdta4fl.server import ICDTA4FLServer
 
-    ctrl = ICDTA4FLController(schema=adult.schema.to_dict(), algorithm="id3", min_clients=2)
-    ctrl.log_error = lambda *a, **k: None
+    server = ICDTA4FLServer(adult.schema, "id3", min_clients=2)  # the protocol the controller and driver both run
     trees = [check_train_reply(reply(t), limits=adult.limits)["tree"] for t in adult.trees]
     sites = ["site-1", "site-2", "site-3", "site-4"]
     rule_counts = [count_rules(t) for t in trees]
@@ -96,7 +95,7 @@ def test_an_unusable_tree_drops_its_site_and_the_others_aggregate(adult, monkeyp
 
     monkeypatch.setattr(merge, "compatible_pairs", pairs)
     result = {"dropped_sites": {}}
-    model, stats = ctrl._aggregate(trees, [0, 1, 2, 3], sites, result, None)
+    model, stats = server._aggregate(result, trees, [0, 1, 2, 3], sites)
     assert list(result["dropped_sites"]) == [sites[big]]
     assert "too large" in result["dropped_sites"][sites[big]]
     assert big not in stats["selected"] and len(stats["selected"]) == 3

@@ -1,7 +1,8 @@
 """Hostile payloads a misbehaving site (or server) could send, each rejected with a reason that names the field.
 
-Also: the ICDTA4FL controller's reply handling (``_ask``) fed such payloads directly: the bad site is dropped with a
-logged reason, the good ones are kept, and nothing is raised into FLARE (the server keeps running).
+Also: the ICDTA4FL reply handling fed such payloads directly (the controller's broadcast, then the one protocol's
+``ICDTA4FLServer._ask``): the bad site is dropped with its reason recorded, the good ones are kept, and nothing is
+raised into FLARE (the server keeps running; too few valid sites end the job ``failed`` with the reason).
 """
 
 from __future__ import annotations
@@ -266,8 +267,27 @@ def _controller():
     return ctrl
 
 
+def _ask(ctrl, name, sites, result, check, replies):
+    """One task through the job's own path: the controller's broadcast turns what FLARE hands back (a Shareable, an
+    error reply, None) into site -> reply or reason, and the protocol's ``_ask`` (a generator) checks the replies."""
+    from treeflare.icdta4fl.server import Ask
+
+    gen = ctrl.protocol._ask(result, name, {}, sites, check)
+    ask = next(gen)
+    assert isinstance(ask, Ask) and ask.task == name and list(ask.sites) == sites
+
+    def fake_broadcast(task, fl_ctx, targets=None, min_responses=0, abort_signal=None, **kw):
+        task.client_tasks = [_ClientTask(s, r) for s, r in replies.items()]
+
+    ctrl.broadcast_and_wait = fake_broadcast
+    answers = ctrl._broadcast(ask, None, None)
+    with pytest.raises(StopIteration) as stop:
+        gen.send(answers)
+    return stop.value.value
+
+
 def test_controller_drops_hostile_sites_and_goes_on():
-    """Each hostile reply costs only its site: dropped with the reason logged; the rest of the job goes on."""
+    """Each hostile reply costs only its site: dropped with the reason recorded; the rest of the job goes on."""
     from treeflare.flare.icdta4fl.protocol import TRAIN
     from treeflare.icdta4fl.payloads import check_train_reply as ctr
 
@@ -281,35 +301,52 @@ def test_controller_drops_hostile_sites_and_goes_on():
         "site-5": _reply(train_reply(n_train="lots")),
         "site-6": _reply({"error": "ValueError: boom"}, rc="EXECUTION_EXCEPTION"),
         "site-7": None,  # timed out, or its result could not be serialized
+        "site-9": _reply(train_reply()),  # a reply from a site that was not asked: ignored
     }
     ctrl = _controller()
-
-    def fake_broadcast(task, fl_ctx, targets=None, min_responses=0, abort_signal=None, **kw):
-        task.client_tasks = [_ClientTask(s, r) for s, r in replies.items() if s != "site-8"]
-
-    ctrl.broadcast_and_wait = fake_broadcast
     result = {"dropped_sites": {}}
-    sites = sorted(replies) + ["site-8"]  # site-8 never took the task
-    valid = ctrl._ask(TRAIN, {}, sites, result, None, None,
-                      lambda r: ctr(r, limits=LIMITS))
+    sites = sorted(s for s in replies if s != "site-9") + ["site-8"]  # site-8 never took the task
+    valid = _ask(ctrl, TRAIN, sites, result, lambda r: ctr(r, limits=LIMITS), replies)
     assert sorted(valid) == ["site-1", "site-2"]
     dropped = result["dropped_sites"]
     assert set(dropped) == {"site-3", "site-4", "site-5", "site-6", "site-7", "site-8"}
+    assert all(reason.startswith(f"{TRAIN}: ") for reason in dropped.values())
     assert "not finite" in dropped["site-3"] and "invalid payload" in dropped["site-3"]
     assert "exceed the limit" in dropped["site-4"] or "depth" in dropped["site-4"]
     assert "expected an integer" in dropped["site-5"]
     assert "EXECUTION_EXCEPTION" in dropped["site-6"] and "boom" in dropped["site-6"]
     assert "no reply" in dropped["site-7"] and "no reply" in dropped["site-8"]
-    assert len(ctrl.logged) == 5 and all(m.startswith("dropped site-") for m in ctrl.logged)
+    # the site that refused is logged by the controller as it happens; every drop is in the result
+    assert len(ctrl.logged) == 1 and ctrl.logged[0].startswith("site-6 refused") and "boom" in ctrl.logged[0]
+    # a site dropped again in a later phase keeps each phase's reason, in order
+    again = _ask(ctrl, "icdta4fl_score_trees", ["site-1", "site-2", "site-3"], result, lambda r: r,
+                 {"site-1": _reply({}), "site-2": _reply({})})
+    assert sorted(again) == ["site-1", "site-2"]
+    assert dropped["site-3"].startswith(f"{TRAIN}: invalid payload") and \
+        dropped["site-3"].endswith("; icdta4fl_score_trees: no reply"), dropped["site-3"]
 
 
-def test_controller_fails_cleanly_when_too_few_valid():
+def test_controller_fails_cleanly_when_too_few_valid(tmp_path):
+    from types import SimpleNamespace
+
     from treeflare.flare.icdta4fl.protocol import TRAIN
-    from treeflare.flare.workflow import JobFailed
+    from treeflare.icdta4fl.server import ProtocolFailed
 
     ctrl = _controller()
+    result = {"dropped_sites": {}}
+    with pytest.raises(ProtocolFailed, match="1 valid replies, need 2.*site-2"):
+        _ask(ctrl, TRAIN, ["site-1", "site-2"], result, check, {"site-1": _reply(train_reply()), "site-2": None})
+    # through the whole workflow: the job ends failed with that reason, and its result file is written
+    ctrl = _controller()
+    ctrl.system_panic = lambda reason, fl_ctx: ctrl.logged.append(reason)
     ctrl.broadcast_and_wait = lambda task, *a, **k: setattr(
         task, "client_tasks", [_ClientTask("site-1", _reply(train_reply())), _ClientTask("site-2", None)])
-    result = {"dropped_sites": {}}
-    with pytest.raises(JobFailed, match="1 valid replies, need 2.*site-2"):
-        ctrl._ask(TRAIN, {}, ["site-1", "site-2"], result, None, None, check)
+    engine = SimpleNamespace(get_clients=lambda: [SimpleNamespace(name="site-1"), SimpleNamespace(name="site-2")],
+                             get_workspace=lambda: SimpleNamespace(get_run_dir=lambda job_id: str(tmp_path)),
+                             get_component=lambda _id: None)
+    ctrl.control_flow(None, SimpleNamespace(get_engine=lambda: engine, get_job_id=lambda: "job"))
+    import json
+
+    saved = json.loads((tmp_path / ctrl.RESULT_FILE).read_text())
+    assert saved["status"] == "failed" and "1 valid replies, need 2" in saved["error"], saved
+    assert "no reply" in saved["dropped_sites"]["site-2"]

@@ -10,9 +10,12 @@ from sklearn.utils.class_weight import compute_class_weight
 
 from icdta4fl_inprocess import InProcessRun
 from treeflare.data import load_dataset, prepare_federation, write_federation
-from treeflare.flare.icdta4fl.controller import DEFAULT_REFINE, ICDTA4FLController, _check_refine_params
+from treeflare.flare.icdta4fl.controller import ICDTA4FLController
+from treeflare.flare.icdta4fl.inprocess import run_in_process
+from treeflare.icdta4fl.server import DEFAULT_REFINE
+from treeflare.icdta4fl.server import check_refine_params as _check_refine_params
 from treeflare.flare.icdta4fl.protocol import SCORE_TREES
-from treeflare.icdta4fl import aggregate, pipeline, refine
+from treeflare.icdta4fl import aggregate, refine
 from treeflare.trees.cart import fit_cart
 from treeflare.trees.tree import leaf_tree
 
@@ -99,22 +102,28 @@ def test_objective_is_checked_and_reaches_every_round():
         X, y = _imbalanced(800, seed)
         sites.append({"X_train": X[:600], "y_train": y[:600], "X_test": X[600:], "y_test": y[600:]})
     Xg, yg = _imbalanced(1000, 9)
-    minority = {}
+    minority, first_round = {}, {}
     for objective in refine.OBJECTIVES:
-        out = pipeline.run_in_process(sites, algorithm="cart", classes=["0", "1"], local_params={"max_depth": 3},
+        out = run_in_process(sites, algorithm="cart", classes=["0", "1"], local_params={"max_depth": 3},
                                       X_global_test=Xg, y_global_test=yg, refine_rounds=2,
                                       refine_objective=objective)
         history, adoption = out["refined"]["history"], out["refined"]["adoption"]
-        assert len(adoption) == len(history) == 2
+        # the job's protocol: a round that is not adopted ends the rounds (the next would grow the same tree)
+        assert 1 <= len(adoption) <= 2 and len(history) == sum(a["adopted"] for a in adoption)
         if objective == "auto":  # both trees grown each round; the record says which one was adopted
             assert adoption[0]["objective"] == "balanced" and adoption[0]["why"].startswith(
                 "validation accuracy + macro-F1: balanced ")
-            assert [h["objective"] for h in history] == [a["objective"] or "accuracy" for a in adoption]
+            assert [h["objective"] for h in history] == [a["objective"] for a in adoption if a["adopted"]]
         else:
             assert [h["objective"] for h in history] == [objective] * len(history)
         minority[objective] = np.mean(out["refined"]["tree"].predict(Xg) == 1)
+        first_round[objective] = {m: history[0][m] for m in ("objective", "n_leaves", "depth", "accuracy", "macro_f1")}
     assert minority["balanced"] > minority["accuracy"] + 0.2
-    assert minority["auto"] == minority["balanced"]
+    # "auto" grows both trees from the same sum as the single objectives do, and adopts the balanced one first:
+    # its first adopted round is the balanced run's tree (a later round may adopt the accuracy tree, which is no
+    # worse in accuracy than the tree it replaces with any one site's scores left out, where the balanced tree is
+    # not in macro-F1)
+    assert first_round["auto"] == first_round["balanced"], first_round
 
 
 def _scores(a, b):

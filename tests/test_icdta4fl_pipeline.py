@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from treeflare.icdta4fl import (GlobalTree, ModelPayloadError, aggregate, run_in_process, score_trees,
+from treeflare.flare.icdta4fl.inprocess import run_in_process
+from treeflare.icdta4fl import (GlobalTree, ModelPayloadError, aggregate, score_trees,
                                 select_trees, train_local_tree)
 from treeflare.icdta4fl.export import explain_row, export_text, plot_tree
 from treeflare.trees import Tree

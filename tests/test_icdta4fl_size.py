@@ -10,7 +10,8 @@ import pytest
 
 from flare_helpers import load_script
 from treeflare.icdta4fl import pipeline, refine
-from treeflare.icdta4fl.pipeline import DEFAULT_MAX_LEAVES, aggregate, check_aggregate_params, run_in_process
+from treeflare.flare.icdta4fl.inprocess import run_in_process
+from treeflare.icdta4fl.pipeline import DEFAULT_MAX_LEAVES, aggregate, check_aggregate_params
 from treeflare.trees import Tree
 from treeflare.trees.id3 import fit_id3
 from treeflare.trees.tree import CATEGORICAL

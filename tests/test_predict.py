@@ -50,13 +50,15 @@ def data(tmp_path_factory):
 def tree_model(table, algorithm, path):
     """A global tree from the ICDTA4FL pipeline on two sites' rows, carrying the schema, saved as the job does."""
     from treeflare.icdta4fl.encoding import category_names, encode, feature_space
-    from treeflare.icdta4fl.pipeline import run_in_process
+    from treeflare.flare.icdta4fl.inprocess import run_in_process
 
     X, y = encode(table, algorithm), table.y_codes()
     names, kinds, n_cat = feature_space(table.schema, algorithm)
-    sites = [{"X_train": X[i::2][:250], "y_train": y[i::2][:250], "X_test": X[i::2][250:],
-              "y_test": y[i::2][250:]} for i in range(2)]
-    out = run_in_process(sites, algorithm=algorithm, classes=list(table.schema.classes), feature_kinds=kinds,
+    cut = min(250, len(y) // 2 * 3 // 4)  # every site keeps validation rows, however small the table
+    sites = [{"X_train": X[i::2][:cut], "y_train": y[i::2][:cut], "X_test": X[i::2][cut:],
+              "y_test": y[i::2][cut:]} for i in range(2)]
+    out = run_in_process(sites, algorithm=algorithm, classes=list(table.schema.classes), schema=table.schema,
+                         feature_kinds=kinds,
                          feature_names=names, n_categories=n_cat,
                          category_names=category_names(table.schema, algorithm), local_params={"max_depth": 4})
     model = out["model"]

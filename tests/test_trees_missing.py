@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from sklearn.tree import DecisionTreeClassifier
 
-from treeflare.icdta4fl import GlobalTree, run_in_process
+from treeflare.flare.icdta4fl.inprocess import run_in_process
+from treeflare.icdta4fl import GlobalTree
 from treeflare.icdta4fl.encoding import FLOAT32_MAX
 from treeflare.icdta4fl.export import explain_row, export_text, plot_tree
 from treeflare.icdta4fl.merge import compatible_pairs, merge_rule_sets

@@ -133,13 +133,27 @@ def histograms_agree(values: np.ndarray, plan, candidates) -> bool:
     return bool(np.all(values >= 0) and np.all(totals == totals[0]))
 
 
-def check_summed_rows(values, plan, candidates, *, declared_rows: int, tolerance: float = 0.0) -> None:
-    """A round's sum holds the declared rows, no more and no fewer: per feature, the rows in the vector plus the
-    last value (rows that stop at an internal node, counted nowhere) equal ``declared_rows``, the sum of the sites'
-    checked ``n_train`` (exactly; within ``tolerance`` with noise). Bounds what one site can add to the sum."""
+def check_summed_rows(values, plan, candidates, *, declared_rows: int, per_value_noise: float = 0.0) -> None:
+    """A round's sum holds the declared rows, no more and no fewer, and every value of it is in range.
+
+    Per feature, the rows in the vector plus the last value (rows that stop at an internal node, counted nowhere)
+    equal ``declared_rows``, the sum of the sites' checked ``n_train`` (exactly; with noise, within the noise of every
+    value in a feature's total). Every value is a count, so none is below 0, and the last is at most the declared
+    rows (with noise: within ``per_value_noise``, the most noise the sites together add to one value). A site can
+    only be checked through the sum (its own vector is masked): what one site can still do is bounded by the adopt
+    check (``refine.adopt_refined``), see SECURITY.md."""
     values = np.asarray(values, dtype=np.float64)
     if values.shape != (plan.n_values + 1,):
         raise PayloadError("sum", f"expected {plan.n_values + 1} values, got {values.shape}")
+    low = int(np.argmin(values))
+    if values[low] < -per_value_noise:
+        raise PayloadError("sum", f"value {low} is {values[low]:g}, below 0 (allowed noise {per_value_noise:g}): a "
+                                  "site sent negative counts")
+    if values[-1] > declared_rows + per_value_noise:
+        raise PayloadError("sum", f"{values[-1]:g} rows stop at internal nodes, more than the {declared_rows} "
+                                  "declared by the sites")
+    widest = max([candidates.n_cells(j) for j in range(candidates.n_features)] or [0])
+    tolerance = per_value_noise * ((len(plan.split_leaves) * widest + len(plan.count_leaves)) * plan.n_classes + 1)
     rows = feature_totals(values[:-1], plan, candidates) + values[-1]
     worst = float(np.max(np.abs(rows - declared_rows)))
     if worst > tolerance:

@@ -6,7 +6,9 @@
 4. server: ``select_trees(acc_matrix, f1_matrix)`` -> (selected indices, thresholds report)
 5. server: ``aggregate(tree_dicts, selected, ...)`` -> (GlobalTree, stats)
 
-``run_in_process`` chains them over per-site arrays.
+The protocol that chains them (and the refinement rounds) is written once, in ``server`` and ``site``; it runs
+through FLARE (``treeflare.flare.icdta4fl``) or in process (``driver``; with FLARE's serializer,
+``treeflare.flare.icdta4fl.inprocess.run_in_process``).
 """
 
 from __future__ import annotations
@@ -25,14 +27,13 @@ from ..trees.tree import Tree
 from . import selection
 from .merge import DEFAULT_MAX_RULES, UnusableTreeError, merge_rule_sets
 from .model import GlobalTree
-from .refine import DEFAULT_OBJECTIVE
 from .rebuild import grow_tree
 from .rules import RuleSet, extract_rules
 from .simplify import collapse_same_class, onehot_groups_from_names, simplify_rules
 
 __all__ = [
-    "train_local_tree", "score_trees", "select_trees", "aggregate", "check_aggregate_params", "run_in_process",
-    "refine_in_process", "refine_start", "tree_digest",
+    "train_local_tree", "score_trees", "select_trees", "aggregate", "check_aggregate_params", "refine_start",
+    "tree_digest",
     "macro_f1", "DEFAULT_LOCAL_PARAMS", "DEFAULT_AGGREGATE_PARAMS", "DEFAULT_MAX_LEAVES", "UnusableTreeError",
 ]
 
@@ -274,117 +275,7 @@ def _budget_base(trees, chosen) -> tuple[int, int]:
     return leaves, depth
 
 
-def refine_in_process(model, trees, selected, stats, sites, *, acc, f1, rounds, bounds=None,
-                      X_global_test=None, y_global_test=None, objective=DEFAULT_OBJECTIVE) -> dict:
-    """The refinement rounds on plaintext sums of the sites' counts (what the encrypted protocol computes).
-
-    Same steps as the FLARE controller: the one-round tree scored on each site's test rows, the start
-    tree chosen by ``refine.choose_start``, candidates from all local trees, then ``rounds`` rounds grown
-    for ``objective`` (``refine.OBJECTIVES``; "auto" grows both objectives' trees from the one sum), each adopted
-    only if ``refine.adopt_refined`` says so on the sites' validation rows (as the job does). Returns the final
-    tree, the start choice, per-round history (global-test accuracy when given; a round not adopted keeps the
-    previous tree) and the adoption decisions (with the objective adopted).
-    """
-    from . import refine
-
-    merged = {"accuracy": float(np.mean([np.mean(model.tree_.predict(s["X_test"]) == s["y_test"]) for s in sites])),
-              "macro_f1": float(np.mean([macro_f1(s["y_test"], model.tree_.predict(s["X_test"])) for s in sites]))}
-    budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
-    fits = [j for j in selected if refine.within_budget(_as_tree(trees[j]), **budget)]
-    best, why = refine.choose_start(merged, acc, f1, selected, capped=bool(stats["capped_steps"]), fits=fits)
-    tree = refine_start(model) if best is None else _as_tree(trees[best])
-    first = _as_tree(trees[0])
-    candidates = refine.candidates_from_trees([_as_tree(t) for t in trees], feature_kinds=first.feature_kinds,
-                                              n_categories=first.n_categories, bounds=bounds)
-    history, adoption = [], []
-    weights = {i: len(s["y_test"]) for i, s in enumerate(sites)}
-    previous = _validation_scores(tree, sites)
-    for r in range(1, rounds + 1):
-        t = time.perf_counter()
-        plan = refine.plan_round(tree, candidates, budget["max_depth"])
-        summed = np.sum([refine.count_vector(tree, candidates, plan, s["X_train"], s["y_train"]) for s in sites],
-                        axis=0)
-        grown = {o: refine.refine_tree(tree, candidates, plan, summed, **budget, objective=o, collapse=False)
-                 for o in (refine.GROWN if objective == "auto" else (objective,))}  # "auto": both, from one sum
-        scores = {o: _validation_scores(g, sites) for o, (g, _) in grown.items()}  # the job's adopt check
-        won, verdict = refine.adopt_refined(scores, previous, weights, objective)
-        adopted = won is not None
-        adoption.append({"round": r, "adopted": adopted, "objective": won, "why": verdict})
-        st = grown[won or next(iter(grown))][1]
-        if adopted:
-            tree, previous = grown[won][0], scores[won]
-        else:  # the round keeps the previous tree (a later round would grow the same tree again)
-            st = {**st, "n_leaves": int(tree.n_leaves), "depth": int(tree.depth)}
-        entry = {"round": r, "n_values": plan.n_values, "seconds": time.perf_counter() - t, **st, "adopted": adopted}
-        if X_global_test is not None:
-            pred = tree.predict(X_global_test)
-            entry["accuracy"] = float(np.mean(pred == y_global_test))
-            entry["macro_f1"] = macro_f1(y_global_test, pred)
-        history.append(entry)
-    # collapsed once, at the end: a split whose children predict alike is what the next round grows from
-    tree = collapse_same_class(tree)
-    return {"tree": tree, "start": "one_round" if best is None else int(best), "why": why, "history": history,
-            "adoption": adoption}
-
-
 def refine_start(model: GlobalTree) -> Tree:
     """The one-round tree a refinement grows from: before same-class collapse where ``aggregate`` kept it (the
     same predictions, more places to split)."""
     return getattr(model, "grown_tree_", None) or model.tree_
-
-
-def _validation_scores(tree, sites) -> dict:
-    """Site index -> the tree's accuracy and macro-F1 on that site's validation rows."""
-    out = {}
-    for i, s in enumerate(sites):
-        pred = tree.predict(s["X_test"])
-        out[i] = {"accuracy": float(np.mean(pred == s["y_test"])), "macro_f1": macro_f1(s["y_test"], pred)}
-    return out
-
-
-def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None,
-                   n_categories=None, category_names=None, local_params=None, statistic="percentile",
-                   q=75.0, aggregate_params=None, X_global_test=None, y_global_test=None,
-                   refine_rounds=0, bounds=None, refine_objective=DEFAULT_OBJECTIVE) -> dict:
-    """All steps in one process.
-
-    ``sites`` is a list of dicts with ``X_train, y_train, X_test, y_test`` (global codes).
-    Returns a dict with the tree dicts, score matrices, selection, global model and stats, and
-    (if a global test set is given) the global/local scores on it; with ``refine_rounds``, also
-    ``refined`` (see ``refine_in_process``; ``bounds`` are the schema's threshold ranges, ``refine_objective``
-    its ``objective``).
-    """
-    C = len(classes)
-    t0 = time.perf_counter()
-    trees = [train_local_tree(s["X_train"], s["y_train"], algorithm=algorithm, n_classes=C,
-                              feature_kinds=feature_kinds, n_categories=n_categories,
-                              params=local_params) for s in sites]
-    t_train = time.perf_counter()
-    objects = [Tree.from_dict(t) for t in trees]
-    reports = [score_trees(objects, s["X_test"], s["y_test"]) for s in sites]
-    acc = [r["accuracy"] for r in reports]
-    f1 = [r["macro_f1"] for r in reports]
-    selected, thresholds = select_trees(acc, f1, statistic=statistic, q=q, trees=trees)
-    t_score = time.perf_counter()
-    model, stats = aggregate(objects, selected, classes=classes, feature_names=feature_names,
-                             category_names=category_names, params=aggregate_params)
-    out = {
-        "trees": trees, "accuracy": acc, "macro_f1": f1, "selected": selected,
-        "thresholds": thresholds, "model": model, "stats": stats,
-        "timings_s": {"train": t_train - t0, "score": t_score - t_train,
-                      "aggregate": stats["time_s"]["total"]},
-    }
-    if X_global_test is not None:
-        y = np.asarray(y_global_test, dtype=np.int64)
-        local = score_trees(objects, X_global_test, y)
-        pred = model.predict_codes(X_global_test)
-        out["global"] = {"accuracy": float(np.mean(pred == y)), "macro_f1": macro_f1(y, pred)}
-        out["local_on_global_test"] = local
-    if refine_rounds:
-        t = time.perf_counter()
-        out["refined"] = refine_in_process(model, objects, selected, stats, sites, acc=np.array(acc, dtype=float),
-                                           f1=np.array(f1, dtype=float), rounds=refine_rounds, bounds=bounds,
-                                           X_global_test=X_global_test, y_global_test=y_global_test,
-                                           objective=refine_objective)
-        out["timings_s"]["refine"] = time.perf_counter() - t
-    return out

@@ -177,8 +177,11 @@ def _sites(report) -> str:
     how = f"{th.get('statistic')}" + (f" (q = {th.get('q')})" if th.get("statistic") == "percentile" else "")
     note = (f"A site's tree is kept when its peer scores pass the thresholds ({how}): accuracy "
             f"{_num(th.get('accuracy'))}, macro-F1 {_num(th.get('macro_f1'))}"
-            + (f"; rule applied: {th.get('how')}" if th.get("how") else "") + ". Peer scores: the site's tree scored "
-            "by every site on its validation rows, averaged. Selected rows are shaded.")
+            + (f"; rule applied: {th.get('how')}" if th.get("how") else "") + ". Peer scores: "
+            + ("the median of the other sites' scores of the site's tree on their validation rows (its own score not "
+               "counted; ties broken by their mean)" if th.get("score") == "median_of_others" else
+               "the site's tree scored by every site on its validation rows, averaged")
+            + ". Selected rows are shaded.")
     headers = ["site", "train rows", "validation rows", "tree leaves", "tree depth", "own accuracy", "own macro-F1",
                "peer accuracy", "peer macro-F1", "selected", "final tree accuracy", "final tree macro-F1"]
     dropped = report.get("dropped_sites") or {}

@@ -1,11 +1,6 @@
-"""What the ICDTA4FL server and sites both name: the tasks, in the order the workflow sends them.
+"""The ICDTA4FL task names, for the FLARE glue (the job's ``tasks=``); defined with the pure protocol in
+``treeflare.icdta4fl.tasks``."""
 
-The controller and the executor import these from here, never from each other. The replies' contents are
-checked by the pure ``treeflare.icdta4fl.payloads``.
-"""
+from ...icdta4fl.tasks import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TASKS, TRAIN
 
-TRAIN = "icdta4fl_train"  # schema, algorithm, learner params, refinement plan -> local tree, sizes, scores, key
-SCORE_TREES = "icdta4fl_score_trees"  # trees -> accuracy and macro-F1 of each on the site's validation rows
-SCORE_GLOBAL = "icdta4fl_score_global"  # the global tree -> its accuracy and macro-F1 there
-REFINE_COUNTS = "icdta4fl_refine_counts"  # tree, candidates, plan, key list -> masked class counts
-TASKS = [TRAIN, SCORE_TREES, SCORE_GLOBAL, REFINE_COUNTS]
+__all__ = ["TRAIN", "SCORE_TREES", "SCORE_GLOBAL", "REFINE_COUNTS", "TASKS"]
