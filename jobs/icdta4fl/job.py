@@ -31,6 +31,7 @@ from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space
 from treeflare.icdta4fl.report_html import write_report_html
+from treeflare.icdta4fl.server import DEFAULT_MAX_ROWS_RATIO
 from treeflare.reporting import format_table, outputs_text, write_json_atomic
 from treeflare.trees.tree import Tree
 
@@ -55,6 +56,13 @@ def parse_args(argv=None):
     g.add_argument("--statistic", choices=["percentile", "mean", "median"], default="percentile",
                    help="how the peer-score thresholds are set (default percentile)")
     g.add_argument("--percentile", type=float, default=75.0, help="q for --statistic percentile (default 75)")
+    g.add_argument("--peer-score", choices=["median_of_others", "mean"], default="median_of_others",
+                   help="a tree's score for the filter: the median of the other sites' scores of it (default: one "
+                        "site's word moves it only between honest scores) or the paper's mean over every site")
+    g.add_argument("--max-rows-ratio", type=float, default=DEFAULT_MAX_ROWS_RATIO, metavar="R",
+                   help=f"a site may declare at most R x the median of the other sites' training (and validation) "
+                        f"rows, else it is dropped at training (default {DEFAULT_MAX_ROWS_RATIO:g}; raise it for a "
+                        f"federation of very unequal sites)")
     g.add_argument("--max-leaves", type=int, default=None,
                    help=f"global tree leaf budget, for both learners (default {pipeline.DEFAULT_MAX_LEAVES}: a tree a "
                         f"person reads, docs/icdta4fl.md#the-size-budget; the paper's method: --refine-rounds 0 with "
@@ -105,7 +113,8 @@ def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str])
     server_test = data_root / "server" / "test.csv" if data_root else None  # the sites' own data: none
     job.to_server(ICDTA4FLController(
         schema=fed_summary["schema"], algorithm=args.algorithm, local_params=local,
-        selection={"statistic": args.statistic, "q": args.percentile}, aggregation=aggregation,
+        selection={"statistic": args.statistic, "q": args.percentile, "score": args.peer_score},
+        aggregation=aggregation, max_rows_ratio=args.max_rows_ratio,
         min_clients=args.min_clients, task_timeout=args.task_timeout,
         server_test=str(server_test) if server_test and server_test.is_file() else "",
         job_info={"dataset": fed_summary["dataset"], "partition": fed_summary["partition"]},
