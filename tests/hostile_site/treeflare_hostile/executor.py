@@ -8,15 +8,28 @@ import math
 import numpy as np
 
 from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
+from treeflare.flare.icdta4fl.protocol import TRAIN
+from treeflare.icdta4fl.site import SiteProtocol
+
+
+class _ForgingSite(SiteProtocol):
+    """The forged-counts attack: every row relabelled to class 0, then x 43."""
+
+    def _counts(self, tree, candidates, plan, X, y):
+        return super()._counts(tree, candidates, plan, X, np.zeros_like(y)) * 43
 
 
 class HostileExecutor(ICDTA4FLExecutor):
     def __init__(self, data_root: str = "", mode: str = "nan_threshold"):
         super().__init__(data_root=data_root)
         self.mode = mode
+        if mode == "forged_counts":
+            self.PROTOCOL = _ForgingSite
 
-    def _train(self, site, task, fl_ctx=None):
-        reply = super()._train(site, task, fl_ctx)
+    def _handle(self, name, site, task, fl_ctx):
+        reply = super()._handle(name, site, task, fl_ctx)
+        if name != TRAIN:
+            return reply
         tree = reply["tree"]
         if self.mode == "nan_threshold":
             for node in tree["nodes"]:
@@ -38,9 +51,3 @@ class HostileExecutor(ICDTA4FLExecutor):
 
             time.sleep(3600)
         return reply
-
-    def _counts(self, tree, candidates, plan, X, y):
-        counts = super()._counts(tree, candidates, plan, X, y)
-        if self.mode == "forged_counts":  # the forged-counts attack: every row relabelled to class 0, then x 43
-            counts = super()._counts(tree, candidates, plan, X, np.zeros_like(y)) * 43
-        return counts

@@ -76,10 +76,11 @@ class ICDTA4FLController(ResultWorkflow):
     def run_workflow(self, result, run_dir: Path, abort_signal, fl_ctx):
         sites = [c.name for c in fl_ctx.get_engine().get_clients()]
         steps = self.protocol.run(result, sites, server_test=self._read_server_test())
-        answer = None
+        answer, logged = None, {}
         try:
             while True:
                 message = steps.send(answer)
+                self._log_drops(result, logged, fl_ctx)
                 if isinstance(message, Note):
                     self._progress(fl_ctx, message.text, message.phase)
                     answer = None
@@ -89,6 +90,8 @@ class ICDTA4FLController(ResultWorkflow):
             model, one_round = stop.value
         except ProtocolFailed as exc:
             raise JobFailed(str(exc)) from None
+        finally:
+            self._log_drops(result, logged, fl_ctx)
         if self.protocol.refine["rounds"]:
             one_round.save_json(run_dir / "global_tree_one_round.json")
         model.save_json(run_dir / "global_tree.json")
@@ -97,6 +100,15 @@ class ICDTA4FLController(ResultWorkflow):
             plot_tree(model, run_dir / "global_tree.png")
         except Exception as exc:  # a picture must never cost the model
             self.log_warning(fl_ctx, f"could not draw the global tree: {exc}")
+
+    def _log_drops(self, result, logged: dict, fl_ctx) -> None:
+        """Log each reason the protocol recorded for dropping a site, once (the server's log says who and why)."""
+        for site, reasons in (result.get("dropped_sites") or {}).items():
+            if logged.get(site) != reasons:
+                new = reasons[len(logged[site]) + 2:] if site in logged else reasons
+                task, _, reason = new.partition(": ")
+                self.log_error(fl_ctx, f"dropped {site} at {task}: {reason}")
+                logged[site] = reasons
 
     def _broadcast(self, message, abort_signal, fl_ctx) -> dict:
         """One task to the sites the protocol named; site -> its reply as received, or why there is none."""

@@ -69,8 +69,7 @@ class ICDTA4FLExecutor(SiteExecutor):
             if self._protocol is not None:
                 # a second training task would start the site's plan (its scoring budget, its rounds) afresh
                 raise PayloadError("task", "training was already answered in this run")
-            self._protocol = self.PROTOCOL(site, lambda schema, algorithm: self._load(site, schema, algorithm, fl_ctx),
-                                          job_id=_job_id(fl_ctx), identity=site_identity(fl_ctx, site))
+            self._protocol = self.new_protocol(site, fl_ctx)
         elif self._protocol is None:
             raise DataError(f"{name} asked before training in this run")
         reply_data = self._protocol.handle(name, dict(task))
@@ -82,6 +81,12 @@ class ICDTA4FLExecutor(SiteExecutor):
         for key, value in reply_data.items():
             reply[key] = value
         return reply
+
+    def new_protocol(self, site: str, fl_ctx):
+        """This run's site protocol: its data from the site's binding, its identity and job id from its own
+        context."""
+        return self.PROTOCOL(site, lambda schema, algorithm: self._load(site, schema, algorithm, fl_ctx),
+                             job_id=_job_id(fl_ctx), identity=site_identity(fl_ctx, site))
 
     def _load(self, site, schema, algorithm, fl_ctx):
         binding = load_binding(site, fl_ctx, self.data_root, name=self.binding)
