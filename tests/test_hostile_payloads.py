@@ -45,7 +45,8 @@ def train_reply(tree=None, **over) -> dict:
         rows = round(sum(tree["nodes"][0]["counts"]))
     except (TypeError, KeyError, IndexError):
         rows = 14
-    reply = {"tree": tree, "n_train": rows, "n_test": 5, "local": {"accuracy": 0.8, "macro_f1": 0.7}}
+    reply = {"tree": tree, "n_train": rows, "n_test": 5, "local": {"accuracy": 0.8, "macro_f1": 0.7},
+             "tree_signature": {"site": "site-1", "certificate": None, "signature": None}}  # a simulator site's
     reply.update(over)
     return reply
 
@@ -272,7 +273,7 @@ def _ask(ctrl, name, sites, result, check, replies):
     error reply, None) into site -> reply or reason, and the protocol's ``_ask`` (a generator) checks the replies."""
     from treeflare.icdta4fl.server import Ask
 
-    gen = ctrl.protocol._ask(result, name, {}, sites, check)
+    gen = ctrl.protocol._ask(result, name, {}, sites, lambda reply, site: check(reply))
     ask = next(gen)
     assert isinstance(ask, Ask) and ask.task == name and list(ask.sites) == sites
 

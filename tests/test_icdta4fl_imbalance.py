@@ -112,7 +112,7 @@ def test_objective_is_checked_and_reaches_every_round():
         assert 1 <= len(adoption) <= 2 and len(history) == sum(a["adopted"] for a in adoption)
         if objective == "auto":  # both trees grown each round; the record says which one was adopted
             assert adoption[0]["objective"] == "balanced" and adoption[0]["why"].startswith(
-                "validation accuracy + macro-F1: balanced ")
+                "robust pooled change of validation accuracy + macro-F1: balanced ")
             assert [h["objective"] for h in history] == [a["objective"] for a in adoption if a["adopted"]]
         else:
             assert [h["objective"] for h in history] == [objective] * len(history)
@@ -135,15 +135,15 @@ def test_auto_adopts_the_tree_that_validates_best():
     prev, weights = _scores((0.80, 0.50), (0.80, 0.50)), {"a": 100, "b": 300}
     acc_tree, bal_tree = _scores((0.82, 0.52), (0.82, 0.52)), _scores((0.78, 0.70), (0.78, 0.60))
     won, why = refine.adopt_refined({"accuracy": acc_tree, "balanced": bal_tree}, prev, weights, "auto")
-    assert won == "balanced" and why.startswith("validation accuracy + macro-F1: balanced 0.7800 + 0.6250, accuracy "
-                                                "0.8200 + 0.5200; balanced tree adopted")
+    assert won == "balanced" and why.startswith("robust pooled change of validation accuracy + macro-F1: balanced "
+                                                "+0.1050, accuracy +0.0400; balanced tree adopted")
     # more macro-F1 but not as much as the accuracy it loses: accuracy
     more_f1 = _scores((0.70, 0.55), (0.70, 0.55))
     assert refine.adopt_refined({"accuracy": acc_tree, "balanced": more_f1}, prev, weights, "auto")[0] == "accuracy"
     # the accuracy tree validates better, or ties: accuracy
     won, why = refine.adopt_refined({"accuracy": _scores((0.82, 0.70), (0.82, 0.61)), "balanced": bal_tree}, prev,
                                     weights, "auto")
-    assert won == "accuracy" and "accuracy tree adopted: pooled validation accuracy 0.8200" in why
+    assert won == "accuracy" and "accuracy tree adopted: pooled change of validation accuracy +0.0200" in why
     tie = {"accuracy": acc_tree, "balanced": acc_tree}
     assert refine.adopt_refined(tie, prev, weights, "auto")[0] == "accuracy"
     # the balanced tree leads in macro-F1 but is below the previous tree's: the accuracy tree, no worse in accuracy
@@ -192,4 +192,4 @@ def test_the_controller_grows_both_trees_and_scores_them_in_one_task(tmp_path):
     scoring = [m for d, s, n, m in run.messages if d == "to_site" and n == SCORE_TREES and s == "site-1"]
     assert [len(m["trees"]) for m in scoring[1:]] == [2] * len(info["adoption"])  # after the peer scoring
     for a, h in zip(info["adoption"], info["history"]):
-        assert a["objective"] in refine.GROWN and a["why"].startswith("validation accuracy + macro-F1: ") and h["objective"] == a["objective"]
+        assert a["objective"] in refine.GROWN and a["why"].startswith("robust pooled change of validation accuracy + macro-F1: ") and h["objective"] == a["objective"]

@@ -470,7 +470,7 @@ def test_one_site_cannot_wreck_the_refined_tree(nursery_federation, tmp_path, ep
     if refused:
         assert "declared by the sites" in status and info["adoption"] == [], info
     else:
-        assert info["adoption"][0]["adopted"] is False and "not adopted: pooled validation accuracy" in \
+        assert info["adoption"][0]["adopted"] is False and "not adopted: pooled change of validation accuracy" in \
             info["adoption"][0]["why"], info["adoption"]
     if epsilon is None:  # exact sums: 43 x the rows never pass the row check
         assert refused, status
@@ -503,34 +503,40 @@ def _site_scores(**accuracy):
 
 
 def test_adopt_refined_compares_the_pooled_validation_score():
-    """Pooled by validation rows, and no worse with any one site's scores left out: no single site's word (its
-    scores, or its forged counts) adopts a tree the others score lower."""
-    # weighted by validation rows: b's and c's 300 rows each outweigh a's 100, and with any one left out as well
+    """Pooled by validation rows, each site's change clipped to the range of the others' changes: no single site's
+    word (its scores, or its forged counts) adopts a tree that every other site scores lower, and one site's word
+    counts at most as much as the most favourable of the others'."""
+    # three sites: a loses 0.2, b and c gain 0.15: a's change is clipped to the others' (+0.15), as a liar's would
+    # be; one site's word, for or against, counts as the nearest of the others'
     prev = _site_scores(a=0.9, b=0.8, c=0.8)
     new = _site_scores(a=0.7, b=0.95, c=0.95)
-    ok, why = refine.adopt_refined({"accuracy": new}, prev, {"a": 100, "b": 300, "c": 300})
-    assert ok == "accuracy" and why == ("accuracy tree adopted: pooled validation accuracy 0.9143 (refined) against "
-                                        "0.8143 (previous), +0.0625 at worst with one site's scores left out (b) "
-                                        "over 3 sites"), why
-    ok, why = refine.adopt_refined({"accuracy": new}, prev, {"a": 300, "b": 100, "c": 100})
-    assert ok is None and why.startswith("accuracy tree not adopted: pooled validation accuracy 0.8000 (refined) "
-                                         "against 0.8600"), why
-    # leave-one-out: four sites, one says the refined tree is far better, the other three that it is worse; pooled
-    # it looks better (0.8350 against 0.8000), but without that one site it is worse: not adopted
+    for weights in ({"a": 100, "b": 300, "c": 300}, {"a": 300, "b": 100, "c": 100}):
+        ok, why = refine.adopt_refined({"accuracy": new}, prev, weights)
+        assert ok == "accuracy" and why == ("accuracy tree adopted: pooled change of validation accuracy +0.1500, each "
+                                            "site's clipped to the others' range (a clipped) over 3 sites"), why
+    # with three sites every change is clipped to the middle one: the rule is the median change, whatever the rows
+    spread = _site_scores(a=0.7, b=0.95, c=0.85)  # changes -0.2, +0.15, +0.05
+    for weights in ({"a": 100, "b": 300, "c": 300}, {"a": 300, "b": 100, "c": 100}):
+        ok, why = refine.adopt_refined({"accuracy": spread}, prev, weights)
+        assert ok == "accuracy" and "+0.0500, each site's clipped to the others' range (a, b clipped)" in why, why
+    # four sites, one says the refined tree is far better (+0.2), the other three that it is worse (-0.02): its word
+    # counts as the others' most favourable change (-0.02), so the tree is not adopted (pooled alone: +0.035)
     prev = _site_scores(a=0.8, b=0.8, c=0.8, d=0.8)
     liar = _site_scores(a=0.78, b=0.78, c=0.78, d=1.0)
     ok, why = refine.adopt_refined({"accuracy": liar}, prev, dict.fromkeys("abcd", 100))
-    assert ok is None and why == ("accuracy tree not adopted: pooled validation accuracy 0.8350 (refined) against "
-                                  "0.8000 (previous), -0.0200 at worst with one site's scores left out (d) "
-                                  "over 4 sites"), why
-    # one site worse, three better, by enough that the pooled score stays better whichever site is left out: adopted
+    assert ok is None and why == ("accuracy tree not adopted: pooled change of validation accuracy -0.0200, each site's "
+                                  "clipped to the others' range (d clipped) over 4 sites"), why
+    # and however a liar weighs itself (its rows declared 100 x the others'), a tree all others score lower stays out
+    ok, _ = refine.adopt_refined({"accuracy": liar}, prev, {"a": 100, "b": 100, "c": 100, "d": 10_000})
+    assert ok is None
+    # one site worse, three better: the worse one is clipped up to the least of the others' gains, adopted
     mostly = _site_scores(a=0.78, b=0.85, c=0.85, d=0.85)
     ok, why = refine.adopt_refined({"accuracy": mostly}, prev, dict.fromkeys("abcd", 100))
-    assert ok == "accuracy" and "+0.0267 at worst with one site's scores left out (b)" in why, why
-    # with two sites, leaving one out leaves the other alone: both must score it no worse
+    assert ok == "accuracy" and "+0.0500, each site's clipped to the others' range (a clipped)" in why, why
+    # two sites: nothing to clip against, the pooled change alone
     two_prev, two_new = _site_scores(a=0.9, b=0.8), _site_scores(a=0.7, b=0.95)
-    assert refine.adopt_refined({"accuracy": two_new}, two_prev, {"a": 100, "b": 300})[0] is None  # pooled 0.8875
-    assert refine.adopt_refined({"accuracy": _site_scores(a=0.9, b=0.95)}, two_prev, {"a": 100, "b": 300})[0]
+    assert refine.adopt_refined({"accuracy": two_new}, two_prev, {"a": 100, "b": 300})[0] == "accuracy"  # +0.0625
+    assert refine.adopt_refined({"accuracy": two_new}, two_prev, {"a": 300, "b": 100})[0] is None  # -0.1125
     # "balanced" compares macro-F1 the same way
     bal_prev = _site_scores(a=(0.9, 0.5), b=(0.9, 0.5), c=(0.9, 0.5))
     bal_new = _site_scores(a=(0.8, 0.6), b=(0.8, 0.7), c=(0.8, 0.55))

@@ -4,8 +4,8 @@ message through FLARE's serializer), and the checks that close them, each tried 
 1. A deviating server lists a victim beside its own certificate and an admin's (kits from NVFlare's provisioner):
    the victim refuses, naming the role, and sends nothing.
 2. One site forges its counts, its rows and its validation weight together, and scores the forged tree perfect: with
-   rows within the bound it passes every check on the sum, and the adopt check (any one site's scores left out)
-   keeps it out; with rows beyond the bound it is dropped at training.
+   rows within the bound it passes every check on the sum, and the adopt check (each site's change of score
+   clipped to the others' range) keeps it out; with rows beyond the bound it is dropped at training.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from treeflare.data import Feature, Schema, load_dataset, prepare_federation, wr
 from treeflare.flare.icdta4fl.controller import ICDTA4FLController
 from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
 from treeflare.flare.icdta4fl.inprocess import run_in_process
-from treeflare.icdta4fl import refine
+from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.server import Ask, ICDTA4FLServer, _RoundFailed
 from treeflare.icdta4fl.site import SiteProtocol
 from treeflare.icdta4fl.tasks import REFINE_COUNTS
+from treeflare.trees.tree import Tree
 
 
 def _controller(fed, root, **kw):
@@ -97,6 +98,8 @@ def _forger(factor):
                 node["counts"] = [c * factor for c in node["counts"]]
             reply["n_train"] *= factor
             reply["n_test"] *= factor
+            self._own_digest = pipeline.tree_digest(Tree.from_dict(reply["tree"]))  # it signs what it sends
+            reply["tree_signature"] = secagg.sign_tree(self.identity, self.job_id, self.site, self._own_digest)
             return reply
 
         def _counts(self, tree, candidates, plan, X, y):
@@ -117,7 +120,8 @@ def _forger(factor):
 @pytest.mark.parametrize("factor", [19, 43])
 def test_one_site_forging_counts_rows_and_validation_weight_together_does_not_win(nursery, tmp_path, factor):
     """The attack that once took nursery from 0.910 to 0.333. x19 stays within the row bound (20 x the others'
-    median) and its sum passes every check; the adopt check, with site-4's scores left out, refuses the tree. x43
+    median) and its sum passes every check; the adopt check, site-4's word clipped to the others' range, refuses
+    the tree. x43
     is dropped at training by the row bound."""
     fed, root, honest = nursery
     executor = _forger(factor)(data_root=str(root))
@@ -130,7 +134,7 @@ def test_one_site_forging_counts_rows_and_validation_weight_together_does_not_wi
     if factor == 19:
         assert "site-4" not in result["dropped_sites"] and info["rounds_done"] == 0, info
         why = info["adoption"][0]["why"]
-        assert not info["adoption"][0]["adopted"] and "with one site's scores left out (site-4)" in why, why
+        assert not info["adoption"][0]["adopted"] and "(site-4 clipped)" in why, why
     else:
         assert "n_train: " in result["dropped_sites"]["site-4"] and "max_rows_ratio" in result["dropped_sites"]["site-4"]
         assert info["status"] == "completed"  # the three others refine without it
@@ -200,8 +204,6 @@ def test_a_class_only_one_site_holds_is_that_sites_count_in_the_sum():
     task = next(m for d, s, n, m in record if d == "to_site" and s == "site-1" and n == REFINE_COUNTS)
     masked = [m["masked"] for d, s, n, m in record if d == "to_server" and n == REFINE_COUNTS]
     total = secagg.sum_masked(masked)[:-1].reshape(-1, 3)
-    from treeflare.trees.tree import Tree
-
     tree = Tree.from_dict(task["tree"])
     cands = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=tree.feature_kinds)
     plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=cands)

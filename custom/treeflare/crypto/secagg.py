@@ -47,7 +47,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
 __all__ = ["SecAggError", "SiteIdentity", "MaskingKeys", "key_statement", "check_key_record", "verify_key_list",
-           "pair_mask", "sum_masked", "certificate_role", "server_names_from_kit", "KIT_FILES", "KIT_CONFIG",
+           "pair_mask", "sum_masked", "certificate_role", "check_signer", "tree_statement", "sign_tree",
+           "verify_tree_list", "server_names_from_kit", "KIT_FILES", "KIT_CONFIG",
            "ROLE_OID", "CLIENT_ROLE", "MAX_SITES"]
 
 KEY_BYTES = 32
@@ -276,11 +277,15 @@ def check_key_record(record, site: str) -> dict:
     PEM certificate and a signature or neither. Returns {site, public_key: bytes, certificate, signature}."""
     if not isinstance(record, dict) or set(record) != {"site", "public_key", "certificate", "signature"}:
         raise SecAggError(f"key of {site}: expected a dict of site, public_key, certificate, signature")
-    if record["site"] != site:
-        raise SecAggError(f"key of {site}: names site {record['site']!r}")
+    if not isinstance(record["site"], str) or record["site"] != site:
+        raise SecAggError(f"key of {site}: names site {str(record['site'])[:80]!r}")
     key = record["public_key"]
     if not isinstance(key, np.ndarray) or key.dtype != np.uint8 or key.shape != (KEY_BYTES,):
         raise SecAggError(f"key of {site}: public_key must be {KEY_BYTES} bytes (uint8 array)")
+    try:  # a low-order point (all zeros, say) gives no shared secret: every peer would refuse the list
+        x25519.X25519PrivateKey.generate().exchange(x25519.X25519PublicKey.from_public_bytes(key.tobytes()))
+    except ValueError:
+        raise SecAggError(f"key of {site}: public_key is not a usable X25519 key") from None
     cert, sig = record["certificate"], record["signature"]
     if (cert is None) != (sig is None):
         raise SecAggError(f"key of {site}: a certificate needs a signature and a signature a certificate")
@@ -292,6 +297,69 @@ def check_key_record(record, site: str) -> dict:
             raise SecAggError(f"key of {site}: signature must be at most {MAX_SIGNATURE_BYTES} bytes (uint8 array)")
     return {"site": site, "public_key": key.tobytes(), "certificate": cert,
             "signature": None if sig is None else sig.tobytes()}
+
+
+def check_signer(name: str, certificate, signature, statement: bytes, *, root_ca, server_names, what: str,
+                 covers: str) -> None:
+    """``signature`` over ``statement`` is ``name``'s, a client site of this project: its certificate (PEM text) is
+    issued by ``root_ca`` and valid now, names ``name``, is a client site's (``_check_client_site``), and its key
+    signed ``statement``."""
+    if certificate is None or signature is None:
+        raise SecAggError(f"{what}: unsigned, and this site accepts only statements signed with a startup kit's "
+                          "certificate")
+    try:
+        cert = x509.load_pem_x509_certificate(str(certificate).encode("ascii"))
+    except (ValueError, UnicodeError):
+        raise SecAggError(f"{what}: the certificate is not a PEM X.509 certificate") from None
+    _check_issued(cert, root_ca, what)
+    if _common_name(cert) != name:
+        raise SecAggError(f"{what}: the certificate names {_common_name(cert)!r}")
+    _check_client_site(cert, name, None if server_names is None else frozenset(server_names), what)
+    try:
+        _verify_signature(cert.public_key(), bytes(signature), statement)
+    except InvalidSignature:
+        raise SecAggError(f"{what}: the signature does not cover {covers}") from None
+
+
+def tree_statement(job_id: str, site: str, digest: str) -> bytes:
+    """What a site signs for its local tree: the tree's digest, bound to the job and its own name."""
+    return _DOMAIN + b"|tree|" + json.dumps([str(job_id), str(site), str(digest)]).encode()
+
+
+def sign_tree(identity: "SiteIdentity | None", job_id: str, site: str, digest: str) -> dict:
+    """{site, certificate, signature} for a local tree (None fields without a kit: unauthenticated)."""
+    if identity is None:
+        return {"site": site, "certificate": None, "signature": None}
+    return {"site": site, "certificate": identity.certificate_pem(),
+            "signature": np.frombuffer(identity.sign(tree_statement(job_id, site, digest)), dtype=np.uint8).copy()}
+
+
+def verify_tree_list(owners, digests, signatures, *, site: str, own_digest: str, job_id: str, root_ca,
+                     server_names=None) -> None:
+    """A site's check of the trees the server sends for peer scoring: distinct owners, at most ``MAX_SITES``, this
+    site's own tree among them unchanged, and with ``root_ca`` each tree signed by its owner, a client site of this
+    project, for this job (so the server cannot slip in trees of its own, whose cells would then become what sites
+    count on). Without a root CA (the simulator) the owners are taken as sent."""
+    if not isinstance(owners, list) or not isinstance(signatures, list) or \
+            not 0 < len(owners) == len(digests) == len(signatures) <= MAX_SITES:
+        raise SecAggError(f"trees: expected 1 to {MAX_SITES} trees, each with its owner and signature")
+    if not all(isinstance(o, str) and 0 < len(o) <= 256 for o in owners) or len(set(owners)) != len(owners):
+        raise SecAggError("trees: owners must be distinct site names")
+    if site not in owners or digests[owners.index(site)] != own_digest:
+        raise SecAggError(f"trees: this site's own tree is {'changed' if site in owners else 'missing'}")
+    if root_ca is None:
+        return
+    for owner, digest, record in zip(owners, digests, signatures):
+        if not isinstance(record, dict) or set(record) != {"site", "certificate", "signature"} or \
+                record["site"] != owner:
+            raise SecAggError(f"tree of {owner}: expected its signature record")
+        signature = record["signature"]
+        if signature is not None and (not isinstance(signature, np.ndarray) or signature.dtype != np.uint8 or
+                                      signature.ndim != 1 or not 0 < signature.size <= MAX_SIGNATURE_BYTES):
+            raise SecAggError(f"tree of {owner}: signature must be at most {MAX_SIGNATURE_BYTES} bytes")
+        check_signer(owner, record["certificate"], None if signature is None else signature.tobytes(),
+                     tree_statement(job_id, owner, digest), root_ca=root_ca, server_names=server_names,
+                     what=f"tree of {owner}", covers="this job, site and tree")
 
 
 def verify_key_list(records, *, site: str, own_public: bytes, job_id: str, root_ca: x509.Certificate | None,
@@ -323,21 +391,9 @@ def verify_key_list(records, *, site: str, own_public: bytes, job_id: str, root_
             raise SecAggError(f"key of {name}: not a site of this job")
         rec = check_key_record(rec, name)
         if root_ca is not None:
-            if rec["certificate"] is None:
-                raise SecAggError(f"key of {name}: unsigned, and this site accepts only keys signed with a "
-                                  "startup kit's certificate")
-            try:
-                cert = x509.load_pem_x509_certificate(rec["certificate"].encode("ascii"))
-            except (ValueError, UnicodeError):
-                raise SecAggError(f"key of {name}: the certificate is not a PEM X.509 certificate") from None
-            _check_issued(cert, root_ca, f"key of {name}")
-            if _common_name(cert) != name:
-                raise SecAggError(f"key of {name}: the certificate names {_common_name(cert)!r}")
-            _check_client_site(cert, name, servers, f"key of {name}")
-            try:
-                _verify_signature(cert.public_key(), rec["signature"], key_statement(job_id, name, rec["public_key"]))
-            except InvalidSignature:
-                raise SecAggError(f"key of {name}: the signature does not cover this job, site and key") from None
+            check_signer(name, rec["certificate"], rec["signature"], key_statement(job_id, name, rec["public_key"]),
+                         root_ca=root_ca, server_names=servers, what=f"key of {name}",
+                         covers="this job, site and key")
         keys[name] = rec["public_key"]
     if len(set(keys.values())) != len(keys):
         raise SecAggError("keys: two sites announce the same public key")

@@ -24,14 +24,15 @@ SITE_PUBLIC_ERRORS = (PayloadError, secagg.SecAggError)
 
 def run_protocol(server: ICDTA4FLServer, sites: dict, *, result: dict | None = None, server_test=None,
                  wire: Callable | None = None, record: list | None = None, notes: list | None = None,
-                 handlers: dict | None = None):
+                 handlers: dict | None = None, verify: dict | None = None):
     """Run ``server``'s protocol against ``sites`` (name -> ``SiteProtocol``). ``wire(dict) -> dict``: what a message
     becomes on the way (each task and each reply); ``record``: (direction, site, task, message as received);
-    ``handlers``: name -> a callable ``(task, data) -> reply`` replacing that site's protocol (a hostile site).
+    ``handlers``: name -> a callable ``(task, data) -> reply`` replacing that site's protocol (a hostile site);
+    ``verify``: what the server checks signatures with (``ICDTA4FLServer.run``).
     Returns (result, final model, one-round model); raises ``server.ProtocolFailed``."""
     result = server.initial_result() if result is None else result
     wire = wire or (lambda message: message)
-    gen = server.run(result, list(sites), server_test=server_test)
+    gen = server.run(result, list(sites), server_test=server_test, verify=verify)
     answer = None
     try:
         while True:

@@ -90,48 +90,50 @@ def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bo
 def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str = "accuracy") -> tuple[str | None, str]:
     """Which refined tree replaces the tree it was grown from, if any. ``refined``: grown objective (``GROWN``) ->
     site -> {"accuracy", "macro_f1"} on its validation rows (both trees for "auto"); ``previous``: the same for the
-    tree they were grown from; ``weights``: site -> its validation rows (as the server caps them); scores pooled
-    over the sites, by rows. Candidates are tried by pooled accuracy + macro-F1 (ties: accuracy first), so the
-    balanced tree leads only where it gains more macro-F1 than it loses accuracy; the first that is no worse than
-    the previous tree on its own objective's metric (accuracy, or macro-F1 for "balanced") **with any one site's
-    scores left out** is adopted. So no single site's word adopts a tree: whichever site lies about its scores (or
-    relabelled its counts), the others, pooled, score the adopted tree at least as well as the one it replaces.
-    Returns (the adopted objective or None, why)."""
+    tree they were grown from; ``weights``: site -> its validation rows (as the server caps them).
+
+    Each site's change of score (refined minus previous) is first clipped to the range of the *other* sites' changes
+    (with at least three sites), then pooled by rows: one site's word counts at most as much as the most favourable
+    of the others', so a tree that every other site scores lower is never adopted, however a site reports. Candidates
+    are tried by that robust pooled change of accuracy + macro-F1 (ties: accuracy first), so the balanced tree leads
+    only where it gains more macro-F1 than it loses accuracy; the first whose robust pooled change on its own
+    objective's metric (accuracy, or macro-F1 for "balanced") is not negative is adopted. Returns (the adopted
+    objective or None, why)."""
     if set(refined) != set(GROWN if objective == "auto" else (objective,)):
         raise ValueError(f"objective {objective!r} expects its own trees' scores, got {sorted(refined)}")
     sites = set(previous) & set(weights)
     for scores in refined.values():
         sites &= set(scores)
     sites = sorted(sites)
-    w = {s: float(weights[s]) for s in sites}
-    if not sites or sum(w.values()) <= 0:
+    w = np.array([float(weights[s]) for s in sites])
+    if not sites or w.sum() <= 0:
         return None, "no site scored every tree on its validation rows"
 
-    def pooled(scores, metric, leave_out=None):
-        kept = [s for s in sites if s != leave_out]
-        total = sum(w[s] for s in kept)
-        return sum(w[s] * float(scores[s][metric]) for s in kept) / total if total > 0 else float("nan")
+    def change(o, metric):
+        """The pooled change, each site's clipped to the others' range, and the sites whose change was clipped."""
+        value = lambda sc, s: sum(float(sc[s][m]) for m in (("accuracy", "macro_f1") if metric == "both" else (metric,)))  # noqa: E731
+        d = np.array([value(refined[o], s) - value(previous, s) for s in sites])
+        d = np.where(np.isfinite(d), d, -np.inf)  # a score that is no number counts against the tree
+        clipped = d.copy()
+        if len(sites) >= 3:
+            for i in range(len(sites)):
+                others = np.delete(d, i)
+                clipped[i] = min(max(d[i], others.min()), others.max())
+        pooled = float(np.sum(w * clipped) / w.sum()) if np.all(np.isfinite(clipped)) else -np.inf
+        return pooled, [s for s, a, b in zip(sites, d, clipped) if a != b]
 
-    table = {o: {m: pooled(sc, m) for m in ("accuracy", "macro_f1")}
-             for o, sc in (*refined.items(), ("previous", previous))}
-    order = sorted(refined, key=lambda o: (-(table[o]["accuracy"] + table[o]["macro_f1"]), GROWN.index(o)))
-    why = ["validation accuracy + macro-F1: " + ", ".join(f"{o} {table[o]['accuracy']:.4f} + "
-                                                          f"{table[o]['macro_f1']:.4f}" for o in order)]
+    order = sorted(refined, key=lambda o: (-change(o, "both")[0], GROWN.index(o)))
+    why = ["robust pooled change of validation accuracy + macro-F1: " +
+           ", ".join(f"{o} {change(o, 'both')[0]:+.4f}" for o in order)]
     won = None
     for o in order:
         metric = "macro_f1" if o == "balanced" else "accuracy"
-        new, old = table[o][metric], table["previous"][metric]
-        # the least favourable view: the pooled change with each site's scores left out in turn
-        views = [(pooled(refined[o], metric, s) - pooled(previous, metric, s), s) for s in sites] \
-            if len(sites) > 1 else [(new - old, None)]
-        worst, without = min(views, key=lambda v: (v[0] if v[0] == v[0] else -np.inf, str(v[1])))
-        ok = new >= old - 1e-12 and worst >= -1e-12
-        text = (f"{o} tree {'adopted' if ok else 'not adopted'}: pooled validation {metric} {new:.4f} (refined) "
-                f"against {old:.4f} (previous)")
-        if without is not None:
-            text += f", {worst:+.4f} at worst with one site's scores left out ({without})"
+        pooled, clipped = change(o, metric)
+        text = (f"{o} tree {'adopted' if pooled >= -1e-12 else 'not adopted'}: pooled change of validation {metric} "
+                f"{pooled:+.4f}, each site's clipped to the others' range"
+                + (f" ({', '.join(clipped)} clipped)" if clipped else ""))
         why.append(text)
-        if ok:
+        if pooled >= -1e-12:
             won = o
             break
     return won, "; ".join(why[len(refined) < 2:]) + f" over {len(sites)} sites"

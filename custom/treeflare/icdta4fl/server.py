@@ -167,9 +167,12 @@ class ICDTA4FLServer:
         return {"algorithm": self.algorithm, **self.job_info, "dropped_sites": {}}
 
     # -- the protocol ------------------------------------------------------------------------------
-    def run(self, result: dict, sites, server_test=None):
+    def run(self, result: dict, sites, server_test=None, verify=None):
         """The whole protocol over ``sites`` (their names), filling ``result``; ``server_test``: the server's own
-        encoded test rows (X, y) or None. Yields ``Ask``/``Note``; returns (final model, one-round model)."""
+        encoded test rows (X, y) or None; ``verify``: {job_id, root_ca, server_names} where the server has its kit's
+        root CA: it then checks each site's signed tree and key as every site will, and drops a site whose own
+        signatures fail at training (else the sites would refuse the list, and an honest site would look at fault).
+        Yields ``Ask``/``Note``; returns (final model, one-round model)."""
         result.setdefault("dropped_sites", {})
         timings = result.setdefault("timings_s", {})
         sites = sorted(sites, key=natural_key)
@@ -180,11 +183,14 @@ class ICDTA4FLServer:
         t = time.perf_counter()
         task = {"schema": self.schema.to_dict(), "algorithm": self.algorithm, "params": self.local_params}
         if rounds:
-            # the rounds and the noise are announced up front: a site answers each round number once, none beyond
-            # them, and only with this noise; each site answers with its signed masking key
+            # the rounds, the noise and the leaf budget are announced up front: a site answers each round number
+            # once, none beyond them, only with this noise, on trees within the budget; each site answers with its
+            # signed masking key
             task["refine"] = {"rounds": rounds, "epsilon": self.refine["epsilon"]}
-        trained = yield from self._ask(result, TRAIN, task, sites, lambda r: {
-            **check_train_reply(r, limits=self.limits), "refine_key": r.get("refine_key")})
+            budget = pipeline.check_aggregate_params(self.aggregation)["max_leaves"]
+            if isinstance(budget, int):
+                task["refine"]["max_leaves"] = budget
+        trained = yield from self._ask(result, TRAIN, task, sites, lambda r, s: self._check_train(r, s, verify))
         trained = self._bound_rows(result, trained)
         timings["local_training"] = time.perf_counter() - t
         sites = sorted(trained, key=natural_key)
@@ -192,8 +198,9 @@ class ICDTA4FLServer:
 
         t = time.perf_counter()
         tree_dicts = [tr.to_dict() for tr in trees]
-        scores = yield from self._ask(result, SCORE_TREES, {"trees": tree_dicts, "owners": sites}, sites,
-                                      lambda r: check_scores_reply(r, len(trees)))
+        peer_task = {"trees": tree_dicts, "owners": sites, "signatures": [trained[s]["tree_signature"] for s in sites]}
+        scores = yield from self._ask(result, SCORE_TREES, peer_task, sites,
+                                      lambda r, s: check_scores_reply(r, len(trees)))
         timings["peer_evaluation"] = time.perf_counter() - t
         scorers = sorted(scores, key=natural_key)
         acc = np.array([scores[s]["accuracy"] for s in scorers], dtype=np.float64)
@@ -238,7 +245,7 @@ class ICDTA4FLServer:
 
         t = time.perf_counter()
         global_scores = yield from self._ask(result, SCORE_GLOBAL, {"tree": model.tree_.to_dict()}, sites,
-                                             check_global_reply, required=1)
+                                             lambda r, s: check_global_reply(r), required=1)
         for s, sc in global_scores.items():
             result["sites"][s]["global"] = {"accuracy": sc["accuracy"], "macro_f1": sc["macro_f1"]}
         timings["global_evaluation"] = time.perf_counter() - t
@@ -265,7 +272,7 @@ class ICDTA4FLServer:
         t = time.perf_counter()
         start_one_round = pipeline.refine_start(one_round)
         checked = yield from self._ask(result, SCORE_GLOBAL, {"tree": start_one_round.to_dict()}, sites,
-                                       check_global_reply, required=1,
+                                       lambda r, s: check_global_reply(r), required=1,
                                        phase="one-round tree on the sites' validation rows")
         # the median over the sites: one site's word moves it only between honest scores
         merged = {m: float(np.median([checked[s][m] for s in checked])) for m in ("accuracy", "macro_f1")}
@@ -343,7 +350,7 @@ class ICDTA4FLServer:
                 # every candidate tree ("auto": both objectives') scored in one task on the sites' validation rows
                 replies = yield from self._ask(
                     result, SCORE_TREES, {"trees": [g.to_dict() for g, _ in grown.values()]}, sites,
-                    lambda rep: check_scores_reply(rep, len(grown)), required=1,
+                    lambda rep, s: check_scores_reply(rep, len(grown)), required=1,
                     phase=f"refinement round {r}: refined trees on the sites' validation rows")
             except _RoundFailed as exc:
                 info["status"] = f"stopped at round {r}: {exc}"
@@ -386,7 +393,7 @@ class ICDTA4FLServer:
         t = time.perf_counter()
         try:
             replies = yield from self._ask(result, REFINE_COUNTS, task, contributors,
-                                           lambda rep: check_counts_reply(rep, n_values=n_values, round_no=r),
+                                           lambda rep, s: check_counts_reply(rep, n_values=n_values, round_no=r),
                                            required=len(contributors))
         except ProtocolFailed:
             missing = [s for s in contributors if s in result["dropped_sites"]]
@@ -431,7 +438,7 @@ class ICDTA4FLServer:
                 reason = reply
             else:
                 try:
-                    valid[site] = check(reply)
+                    valid[site] = check(reply, site)
                     continue
                 except (PayloadError, DataError, ValueError, TypeError, KeyError, AttributeError) as exc:
                     reason = f"invalid payload: {exc}"
@@ -441,6 +448,28 @@ class ICDTA4FLServer:
             raise ProtocolFailed(f"{name}: {len(valid)} valid replies, need {needed}; "
                                  f"dropped: {result['dropped_sites']}")
         return valid
+
+    def _check_train(self, reply, site, verify) -> dict:
+        """A training reply against the server's own schema, and the site's signed statements (tree and key) as the
+        other sites will check them."""
+        out = {**check_train_reply(reply, limits=self.limits), "refine_key": reply.get("refine_key")}
+        signature = reply.get("tree_signature")
+        if not isinstance(signature, dict) or set(signature) != {"site", "certificate", "signature"}:
+            raise PayloadError("tree_signature", "expected a dict of site, certificate, signature")
+        out["tree_signature"] = signature
+        if verify and verify.get("root_ca") is not None:
+            try:
+                secagg.verify_tree_list([site], [pipeline.tree_digest(out["tree"])], [signature], site=site,
+                                        own_digest=pipeline.tree_digest(out["tree"]), job_id=verify["job_id"],
+                                        root_ca=verify["root_ca"], server_names=verify.get("server_names"))
+                if out["refine_key"] is not None:
+                    record = check_key_reply(out["refine_key"], site)
+                    secagg.verify_key_list([record], site=site, own_public=np.asarray(record["public_key"]).tobytes(),
+                                           job_id=verify["job_id"], root_ca=verify["root_ca"], min_sites=1,
+                                           server_names=verify.get("server_names"))
+            except secagg.SecAggError as exc:
+                raise PayloadError("signatures", str(exc)) from None
+        return out
 
     def _bound_rows(self, result, trained: dict) -> dict:
         """Drop a site whose declared rows exceed ``max_site_rows`` or ``max_rows_ratio`` times the median of the

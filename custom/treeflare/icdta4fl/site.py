@@ -23,7 +23,7 @@ import numpy as np
 
 from ..crypto import secagg
 from ..data import DataError, Schema
-from ..trees.tree import Tree
+from ..trees.tree import NUMERIC, Tree
 from ..trees.validate import PayloadError, check_int, check_number
 from . import pipeline, refine
 from .encoding import feature_space, threshold_bounds
@@ -71,7 +71,9 @@ class SiteProtocol:
         self._participants = None  # the verified key list of the first round
         self._scorings = 0
         self._scored: set = set()  # digests of every tree this site scored in this run
-        self._peer_trees = None  # the trees of peer scoring: the candidates' only source
+        self._peer_trees = None  # the trees of peer scoring (their owners' own, signed): the candidates' only source
+        self._own_digest = None
+        self._refine_max_leaves = None  # the leaf budget announced with training, when a number
 
     def handle(self, task: str, data) -> dict:
         """The reply (a plain dict) to one task; raises ``PayloadError``/``DataError``/``SecAggError`` to refuse."""
@@ -88,6 +90,9 @@ class SiteProtocol:
 
     # -- training ----------------------------------------------------------------------------------
     def _train(self, task) -> dict:
+        if self._train_data is not None:
+            # a second training task would start this site's plan (its scoring budget, its rounds, its noise) afresh
+            raise PayloadError("task", "training was already answered in this run")
         schema = Schema.from_dict(task["schema"])
         algorithm = str(task["algorithm"])
         params = dict(task.get("params") or {})
@@ -98,14 +103,19 @@ class SiteProtocol:
         tree = pipeline.train_local_tree(X, y, algorithm=algorithm, n_classes=len(schema.classes),
                                          feature_kinds=kinds, n_categories=n_categories, params=params)
         local = pipeline.score_trees([tree], *self._test)
+        self._own_digest = _digest(Tree.from_dict(tree))
         reply = {"tree": tree, "n_train": len(y), "n_test": len(y_test),
-                 "local": {"accuracy": local["accuracy"][0], "macro_f1": local["macro_f1"][0]}}
+                 "local": {"accuracy": local["accuracy"][0], "macro_f1": local["macro_f1"][0]},
+                 # signed, so that peers score (and later count on) only trees their owners sent
+                 "tree_signature": secagg.sign_tree(self.identity, self.job_id, self.site, self._own_digest)}
         self._train_data = (X, y, kinds)
         setup = task.get("refine")
         if isinstance(setup, dict):
             self._refine_rounds = check_int(setup.get("rounds"), "refine.rounds", lo=1, hi=refine.MAX_REFINE_ROUNDS)
             eps = setup.get("epsilon")
             self._refine_epsilon = None if eps is None else check_number(eps, "refine.epsilon")
+            leaves = setup.get("max_leaves")
+            self._refine_max_leaves = None if leaves is None else check_int(leaves, "refine.max_leaves", lo=1)
             self._masking = secagg.MaskingKeys(self.site, self.job_id, self.identity)
             reply["refine_key"] = self._masking.record()
         return reply
@@ -140,6 +150,12 @@ class SiteProtocol:
         peer_scoring = self._scorings == 0
         self._count_scoring(len(payloads))
         trees = self._parse_trees(payloads)
+        if peer_scoring:  # the sites' own trees, each signed by its owner for this job: no tree of the server's
+            identity = self.identity
+            secagg.verify_tree_list(task.get("owners"), [_digest(t) for t in trees], task.get("signatures"),
+                                    site=self.site, own_digest=self._own_digest, job_id=self.job_id,
+                                    root_ca=identity.root_ca if identity is not None else None,
+                                    server_names=identity.server_names if identity is not None else None)
         scores = pipeline.score_trees(trees, *self._require_test())
         self._scored.update(_digest(t) for t in trees)
         if peer_scoring:
@@ -193,6 +209,7 @@ class SiteProtocol:
         if candidates.to_dict() != self._own_candidates().to_dict():
             # thresholds chosen by the server alone could isolate rows; these come from trees every site was sent
             raise PayloadError("candidates", "differ from those of the trees this site scored and the schema")
+        self._check_counted_tree(tree, candidates)
         plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=candidates)
         counts = self._counts(tree, candidates, plan, X, y)
         if epsilon is not None:
@@ -211,6 +228,22 @@ class SiteProtocol:
         """This site's count vector, then its rows counted nowhere (they stop at an internal node)."""
         counts = refine.count_vector(tree, candidates, plan, X, y)
         return np.append(counts, len(y) - int(feature_totals(counts, plan, candidates)[0]))
+
+    def _check_counted_tree(self, tree, candidates) -> None:
+        """A tree this site counts on splits only where the sites' own trees or the candidates do, and has at most
+        the announced leaves: its leaves are boxes of cells every site has seen, never cut around a few rows."""
+        known = {j: set() for j in range(tree.n_features)}
+        for t in self._peer_trees:
+            for v in np.flatnonzero(t.kind == NUMERIC):
+                known[int(t.feature[v])].update(float(x) for x in t.split_points[v])
+        for j, points in enumerate(candidates.thresholds):
+            if points is not None:
+                known[j].update(float(x) for x in points)
+        for v in np.flatnonzero(tree.kind == NUMERIC):
+            if not {float(x) for x in tree.split_points[v]} <= known[int(tree.feature[v])]:
+                raise PayloadError("tree", f"node {int(v)} splits where no site's tree nor candidate does")
+        if self._refine_max_leaves is not None and tree.n_leaves > self._refine_max_leaves:
+            raise PayloadError("tree", f"{tree.n_leaves} leaves, over the {self._refine_max_leaves} announced")
 
     def _own_candidates(self):
         if self._peer_trees is None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cryptography import x509
 from nvflare.apis.controller_spec import Task
-from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable
 
 from ...data import read_site_csv
@@ -75,7 +76,7 @@ class ICDTA4FLController(ResultWorkflow):
 
     def run_workflow(self, result, run_dir: Path, abort_signal, fl_ctx):
         sites = [c.name for c in fl_ctx.get_engine().get_clients()]
-        steps = self.protocol.run(result, sites, server_test=self._read_server_test())
+        steps = self.protocol.run(result, sites, server_test=self._read_server_test(), verify=_verify_context(fl_ctx))
         answer, logged = None, {}
         try:
             while True:
@@ -156,3 +157,17 @@ class ICDTA4FLController(ResultWorkflow):
         reporter = getattr(engine, "get_component", lambda _id: None)(PROGRESS_ID)
         if reporter is not None:
             reporter.emit(text, **({"phase": phase} if phase else {}))
+
+
+def _verify_context(fl_ctx):
+    """What the server checks the sites' signed statements with, as each site will: the job id, the root CA of its own
+    startup kit and its own identity (a site's list may not hold it). None without a kit (the simulator)."""
+    engine = fl_ctx.get_engine()
+    try:
+        kit = Path(engine.get_workspace().get_startup_kit_dir())
+    except Exception:  # noqa: BLE001 - no workspace or kit: the simulator
+        return None
+    if fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False) or not (kit / "rootCA.pem").is_file():
+        return None
+    root_ca = x509.load_pem_x509_certificate((kit / "rootCA.pem").read_bytes())
+    return {"job_id": str(fl_ctx.get_job_id()), "root_ca": root_ca, "server_names": (fl_ctx.get_identity_name(),)}

@@ -57,8 +57,10 @@ def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_nam
     test = None if X_global_test is None else (np.asarray(X_global_test, dtype=np.float64),
                                                np.asarray(y_global_test, dtype=np.int64))
     notes = []
+    kit = next(iter((identities or {}).values()), None)  # with kits, the server checks signatures as sites do
+    verify = None if kit is None else {"job_id": job_id, "root_ca": kit.root_ca, "server_names": kit.server_names}
     result, model, one_round = run_protocol(server, protocols, server_test=test, wire=wire, record=record,
-                                            notes=notes, handlers=handlers)
+                                            notes=notes, handlers=handlers, verify=verify)
     order = result["sites_trained"]
     stats = result["aggregation"]
     out = {"result": result, "notes": notes, "sites": order, "model": one_round, "final_model": model,
