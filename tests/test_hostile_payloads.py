@@ -60,7 +60,7 @@ def chain(n: int) -> dict:
     nodes = []
     for i in range(n):
         nodes.append({"kind": "numeric", "feature": 0, "thresholds": [float(i)], "children": [2 * i + 1, 2 * i + 2],
-                      "counts": [1, 1]})
+                      "counts": [n - i, 1]})  # its children's rows: one leaf row, the rest further down
         nodes.append({"kind": "leaf", "counts": [1, 0]})
     nodes.append({"kind": "leaf", "counts": [0, 1]})
     # renumber: node 2i is the split, 2i+1 its left leaf, 2i+2 the next split (or the last leaf)

@@ -149,7 +149,7 @@ def test_auto_adopts_the_tree_that_validates_best():
     # the balanced tree leads in macro-F1 but is below the previous tree's: the accuracy tree, no worse in accuracy
     prev_f1 = _scores((0.80, 0.65), (0.80, 0.65))
     won, why = refine.adopt_refined({"accuracy": acc_tree, "balanced": bal_tree}, prev_f1, weights, "auto")
-    assert won == "accuracy" and "balanced tree not adopted: pooled validation macro_f1 0.6250" in why
+    assert won == "accuracy" and "balanced tree not adopted: pooled change of validation macro_f1 -0.0250" in why
     # both worse than the tree they replace: neither (as after one site's relabelled counts)
     won, why = refine.adopt_refined({"accuracy": _scores((0.7, 0.5), (0.7, 0.5)), "balanced": _scores((0.7, 0.4),
                                                                                                      (0.7, 0.4))},

@@ -141,19 +141,27 @@ def test_one_site_forging_counts_rows_and_validation_weight_together_does_not_wi
 
 
 # ------------------------------------------------------------------------------------------- the checks, directly
-def test_declared_rows_are_bounded_by_the_other_sites_median():
+def test_declared_rows_are_bounded_by_the_sites_median():
+    """Training rows above 20 x the median of every site's drop the site; validation rows are capped at the median
+    in the adopt check's weights, never dropped for; one site moves that median only between the others' values."""
     server = ICDTA4FLServer(Schema((Feature("x", "numeric", ()),), "y", ("a", "b")), max_rows_ratio=20)
     trained = {f"site-{i}": {"n_train": n, "n_test": 100} for i, n in enumerate([1000, 1200, 900, 19_999], start=1)}
     result = {"dropped_sites": {}}
     assert set(server._bound_rows(result, trained)) == set(trained) and not result["dropped_sites"]
-    trained["site-4"] = {"n_train": 24_001, "n_test": 100}  # the others' median is 1,000
+    trained["site-4"] = {"n_train": 22_001, "n_test": 100}  # the sites' median is 1,100
     kept = server._bound_rows(result, trained)
     assert "site-4" not in kept and result["dropped_sites"]["site-4"].startswith(
-        "icdta4fl_train: n_train: 24001 declared rows, more than 20000")
-    trained["site-4"] = {"n_train": 1000, "n_test": 2 ** 31}  # the validation weight too
-    assert "site-4" not in ICDTA4FLServer._bound_rows(server, {"dropped_sites": {}}, trained)
-    with pytest.raises(ValueError, match="max_rows_ratio"):
-        ICDTA4FLServer(server.schema, max_rows_ratio=0.5)
+        "icdta4fl_train: n_train: 22001 declared rows, more than 22000")
+    # three sites, one honest site 15 x another: kept (the median is the middle site's, not the small one's)
+    three = {"site-1": {"n_train": 1500, "n_test": 10}, "site-2": {"n_train": 100, "n_test": 10},
+             "site-3": {"n_train": 1000, "n_test": 10}}
+    assert set(server._bound_rows({"dropped_sites": {}}, three)) == set(three)
+    trained["site-4"] = {"n_train": 1000, "n_test": 2 ** 31}  # a validation weight of 2^31 rows: capped, kept
+    assert "site-4" in server._bound_rows({"dropped_sites": {}}, trained)
+    assert server._validation_weights(trained, list(trained))["site-4"] == 100
+    for bad in (0.5, float("inf"), True):
+        with pytest.raises(ValueError, match="max_rows_ratio"):
+            ICDTA4FLServer(server.schema, max_rows_ratio=bad)
 
 
 def _sites(fed):
@@ -209,3 +217,24 @@ def test_a_class_only_one_site_holds_is_that_sites_count_in_the_sum():
     plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=cands)
     own = refine.count_vector(tree, cands, plan, sites[0]["X_train"], sites[0]["y_train"]).reshape(-1, 3)
     assert own[:, 2].sum() > 0 and np.array_equal(total[:, 2], own[:, 2])
+
+
+def test_a_tree_whose_leaves_hold_more_rows_than_its_root_is_refused(car):
+    """A leaf's counts are its weight in the merge: a site that keeps its root at its declared rows but multiplies
+    its leaves (1e9 x) would outweigh every other tree. Children may hold at most their parent's rows."""
+    from treeflare.icdta4fl.encoding import tree_limits
+    from treeflare.icdta4fl.payloads import check_train_reply
+    from treeflare.icdta4fl.pipeline import train_local_tree
+    from treeflare.trees.validate import PayloadError
+
+    fed, _ = car
+    site = _sites(fed)[0]
+    tree = train_local_tree(site["X_train"], site["y_train"], algorithm="cart", n_classes=len(fed.schema.classes),
+                            params={"max_depth": 4})
+    limits = tree_limits(fed.schema, "cart", max_depth=4)
+    reply = {"tree": tree, "n_train": len(site["y_train"]), "n_test": 10, "local": {"accuracy": 0.9, "macro_f1": 0.8}}
+    assert check_train_reply(reply, limits=limits)["n_train"] == len(site["y_train"])
+    inflated = {**tree, "nodes": [dict(n, counts=[c * (1 if i == 0 else 1e9) for c in n["counts"]])
+                                  for i, n in enumerate(tree["nodes"])]}
+    with pytest.raises(PayloadError, match="node 0's children hold more rows of some class than the node itself"):
+        check_train_reply({**reply, "tree": inflated}, limits=limits)

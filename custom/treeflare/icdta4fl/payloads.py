@@ -52,6 +52,14 @@ def check_train_reply(reply: dict, *, limits: dict) -> dict:
     root_rows = float(tree.counts[0].sum())  # a float sum of the learner's counts: equal up to rounding
     if abs(root_rows - n_train) > 1e-6 * n_train:
         raise PayloadError("n_train", f"{n_train} declared rows, but the site's tree holds {root_rows:g} at its root")
+    # ...and no node holds more rows than its parent (a leaf's mass is its weight in the merge): children add up to
+    # at most their parent's counts, class by class (ID3's rows that stop at a node count there alone)
+    for v in range(tree.n_nodes):
+        kids = tree.children[v]
+        if kids is not None:
+            below = tree.counts[kids].sum(axis=0)
+            if np.any(below > tree.counts[v] * (1 + 1e-9) + 1e-9):
+                raise PayloadError("tree", f"node {v}'s children hold more rows of some class than the node itself")
     return {
         "tree": tree,
         "n_train": n_train,

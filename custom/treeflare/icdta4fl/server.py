@@ -3,7 +3,8 @@
 train -> every tree to every site -> peer scores -> filter -> aggregate (the paper's one-round tree)
 -> [refinement: the one-round tree scored by the sites; the better of it and the best selected local tree
     is grown on class counts summed over all sites, pairwise-masked so that the server learns only the sums,
-    and adopted only if the sites' validation rows, without any one site, score it at least as well]
+    and adopted only if the sites' validation rows score it at least as well, one site's word counting no more
+    than the others']
 -> global tree to every site -> global evaluation.
 
 ``ICDTA4FLServer.run`` yields an :class:`Ask` (a task for some sites; it is sent back a dict site -> the reply as
@@ -15,7 +16,8 @@ checks are the same whoever routes the messages. A site whose reply is missing o
 
 No number a site declares is taken on its own word alone: its rows are bounded by the other sites' (``max_rows_ratio``
 times their median), a tree's peer score is the median of the *other* sites' scores of it, and a refined tree is
-adopted only if it validates at least as well with any one site's scores left out (``refine.adopt_refined``).
+adopted only if its pooled change of validation score is not negative with each site's change clipped to the
+range of the others' (``refine.adopt_refined``).
 
 (Over 400 lines: one protocol's phases share the reply checks and the drop-a-site bookkeeping; the algorithms
 themselves live in ``pipeline``, ``refine`` and ``payloads``.)
@@ -111,11 +113,6 @@ def robust_peer_scores(matrix, owners, scorers) -> np.ndarray:
     return out
 
 
-def _median_others(values: dict, site) -> float:
-    others = [v for s, v in values.items() if s != site]
-    return float(np.median(others)) if others else float("inf")
-
-
 @dataclass
 class ICDTA4FLServer:
     """The server's plan for one run (every option checked here, before any task), and its protocol (``run``).
@@ -150,7 +147,8 @@ class ICDTA4FLServer:
         self.aggregation = dict(self.aggregation or {})
         self.refine = check_refine_params(dict(self.refine_params or {}))
         self.min_clients = max(1, int(self.min_clients))
-        if not (isinstance(self.max_rows_ratio, (int, float)) and self.max_rows_ratio >= 1):
+        if isinstance(self.max_rows_ratio, bool) or not isinstance(self.max_rows_ratio, (int, float)) or \
+                not 1 <= self.max_rows_ratio < float("inf"):
             raise ValueError(f"max_rows_ratio must be a number >= 1, got {self.max_rows_ratio!r}")
         self.max_site_rows = int(self.max_site_rows)
         if not 1 <= self.max_site_rows <= MAX_SITE_ROWS:
@@ -260,7 +258,7 @@ class ICDTA4FLServer:
     def _refinement(self, result, one_round, trees, selected, sites, scorers, acc, f1, score_acc, score_f1, trained,
                     stats, server_test):
         """Never worse than the pieces, then grown on masked summed counts; a refined tree is adopted only if the
-        sites' validation rows, without any one site, score it at least as well. Returns the final model."""
+        sites' validation rows score it at least as well (``refine.adopt_refined``). Returns the final model."""
         timings = result["timings_s"]
         eps, objective = self.refine["epsilon"], self.refine["objective"]
         info = {"rounds_requested": self.refine["rounds"], "epsilon": eps, "objective": objective,
@@ -472,28 +470,28 @@ class ICDTA4FLServer:
         return out
 
     def _bound_rows(self, result, trained: dict) -> dict:
-        """Drop a site whose declared rows exceed ``max_site_rows`` or ``max_rows_ratio`` times the median of the
-        other sites' (training and validation rows alike): its rows weigh its tree and bound its counts."""
+        """Drop a site whose declared training rows exceed ``max_site_rows`` or ``max_rows_ratio`` times the median of
+        every site's (one site moves that median only between the others' values): its rows weigh its tree and bound
+        its counts. Validation rows are not dropped for but capped (``_validation_weights``)."""
+        declared = {s: v["n_train"] for s, v in trained.items()}
+        limit = min(self.max_site_rows, self.max_rows_ratio * float(np.median(list(declared.values()))))
         out = dict(trained)
-        for key in ("n_train", "n_test"):
-            declared = {s: v[key] for s, v in trained.items()}
-            for s, n in declared.items():
-                limit = min(self.max_site_rows, self.max_rows_ratio * _median_others(declared, s))
-                if n > limit and s in out:
-                    _drop(result, s, f"{TRAIN}: {key}: {n} declared rows, more than {limit:g} (max_rows_ratio "
-                                     f"{self.max_rows_ratio:g} x the other sites' median, or max_site_rows "
-                                     f"{self.max_site_rows})")
-                    del out[s]
+        for s, n in declared.items():
+            if n > limit:
+                _drop(result, s, f"{TRAIN}: n_train: {n} declared rows, more than {limit:g} (max_rows_ratio "
+                                 f"{self.max_rows_ratio:g} x the sites' median, or max_site_rows {self.max_site_rows})")
+                del out[s]
         if len(out) < self.min_clients:
             raise ProtocolFailed(f"{TRAIN}: {len(out)} sites within the row bounds, need {self.min_clients}; "
                                  f"dropped: {result['dropped_sites']}")
         return out
 
     def _validation_weights(self, trained, sites) -> dict:
-        """Each site's validation rows as the adopt check weighs them, capped at the other sites' median (so a
-        site's declared rows do not outweigh theirs)."""
+        """Each site's validation rows as the adopt check weighs them, capped at the median of every site's (so a
+        site's declared rows do not outweigh a typical site's)."""
         declared = {s: trained[s]["n_test"] for s in sites}
-        return {s: min(n, _median_others(declared, s)) if len(declared) > 1 else n for s, n in declared.items()}
+        cap = float(np.median(list(declared.values())))
+        return {s: min(float(n), cap) for s, n in declared.items()}
 
     def _aggregate(self, result, trees, selected, sites):
         """Aggregate the selected trees; a tree that cannot be used drops its site and the rest go on."""
