@@ -16,10 +16,34 @@ from ..data.errors import public_error
 from ..trees.validate import PayloadError
 from .server import Ask, ICDTA4FLServer, Note
 
-__all__ = ["run_protocol", "schema_for_arrays", "SITE_PUBLIC_ERRORS"]
+__all__ = ["drive", "run_protocol", "schema_for_arrays", "SITE_PUBLIC_ERRORS"]
 
 # the errors about what the server sent (they hold no site data), whose text a site's reply carries
 SITE_PUBLIC_ERRORS = (PayloadError, secagg.SecAggError)
+
+
+def drive(steps, send: Callable, note: Callable | None = None, after: Callable | None = None):
+    """Run a protocol's ``steps`` (``ICDTA4FLServer.run``) to its end: each ``Ask`` goes to ``send(ask)`` (site ->
+    reply or reason), each ``Note`` to ``note(text, phase)``; ``after()`` runs after every step (the FLARE controller
+    logs the drops it records). Returns what the protocol returns; ``ProtocolFailed`` passes through."""
+    answer = None
+    try:
+        while True:
+            message = steps.send(answer)
+            if after is not None:
+                after()
+            if isinstance(message, Note):
+                if note is not None:
+                    note(message.text, message.phase)
+                answer = None
+            else:
+                assert isinstance(message, Ask)
+                answer = send(message)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        if after is not None:
+            after()
 
 
 def run_protocol(server: ICDTA4FLServer, sites: dict, *, result: dict | None = None, server_test=None,
@@ -32,32 +56,28 @@ def run_protocol(server: ICDTA4FLServer, sites: dict, *, result: dict | None = N
     Returns (result, final model, one-round model); raises ``server.ProtocolFailed``."""
     result = server.initial_result() if result is None else result
     wire = wire or (lambda message: message)
-    gen = server.run(result, list(sites), server_test=server_test, verify=verify)
-    answer = None
-    try:
-        while True:
-            message = gen.send(answer)
-            if isinstance(message, Note):
-                if notes is not None:
-                    notes.append(message.text)
-                answer = None
-                continue
-            assert isinstance(message, Ask)
-            answer = {}
-            for site in message.sites:
-                data = wire(message.data)
-                if record is not None:
-                    record.append(("to_site", site, message.task, data))
-                handle = (handlers or {}).get(site) or sites[site].handle
-                try:
-                    reply = wire(handle(message.task, data))
-                except Exception as exc:  # noqa: BLE001 - as the executor: any failure becomes an error reply
-                    reply = f"return code EXECUTION_EXCEPTION: {public_error(exc, passthrough=SITE_PUBLIC_ERRORS)}"
-                if record is not None:
-                    record.append(("to_server", site, message.task, reply))
-                answer[site] = reply
-    except StopIteration as stop:
-        model, one_round = stop.value
+
+    def send(ask: Ask) -> dict:
+        answer = {}
+        for site in ask.sites:
+            data = wire(ask.data)
+            if record is not None:
+                record.append(("to_site", site, ask.task, data))
+            handle = (handlers or {}).get(site) or sites[site].handle
+            try:
+                reply = wire(handle(ask.task, data))
+            except Exception as exc:  # noqa: BLE001 - as the executor: any failure becomes an error reply
+                reply = f"return code EXECUTION_EXCEPTION: {public_error(exc, passthrough=SITE_PUBLIC_ERRORS)}"
+            if record is not None:
+                record.append(("to_server", site, ask.task, reply))
+            answer[site] = reply
+        return answer
+
+    def note(text, phase):
+        if notes is not None:
+            notes.append(text)
+
+    model, one_round = drive(server.run(result, list(sites), server_test=server_test, verify=verify), send, note)
     return result, model, one_round
 
 

@@ -20,7 +20,8 @@ from ...data import read_site_csv
 from ...icdta4fl.encoding import encode
 from ...icdta4fl.export import export_text, plot_tree
 from ...icdta4fl.payloads import MAX_SITE_ROWS
-from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO, DEFAULT_REFINE, ICDTA4FLServer, Note, ProtocolFailed
+from ...icdta4fl.driver import drive
+from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO, DEFAULT_REFINE, ICDTA4FLServer, ProtocolFailed
 from ...reporting import write_text_atomic
 from ..progress import PROGRESS_ID
 from ..workflow import JobFailed, ResultWorkflow
@@ -77,22 +78,13 @@ class ICDTA4FLController(ResultWorkflow):
     def run_workflow(self, result, run_dir: Path, abort_signal, fl_ctx):
         sites = [c.name for c in fl_ctx.get_engine().get_clients()]
         steps = self.protocol.run(result, sites, server_test=self._read_server_test(), verify=_verify_context(fl_ctx))
-        answer, logged = None, {}
+        logged = {}
         try:
-            while True:
-                message = steps.send(answer)
-                self._log_drops(result, logged, fl_ctx)
-                if isinstance(message, Note):
-                    self._progress(fl_ctx, message.text, message.phase)
-                    answer = None
-                else:
-                    answer = self._broadcast(message, abort_signal, fl_ctx)
-        except StopIteration as stop:
-            model, one_round = stop.value
+            model, one_round = drive(steps, lambda ask: self._broadcast(ask, abort_signal, fl_ctx),
+                                     lambda text, phase: self._progress(fl_ctx, text, phase),
+                                     lambda: self._log_drops(result, logged, fl_ctx))
         except ProtocolFailed as exc:
             raise JobFailed(str(exc)) from None
-        finally:
-            self._log_drops(result, logged, fl_ctx)
         if self.protocol.refine["rounds"]:
             one_round.save_json(run_dir / "global_tree_one_round.json")
         model.save_json(run_dir / "global_tree.json")
