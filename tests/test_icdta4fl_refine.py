@@ -36,7 +36,13 @@ def _federation(dataset, algorithm, n_sites=4, seed=0, kind="iid"):
     trees = [Tree.from_dict(train_local_tree(X, y, algorithm=algorithm, n_classes=C, feature_kinds=kinds,
                                              n_categories=n_cat, params={"max_depth": 4})) for X, y, _, _ in sites]
     reports = [score_trees(trees, Xt, yt) for _, _, Xt, yt in sites]
-    selected, _ = select_trees([r["accuracy"] for r in reports], [r["macro_f1"] for r in reports])
+    # the filter's score per tree: the sites' scores, each clipped to the others' range, averaged (server.py)
+    from treeflare.icdta4fl.server import robust_peer_scores
+
+    acc, f1 = np.array([r["accuracy"] for r in reports]), np.array([r["macro_f1"] for r in reports])
+    selected, _ = select_trees(robust_peer_scores(acc)[None, :],
+                               robust_peer_scores(f1)[None, :],
+                               trees=[t.to_dict() for t in trees])
     model, stats = aggregate(trees, selected, classes=list(fed.schema.classes), feature_names=names)
     cands = refine.candidates_from_trees(trees, feature_kinds=kinds, n_categories=n_cat,
                                          bounds=threshold_bounds(fed.schema, algorithm))
@@ -147,9 +153,10 @@ def test_protocol_server_sees_masked_vectors_and_the_sum_never_one_sites_counts(
     result = run.run(controller, tmp_path / "run")
     assert result["status"] == "completed", result.get("error")
     info = result["refinement"]
-    assert info["status"] == "completed" and info["rounds_done"] == 2, info
+    # both rounds are counted and summed; the second is adopted only if the sites' validation rows, one site's word
+    # clipped to the others', say it helps (here it does not: the first round's tree stays)
+    assert info["rounds_done"] >= 1 and len(info["adoption"]) == 2 and info["adoption"][0]["adopted"], info
     assert info["key_authentication"].startswith("none: keys unauthenticated")  # no kits here, as in the simulator
-    assert all(a["adopted"] for a in info["adoption"]) and len(info["adoption"]) == 2
     assert result["global"]["accuracy"] >= result["one_round"]["accuracy"]
     to_server = [(s, name, m) for d, s, name, m in run.messages if d == "to_server"]
     counts = [(s, m) for s, name, m in to_server if name == REFINE_COUNTS]
@@ -206,7 +213,7 @@ def _recorded_run_and_fresh_sites(fed, root, name, rounds):
     counts task (peer scoring, the start check): a deviating server's questions are then put to these."""
     run = InProcessRun(root, fed.site_names)
     result = run.run(_controller(fed, root, rounds=rounds), Path(root).parent / name)
-    assert result["refinement"]["status"] == "completed"
+    assert result["refinement"]["rounds_done"] >= 1, result["refinement"]
     first = next(i for i, (d, s, n, m) in enumerate(run.messages) if d == "to_site" and n == REFINE_COUNTS)
     task = run.messages[first][3]
     train = next(m for d, s, n, m in run.messages if d == "to_site" and n == TRAIN)
@@ -351,7 +358,13 @@ def test_refine_rounds_0_is_the_papers_one_round_method(car_federation, tmp_path
                                              n_classes=len(fed.schema.classes), feature_kinds=kinds,
                                              params={"max_depth": 4})) for s in sites]
     reports = [score_trees(trees, encode(s.test, "cart"), s.test.y_codes()) for s in sites]
-    selected, _ = select_trees([r["accuracy"] for r in reports], [r["macro_f1"] for r in reports])
+    # the filter's score per tree: the sites' scores, each clipped to the others' range, averaged (server.py)
+    from treeflare.icdta4fl.server import robust_peer_scores
+
+    acc, f1 = np.array([r["accuracy"] for r in reports]), np.array([r["macro_f1"] for r in reports])
+    selected, _ = select_trees(robust_peer_scores(acc)[None, :],
+                               robust_peer_scores(f1)[None, :],
+                               trees=[t.to_dict() for t in trees])
     model, _ = aggregate(trees, selected, classes=list(fed.schema.classes), feature_names=names)
     saved = Tree.from_dict(json.loads((tmp_path / "run" / "global_tree.json").read_text())["tree"])
     assert saved.to_dict() == model.tree_.to_dict()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from flare_helpers import load_script
-from treeflare.icdta4fl import pipeline, refine
+from treeflare.icdta4fl import refine
 from treeflare.flare.icdta4fl.inprocess import run_in_process
 from treeflare.icdta4fl.pipeline import DEFAULT_MAX_LEAVES, aggregate, check_aggregate_params
 from treeflare.trees import Tree

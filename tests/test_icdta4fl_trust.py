@@ -117,21 +117,20 @@ def _forger(factor):
     return type("ForgingExecutor", (ICDTA4FLExecutor,), {"PROTOCOL": Forger})
 
 
-@pytest.mark.parametrize("factor", [19, 43])
-def test_one_site_forging_counts_rows_and_validation_weight_together_does_not_win(nursery, tmp_path, factor):
-    """The attack that once took nursery from 0.910 to 0.333. x19 stays within the row bound (20 x the others'
-    median) and its sum passes every check; the adopt check, site-4's word clipped to the others' range, refuses
-    the tree. x43
-    is dropped at training by the row bound."""
+@pytest.mark.parametrize("factor, ratio", [(19, None), (43, None), (43, 20)], ids=["x19", "x43", "x43-ratio-20"])
+def test_one_site_forging_counts_rows_and_validation_weight_together_does_not_win(nursery, tmp_path, factor, ratio):
+    """The attack that once took nursery from 0.910 to 0.333. Within the row bound (x19, and x43 under the default
+    bound of 100 x the sites' median) its sum passes every check, and the adopt check, site-4's word clipped to the
+    others' range, refuses the tree; with `--max-rows-ratio 20`, x43 is dropped at training by the row bound."""
     fed, root, honest = nursery
     executor = _forger(factor)(data_root=str(root))
-    result = InProcessRun(root, fed.site_names, executors={"site-4": executor}).run(_controller(fed, root),
-                                                                                    tmp_path / "run")
+    controller = _controller(fed, root, **({"max_rows_ratio": ratio} if ratio else {}))
+    result = InProcessRun(root, fed.site_names, executors={"site-4": executor}).run(controller, tmp_path / "run")
     assert result["status"] == "completed", result.get("error")
     assert set(result["dropped_sites"]) <= {"site-4"}
     assert result["global"]["accuracy"] >= honest["one_round"]["accuracy"] - 0.01, result["global"]
     info = result["refinement"]
-    if factor == 19:
+    if ratio is None:
         assert "site-4" not in result["dropped_sites"] and info["rounds_done"] == 0, info
         why = info["adoption"][0]["why"]
         assert not info["adoption"][0]["adopted"] and "(site-4 clipped)" in why, why

@@ -148,10 +148,6 @@ def test_every_section_holds_the_numbers_of_report_json(car):
     assert html.unescape(rules[rules.index("<pre>") + 5:rules.index("</pre>")]) == export_text(model)
 
 
-def owners_of(report) -> list:
-    return list(report["sites"])
-
-
 def test_the_peer_score_matrix_when_the_report_holds_it(car):
     report = copy.deepcopy(car[0])
     # the controller reports the matrix the sites sent (rows: scorers, columns: the trees in the report's site order)
@@ -165,13 +161,13 @@ def test_the_peer_score_matrix_when_the_report_holds_it(car):
         del bare["peer_scores"][key]
     assert Page(render_report_html(bare, car[1])).rows["sites"][0][0] == "site"
     assert len(Page(render_report_html(bare, car[1])).rows["sites"]) == 1 + len(report["sites"])
-    # the filter's score per tree: the median of the other sites' scores (ties broken by their mean)
+    # the filter's score per tree: the mean of the sites' scores, each clipped to the others' range
     from treeflare.icdta4fl.server import robust_peer_scores
 
-    np.testing.assert_allclose(robust_peer_scores(report["peer_scores"]["accuracy"], owners_of(report), scorers),
+    np.testing.assert_allclose(robust_peer_scores(report["peer_scores"]["accuracy"]),
                                report["thresholds"]["mean_accuracy"])
-    assert report["thresholds"]["score"] == "median_of_others"
-    assert "the median of the other sites" in " ".join(Page(render_report_html(report, car[1])).text)
+    assert report["thresholds"]["score"] == "clipped_mean"
+    assert "each first clipped to the range of the other sites" in " ".join(Page(render_report_html(report, car[1])).text)
     page = Page(render_report_html(report, car[1]))
     owners = list(report["sites"])
     heads = [r for r in page.rows["sites"] if r and r[0] == "scored by"]

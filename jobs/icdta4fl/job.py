@@ -56,12 +56,13 @@ def parse_args(argv=None):
     g.add_argument("--statistic", choices=["percentile", "mean", "median"], default="percentile",
                    help="how the peer-score thresholds are set (default percentile)")
     g.add_argument("--percentile", type=float, default=75.0, help="q for --statistic percentile (default 75)")
-    g.add_argument("--peer-score", choices=["median_of_others", "mean"], default="median_of_others",
-                   help="a tree's score for the filter: the median of the other sites' scores of it (default: one "
-                        "site's word moves it only between honest scores) or the paper's mean over every site")
+    g.add_argument("--peer-score", choices=["clipped_mean", "mean"], default="clipped_mean",
+                   help="a tree's score for the filter: the mean of the sites' scores of it, each clipped to the range "
+                        "of the other sites' (default: one site's word moves it no further than the nearest honest "
+                        "score would), or the paper's plain mean")
     g.add_argument("--max-rows-ratio", type=float, default=DEFAULT_MAX_ROWS_RATIO, metavar="R",
-                   help=f"a site may declare at most R x the median of the other sites' training (and validation) "
-                        f"rows, else it is dropped at training (default {DEFAULT_MAX_ROWS_RATIO:g}; raise it for a "
+                   help=f"a site may declare at most R x the median of every site's training rows, else it is "
+                        f"dropped at training (default {DEFAULT_MAX_ROWS_RATIO:g}; raise it for a "
                         f"federation of very unequal sites)")
     g.add_argument("--max-leaves", type=int, default=None,
                    help=f"global tree leaf budget, for both learners (default {pipeline.DEFAULT_MAX_LEAVES}: a tree a "

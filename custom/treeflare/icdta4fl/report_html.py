@@ -178,8 +178,8 @@ def _sites(report) -> str:
     note = (f"A site's tree is kept when its peer scores pass the thresholds ({how}): accuracy "
             f"{_num(th.get('accuracy'))}, macro-F1 {_num(th.get('macro_f1'))}"
             + (f"; rule applied: {th.get('how')}" if th.get("how") else "") + ". Peer scores: "
-            + ("the median of the other sites' scores of the site's tree on their validation rows (its own score not "
-               "counted; ties broken by their mean)" if th.get("score") == "median_of_others" else
+            + ("the mean of the sites' scores of the site's tree on their validation rows, each first clipped to the "
+               "range of the other sites' scores of it" if th.get("score") == "clipped_mean" else
                "the site's tree scored by every site on its validation rows, averaged")
             + ". Selected rows are shaded.")
     headers = ["site", "train rows", "validation rows", "tree leaves", "tree depth", "own accuracy", "own macro-F1",

@@ -24,7 +24,7 @@ def fobs_wire(message: dict) -> dict:
 
 
 def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None, n_categories=None,
-                   category_names=None, local_params=None, statistic="percentile", q=75.0, score="median_of_others",
+                   category_names=None, local_params=None, statistic="percentile", q=75.0, score="clipped_mean",
                    aggregate_params=None, X_global_test=None, y_global_test=None, refine_rounds=0,
                    refine_objective=None, refine_epsilon=None, schema=None, min_clients=1, wire=fobs_wire,
                    record=None, handlers=None, identities=None, job_id="in-process", allowed_sites=None) -> dict:
