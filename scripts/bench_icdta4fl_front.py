@@ -75,6 +75,10 @@ def xgboost_scores(fed) -> tuple[float, float]:
     return _scores(test.y, pred)
 
 
+# the job's options the run uses beyond its defaults (--trusting)
+TRUSTING: dict = {}
+
+
 def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dict]:
     """Every learner and budget on one federation; the baselines are computed once per federation."""
     fed = prepare_federation(table, n_sites=N_SITES, kind=kind, alpha=alpha, seed=seed)
@@ -103,7 +107,7 @@ def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dic
             # the job's own protocol at this budget, every message through FLARE's serializer
             out = run_in_process(sites, algorithm=algorithm, classes=classes, schema=fed.schema,
                                  local_params={"max_depth": LOCAL_DEPTH}, aggregate_params={"max_leaves": leaves},
-                                 X_global_test=Xg, y_global_test=yg, refine_rounds=rounds)
+                                 X_global_test=Xg, y_global_test=yg, refine_rounds=rounds, **TRUSTING)
             model, stats = out["model"], out["stats"]
             trees = [Tree.from_dict(t) for t in out["trees"]]
             local = out["local_on_global_test"]
@@ -250,6 +254,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="refinement rounds (default 1, the job's)")
     ap.add_argument("--out", default=str(ROOT / "scripts" / "results"))
     ap.add_argument("--no-docs", action="store_true", help="do not write the docs block (exploratory runs)")
+    ap.add_argument("--trusting", action="store_true",
+                    help="the job's options for sites that trust one another (--peer-score mean --refine-adopt "
+                         "pooled: the rules before issue 33), written beside the default run as icdta4fl_front_trusting")
     args = ap.parse_args(argv)
     datasets = args.datasets or (["car"] if args.quick else DATASETS)
     partitions = PARTITIONS[:1] if args.quick else PARTITIONS
@@ -258,6 +265,8 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "icdta4fl_front_quick" if args.quick else "icdta4fl_front"
+    stem += "_trusting" if args.trusting else ""
+    TRUSTING.update({"score": "mean", "refine_adopt": "pooled"} if args.trusting else {})
     t0 = time.perf_counter()
     rows = []
     for dataset in datasets:
@@ -267,6 +276,7 @@ def main(argv=None):
                 rows += run_federation(table, dataset, kind, alpha, seed, sizes, args.rounds)
     command = "python scripts/bench_icdta4fl_front.py" + (" --quick" if args.quick else
                                                           " --sizes " + " ".join(map(str, sizes)))
+    command += " --trusting --no-docs" if args.trusting else ""
     settings = bench_settings(seeds=seeds, rounds=args.rounds, elapsed_s=round(time.perf_counter() - t0),
                               command=command)
     summary = summarise(rows)
@@ -279,7 +289,7 @@ def main(argv=None):
             writer.writerows(data)
     for dataset in datasets:
         plot_front(summary, dataset, out / f"{stem}_{dataset}.png")
-    if not (args.quick or args.no_docs):
+    if not (args.quick or args.no_docs or args.trusting):
         write_bench_block(ROOT / BENCH_BLOCKS["icdta4fl_front"], "icdta4fl_front", text)
         write_bench_block(ROOT / BENCH_BLOCKS["icdta4fl_front_summary"], "icdta4fl_front_summary",
                           readme_summary(summary, settings))

@@ -555,6 +555,14 @@ def test_adopt_refined_compares_the_pooled_validation_score():
     bal_new = _site_scores(a=(0.8, 0.6), b=(0.8, 0.7), c=(0.8, 0.55))
     assert refine.adopt_refined({"balanced": bal_new}, bal_prev, dict.fromkeys("abc", 100),
                                 objective="balanced")[0] == "balanced"
+    # the "pooled" rule (--refine-adopt pooled, for sites that trust one another) takes every site's word
+    ok, why = refine.adopt_refined({"accuracy": liar}, prev, dict.fromkeys("abcd", 100), robust=False)
+    assert ok == "accuracy" and "+0.0350, every site's word" in why, why
+    from treeflare.icdta4fl.server import check_refine_params
+
+    assert check_refine_params({})["adopt"] == "robust" and check_refine_params({"adopt": "pooled"})["adopt"] == "pooled"
+    with pytest.raises(ValueError, match="adopt rule must be one of"):
+        check_refine_params({"adopt": "trust me"})
     assert refine.adopt_refined({"accuracy": prev}, prev, dict.fromkeys("abcd", 1))[0]  # at least as good: kept
     assert not refine.adopt_refined({"accuracy": {}}, prev, {"a": 1})[0]
 

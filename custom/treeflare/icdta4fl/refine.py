@@ -87,7 +87,8 @@ def choose_start(merged: dict, local_accuracy, local_f1, selected, *, capped: bo
     return None, "the one-round tree is at least as good as every selected local tree"
 
 
-def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str = "accuracy") -> tuple[str | None, str]:
+def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str = "accuracy",
+                  robust: bool = True) -> tuple[str | None, str]:
     """Which refined tree replaces the tree it was grown from, if any. ``refined``: grown objective (``GROWN``) ->
     site -> {"accuracy", "macro_f1"} on its validation rows (both trees for "auto"); ``previous``: the same for the
     tree they were grown from; ``weights``: site -> its validation rows (as the server caps them).
@@ -97,8 +98,9 @@ def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str =
     of the others', so a tree that every other site scores lower is never adopted, however a site reports. Candidates
     are tried by that robust pooled change of accuracy + macro-F1 (ties: accuracy first), so the balanced tree leads
     only where it gains more macro-F1 than it loses accuracy; the first whose robust pooled change on its own
-    objective's metric (accuracy, or macro-F1 for "balanced") is not negative is adopted. Returns (the adopted
-    objective or None, why)."""
+    objective's metric (accuracy, or macro-F1 for "balanced") is not negative is adopted. ``robust=False``: no
+    clipping, every site's word as it says it (the rule before issue 33). Returns (the adopted objective or None,
+    why)."""
     if set(refined) != set(GROWN if objective == "auto" else (objective,)):
         raise ValueError(f"objective {objective!r} expects its own trees' scores, got {sorted(refined)}")
     sites = set(previous) & set(weights)
@@ -115,7 +117,7 @@ def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str =
         d = np.array([value(refined[o], s) - value(previous, s) for s in sites])
         d = np.where(np.isfinite(d), d, -np.inf)  # a score that is no number counts against the tree
         clipped = d.copy()
-        if len(sites) >= 3:
+        if robust and len(sites) >= 3:
             for i in range(len(sites)):
                 others = np.delete(d, i)
                 clipped[i] = min(max(d[i], others.min()), others.max())
@@ -123,14 +125,14 @@ def adopt_refined(refined: dict, previous: dict, weights: dict, objective: str =
         return pooled, [s for s, a, b in zip(sites, d, clipped) if a != b]
 
     order = sorted(refined, key=lambda o: (-change(o, "both")[0], GROWN.index(o)))
-    why = ["robust pooled change of validation accuracy + macro-F1: " +
+    why = [f"{'robust ' if robust else ''}pooled change of validation accuracy + macro-F1: " +
            ", ".join(f"{o} {change(o, 'both')[0]:+.4f}" for o in order)]
     won = None
     for o in order:
         metric = "macro_f1" if o == "balanced" else "accuracy"
         pooled, clipped = change(o, metric)
         text = (f"{o} tree {'adopted' if pooled >= -1e-12 else 'not adopted'}: pooled change of validation {metric} "
-                f"{pooled:+.4f}, each site's clipped to the others' range"
+                f"{pooled:+.4f}" + (", each site's clipped to the others' range" if robust else ", every site's word")
                 + (f" ({', '.join(clipped)} clipped)" if clipped else ""))
         why.append(text)
         if pooled >= -1e-12:

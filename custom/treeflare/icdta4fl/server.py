@@ -45,7 +45,11 @@ from ..trees.validate import PayloadError
 __all__ = ["ICDTA4FLServer", "Ask", "Note", "ProtocolFailed", "DEFAULT_REFINE", "DEFAULT_MAX_ROWS_RATIO",
            "MIN_MASKING_SITES", "check_refine_params", "robust_peer_scores"]
 
-DEFAULT_REFINE = {"rounds": 1, "epsilon": None, "objective": refine.DEFAULT_OBJECTIVE}
+DEFAULT_REFINE = {"rounds": 1, "epsilon": None, "objective": refine.DEFAULT_OBJECTIVE, "adopt": "robust"}
+# "robust": each site's change of validation score clipped to the others' range (no one site's word adopts a tree);
+# "pooled": the plain change pooled by every site's validation rows, the rule before issue 33, for a federation whose
+# sites all trust one another (it takes every site's word: SECURITY.md)
+ADOPT_RULES = ("robust", "pooled")
 # A site may declare at most this many times the median of every site's training rows: a site that forges its rows
 # by orders of magnitude to outweigh the others is refused at training. Honest partitions can be very unequal: the
 # benchmarks' quantity skew (Dirichlet 0.5) reaches 25.4 x the median (adult, 10 sites, seed 1: 14,197 rows against a
@@ -94,6 +98,8 @@ def check_refine_params(params: dict) -> dict:
         raise ValueError(f"refinement epsilon must be a positive number, got {eps!r}")
     if p["objective"] not in refine.OBJECTIVES:
         raise ValueError(f"refinement objective must be one of {list(refine.OBJECTIVES)}, got {p['objective']!r}")
+    if p["adopt"] not in ADOPT_RULES:
+        raise ValueError(f"refinement adopt rule must be one of {list(ADOPT_RULES)}, got {p['adopt']!r}")
     return p
 
 
@@ -335,7 +341,7 @@ class ICDTA4FLServer:
         candidates = refine.candidates_from_trees(trees, feature_kinds=self.kinds, n_categories=self.n_categories,
                                                   bounds=threshold_bounds(self.schema, self.algorithm))
         budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
-        weights = self._validation_weights(trained, sites)
+        weights = self._validation_weights(trained, sites, capped=self.refine["adopt"] == "robust")
         tree = start
         info["status"] = "completed"
         for r in range(1, self.refine["rounds"] + 1):
@@ -360,7 +366,8 @@ class ICDTA4FLServer:
                 break
             scored = {o: {s: {m: rep[m][k] for m in ("accuracy", "macro_f1")} for s, rep in replies.items()}
                       for k, o in enumerate(grown)}
-            won, why = refine.adopt_refined(scored, previous, weights, objective)
+            won, why = refine.adopt_refined(scored, previous, weights, objective,
+                                            robust=self.refine["adopt"] == "robust")
             info["adoption"].append({"round": r, "adopted": won is not None, "objective": won, "why": why})
             entry = {**entry, **grown[won or next(iter(grown))][1], "seconds": time.perf_counter() - t}
             if won is None:  # a worse tree (say, from one site's relabelled counts) never replaces the previous one
@@ -488,11 +495,11 @@ class ICDTA4FLServer:
                                  f"dropped: {result['dropped_sites']}")
         return out
 
-    def _validation_weights(self, trained, sites) -> dict:
+    def _validation_weights(self, trained, sites, capped: bool = True) -> dict:
         """Each site's validation rows as the adopt check weighs them, capped at the median of every site's (so a
-        site's declared rows do not outweigh a typical site's)."""
+        site's declared rows do not outweigh a typical site's); uncapped for the "pooled" rule."""
         declared = {s: trained[s]["n_test"] for s in sites}
-        cap = float(np.median(list(declared.values())))
+        cap = float(np.median(list(declared.values()))) if capped else float("inf")
         return {s: min(float(n), cap) for s, n in declared.items()}
 
     def _aggregate(self, result, trees, selected, sites):

@@ -26,7 +26,8 @@ def fobs_wire(message: dict) -> dict:
 def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None, n_categories=None,
                    category_names=None, local_params=None, statistic="percentile", q=75.0, score="clipped_mean",
                    aggregate_params=None, X_global_test=None, y_global_test=None, refine_rounds=0,
-                   refine_objective=None, refine_epsilon=None, schema=None, min_clients=1, wire=fobs_wire,
+                   refine_objective=None, refine_epsilon=None, refine_adopt=None, schema=None, min_clients=1,
+                   wire=fobs_wire,
                    record=None, handlers=None, identities=None, job_id="in-process", allowed_sites=None) -> dict:
     """The job's protocol over ``sites`` (dicts of encoded ``X_train, y_train, X_test, y_test``, named site-1, ...).
 
@@ -46,6 +47,8 @@ def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_nam
         refine_params["objective"] = refine_objective
     if refine_epsilon is not None:
         refine_params["epsilon"] = refine_epsilon
+    if refine_adopt is not None:
+        refine_params["adopt"] = refine_adopt
     server = ICDTA4FLServer(schema, algorithm, local_params=dict(local_params or {}),
                             selection={"statistic": statistic, "q": q, "score": score},
                             aggregation=dict(aggregate_params or {}), refine_params=refine_params,
