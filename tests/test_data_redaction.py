@@ -106,6 +106,9 @@ class _Ctx:
     def get_engine(self):  # no site kit: the binding falls back to the job's data_root
         raise RuntimeError("no engine in this test")
 
+    def get_job_id(self):
+        return "job"
+
 
 def _capture_logs(executor):
     logged = []
@@ -134,8 +137,9 @@ def test_icdta4fl_executor_replies_redacted(fed, monkeypatch):
     assert reply["error"] == "DataError: site-3: train.csv, column 'x', line 6: not a number (the column is numeric)"
     assert_clean(json.dumps(dict(reply)), fed)
     assert any(SECRET in m for m in logged)  # the whole story is in the site's own log
-    ok = ex.execute(TRAIN, task, _Ctx("site-1"), None)
-    assert ok.get_return_code() == ReturnCode.OK
+    ok = ICDTA4FLExecutor(data_root=str(fed))  # each site runs its own executor
+    _capture_logs(ok)
+    assert ok.execute(TRAIN, task, _Ctx("site-1"), None).get_return_code() == ReturnCode.OK
 
 
 def test_vertical_executor_replies_redacted(vfed, monkeypatch):

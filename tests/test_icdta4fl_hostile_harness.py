@@ -497,7 +497,7 @@ def test_the_harness_finds_the_old_holes_when_the_checks_are_off(federation, mon
     tree."""
     from treeflare.icdta4fl import refine
 
-    def pooled_only(refined, previous, weights, objective="accuracy"):
+    def pooled_only(refined, previous, weights, objective="accuracy", robust=True):
         sites = sorted(set(previous) & set(weights) & set(next(iter(refined.values()))))
         total = sum(weights[s] for s in sites)
         o = next(iter(refined))
@@ -506,7 +506,7 @@ def test_the_harness_finds_the_old_holes_when_the_checks_are_off(federation, mon
         return (o if new >= old else None), "pooled only"
 
     monkeypatch.setattr(refine, "adopt_refined", pooled_only)
-    monkeypatch.setattr(ICDTA4FLServer, "_validation_weights", lambda self, trained, sites: {
+    monkeypatch.setattr(ICDTA4FLServer, "_validation_weights", lambda self, trained, sites, capped=True: {
         s: trained[s]["n_test"] for s in sites})
     plan = {"k": 19, "counts": "relabel",
             TRAIN: {"tree": "scale", "n_train": "scale", "n_test": "scale", "local": "honest", "refine_key": "honest"},

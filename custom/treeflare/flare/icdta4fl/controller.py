@@ -25,6 +25,7 @@ from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO, DEFAULT_REFINE, ICDTA4FLS
 from ...reporting import write_text_atomic
 from ..progress import PROGRESS_ID
 from ..workflow import JobFailed, ResultWorkflow
+from .protocol import TASKS
 
 __all__ = ["ICDTA4FLController", "RESULT_FILE", "DEFAULT_REFINE"]
 
@@ -105,6 +106,8 @@ class ICDTA4FLController(ResultWorkflow):
 
     def _broadcast(self, message, abort_signal, fl_ctx) -> dict:
         """One task to the sites the protocol named; site -> its reply as received, or why there is none."""
+        if message.task not in TASKS:  # the executors handle these alone
+            raise JobFailed(f"the protocol asked for task {message.task!r}, which no site handles")
         replied = []
 
         def received(client_task, fl_ctx):  # NVFlare calls it with these keywords; it must never raise

@@ -32,7 +32,10 @@ def site_identity(fl_ctx, site: str):
     """This site's provisioned identity from its startup kit (``client.key``, ``client.crt``, ``rootCA.pem``), or
     None in the simulator, which has no kits (keys are then unauthenticated). Outside the simulator a kit without
     them is an error: a site never announces an unsigned key there."""
-    engine = fl_ctx.get_engine() if fl_ctx is not None else None
+    try:
+        engine = fl_ctx.get_engine() if fl_ctx is not None else None
+    except Exception:  # noqa: BLE001 - no engine (a bare context): no kit, as for the data binding
+        engine = None
     startup = None
     if engine is not None:
         try:
