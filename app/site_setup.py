@@ -5,7 +5,7 @@
                                        [--sites N] [--data-dir DIR] [--install-package]
     python app/site_setup.py bind KIT --data-dir DIR [--name NAME] [--replace] [--label-column C] [--id-column C]
                                   [--train F] [--test F] [--min-category-rows K] [--categorical-allowed C ...]
-                                  [--predict F] [--vertical-model PATH]
+                                  [--predict F] [--vertical-model PATH] [--refine-peers SITE ...]
     python app/site_setup.py allow-package KIT [--prefix treeflare.]
 
 ``bind`` writes ``KIT/local/treeflare_site.json``: where this site's CSV files are and what its label/id
@@ -52,7 +52,7 @@ def _write_json_atomic(path: Path, data) -> None:
 
 def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None, test=None,
          min_category_rows=None, predict=None, vertical_model=None, categorical_allowed=None, name: str = "",
-         replace: bool = False) -> Path:
+         replace: bool = False, refine_peers=None) -> Path:
     out_name = binding_file(name)
     local = Path(kit) / "local"
     if not local.is_dir():
@@ -71,6 +71,11 @@ def bind(kit: Path, data_dir: str, label_column=None, id_column=None, train=None
         if not all(columns):
             raise SystemExit("error: --categorical-allowed: an empty column name")
         binding["categorical_allowed"] = columns
+    if refine_peers:
+        peers = [c.strip() for c in refine_peers]
+        if not all(peers):
+            raise SystemExit("error: --refine-peers: an empty site name")
+        binding["refine_peers"] = peers
     out = local / out_name
     if out.exists() and not replace:
         try:
@@ -174,6 +179,9 @@ def main(argv=None) -> int:
     b.add_argument("--min-category-rows", type=int,
                    help="schema discovery: report a category value only if this many of the site's rows hold it "
                         "(a floor: a job asking for more gets more)")
+    b.add_argument("--refine-peers", nargs="+", metavar="SITE",
+                   help="ICDTA4FL refinement: the federation's sites as you know them; this site masks its counts only "
+                        "in a sum over sites of this list (the server cannot rewrite it)")
     b.add_argument("--categorical-allowed", nargs="+", metavar="COLUMN",
                    help="schema discovery: columns this site reads as numbers that a job may declare categorical "
                         "or ordinal (a job declaring any other numeric column so is refused)")
@@ -192,7 +200,7 @@ def main(argv=None) -> int:
     elif args.cmd == "bind":
         print(bind(args.kit, args.data_dir, args.label_column, args.id_column, args.train, args.test,
                    args.min_category_rows, args.predict, args.vertical_model, args.categorical_allowed,
-                   args.name, args.replace))
+                   args.name, args.replace, args.refine_peers))
     else:
         print(allow_package(args.kit, args.prefix))
     return 0

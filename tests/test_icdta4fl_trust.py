@@ -237,3 +237,31 @@ def test_a_tree_whose_leaves_hold_more_rows_than_its_root_is_refused(car):
                                   for i, n in enumerate(tree["nodes"])]}
     with pytest.raises(PayloadError, match="node 0's children hold more rows of some class than the node itself"):
         check_train_reply({**reply, "tree": inflated}, limits=limits)
+
+
+def test_a_sites_own_list_of_the_federation_refuses_a_key_list_naming_another(car, tmp_path, monkeypatch):
+    """The site's operator writes the federation's sites into its binding (``refine_peers``, app/site_setup.py bind
+    --refine-peers): the server cannot rewrite it, and a key list naming any other site is refused by that site."""
+    import json
+
+    import treeflare.flare.icdta4fl.executor as executor_module
+    from treeflare.flare.site_config import load_binding
+
+    fed, root = car
+    local = tmp_path / "site-1-kit" / "local"
+    local.mkdir(parents=True)
+    (local / "treeflare_site.json").write_text(json.dumps(
+        {"data_dir": str(root / "site-1"), "refine_peers": ["site-1", "site-2", "site-3"]}))
+
+    def binding(site, fl_ctx=None, job_data_root="", name=""):
+        return load_binding(site, None, job_data_root, config_dir=local if site == "site-1" else tmp_path / "none",
+                            name=name)
+
+    monkeypatch.setattr(executor_module, "load_binding", binding)
+    run = InProcessRun(root, fed.site_names)
+    result = run.run(_controller(fed, root), tmp_path / "run")
+    assert result["status"] == "completed", result.get("error")
+    assert "key of site-4: not a site of this job" in result["dropped_sites"]["site-1"], result["dropped_sites"]
+    assert result["refinement"]["status"].startswith("stopped at round 1: site-1 sent no valid masked counts")
+    assert not [m for d, s, n, m in run.messages if d == "to_server" and s == "site-1" and n == REFINE_COUNTS
+                and "masked" in m]

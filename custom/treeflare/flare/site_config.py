@@ -15,6 +15,10 @@ operator owns and the job cannot override::
       "categorical_allowed": ["zip"],    # optional: columns this site reads as numbers that a job may declare
                                          #   categorical or ordinal (their values held by k rows are then reported;
                                          #   a job declaring any other numeric column is refused)
+      "refine_peers": ["site-1", "site-2", "site-3"],  # optional: the federation's sites as this site's operator
+                                         #   knows them; an ICDTA4FL refinement key list naming any other is refused
+                                         #   (NVFlare gives a site no list of the job's sites the server cannot
+                                         #   rewrite: SECURITY.md)
       "predict": "predict.csv",          # optional, default predict.csv: new rows for a vertical prediction run
       "vertical_model": "vertical_passive_model.json"   # optional: this site's part of a vertical model (absolute,
     }                                    #   or relative to data_dir; default vertical_<active|passive>_model.json)
@@ -47,9 +51,10 @@ SITE_CONFIG_FILE = "treeflare_site.json"
 SITE_CONFIG_ENV = "TREEFLARE_SITE_CONFIG"
 DATA_ROOT_ENV = "TREEFLARE_DATA_ROOT"
 _KEYS = {"data_dir", "train", "test", "predict", "vertical_model", "label_column", "id_column", "min_category_rows",
-         "categorical_allowed", "comment"}
+         "categorical_allowed", "refine_peers", "comment"}
 _FILE_KEYS = ("train", "test", "predict")
-_STRING_KEYS = _KEYS - {"comment", "min_category_rows", "categorical_allowed"}
+_STRING_KEYS = _KEYS - {"comment", "min_category_rows", "categorical_allowed", "refine_peers"}
+MAX_PEERS = 1000
 MAX_ALLOWED_COLUMNS = 5_000
 MAX_CONFIG_BYTES = 64 * 1024
 DEFAULT_BINDING = ""  # the unnamed binding, local/treeflare_site.json
@@ -101,6 +106,7 @@ class SiteBinding:
     id_column: str | None = None
     min_category_rows: int | None = None  # this site's floor for schema discovery's k (None: the default, 5)
     categorical_allowed: tuple[str, ...] = ()  # numeric columns a job may declare categorical or ordinal
+    refine_peers: tuple[str, ...] | None = None  # the federation's sites as the operator knows them (None: not said)
     source: str = ""  # where the binding came from (for logs and errors)
 
     def path(self, which: str) -> Path:
@@ -182,6 +188,10 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     if (not isinstance(allowed, list) or len(allowed) > MAX_ALLOWED_COLUMNS
             or any(not isinstance(c, str) or not c.strip() for c in allowed)):
         raise DataError(f"{source}: 'categorical_allowed' must be a list of column names")
+    peers = data.get("refine_peers")
+    if peers is not None and (not isinstance(peers, list) or not 0 < len(peers) <= MAX_PEERS
+                              or any(not isinstance(c, str) or not c.strip() for c in peers)):
+        raise DataError(f"{source}: 'refine_peers' must be a list of 1 to {MAX_PEERS} site names")
     for key in _STRING_KEYS:
         value = data.get(key)
         if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -201,7 +211,8 @@ def parse_binding(data: object, source: str) -> SiteBinding:
     return SiteBinding(data_dir=data_dir, train=data.get("train") or "train.csv", test=data.get("test") or "test.csv",
                        predict=data.get("predict") or "predict.csv", vertical_model=data.get("vertical_model"),
                        label_column=data.get("label_column"), id_column=data.get("id_column"),
-                       min_category_rows=k, categorical_allowed=tuple(c.strip() for c in allowed), source=source)
+                       min_category_rows=k, categorical_allowed=tuple(c.strip() for c in allowed),
+                       refine_peers=None if peers is None else tuple(c.strip() for c in peers), source=source)
 
 
 def _named_binding_path(site: str, name: str, fl_ctx, config_dir) -> Path:

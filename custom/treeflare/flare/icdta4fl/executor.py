@@ -95,6 +95,8 @@ class ICDTA4FLExecutor(SiteExecutor):
         binding = load_binding(site, fl_ctx, self.data_root, name=self.binding)
         if fl_ctx is not None:
             self.log_info(fl_ctx, f"{site} reads {binding.path('train')} and {binding.path('test')} ({binding.source})")
+        if binding.refine_peers is not None:  # the operator's own list of the federation, never the server's word
+            self._protocol.allowed_sites = frozenset(binding.refine_peers)
         train = binding.read("train", schema, site)
         test = binding.read("test", schema, site)
         return encode(train, algorithm), train.y_codes(), encode(test, algorithm), test.y_codes()
