@@ -37,3 +37,23 @@ def test_bench_settings_records_load_and_extras():
     s = bench_settings(seeds=[0, 1], randomness="full")
     assert len(s["loadavg"]) == 3 and s["cores"] >= 1
     assert s["seeds"] == [0, 1] and s["randomness"] == "full"
+
+
+def test_an_atomic_write_gets_the_mode_open_would_give_and_keeps_an_existing_ones(tmp_path):
+    """report.json and report.html used to be 0600 (mkstemp's mode) beside outputs of 0644."""
+    import os
+    import stat
+
+    from treeflare.reporting import write_json_atomic, write_text_atomic
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    fresh = write_json_atomic(tmp_path / "report.json", {"a": 1})
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    assert stat.S_IMODE(fresh.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o666 & ~mask
+    private = tmp_path / "private.json"
+    private.write_text("{}")
+    private.chmod(0o600)
+    write_text_atomic(private, "{}\n")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600

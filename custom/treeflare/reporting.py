@@ -64,12 +64,24 @@ def write_text_atomic(path, text: str) -> Path:
     return write_bytes_atomic(path, text.encode())
 
 
+# The process's umask, read once at import (setting it is process-wide, so never while threads may create files):
+# an atomically written file gets the mode a plain open() would give it, not mkstemp's private 0600.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def write_bytes_atomic(path, data: bytes) -> Path:
-    """Write next to the destination, then rename: readers never see half a file."""
+    """Write next to the destination, then rename: readers never see half a file. The file keeps the mode it had,
+    or a new one gets the mode open() would give it (report.json beside the other outputs, not 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~_UMASK
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
