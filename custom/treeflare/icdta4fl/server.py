@@ -165,7 +165,8 @@ class ICDTA4FLServer:
         # what a site's tree may be: from the server's own schema and the requested depth only
         self.limits = tree_limits(self.schema, self.algorithm, max_depth=int(local["max_depth"]),
                                   n_bins=int(local["n_bins"]))
-        pipeline.check_aggregate_params(self.aggregation)  # a bad budget fails here, before any task
+        # a bad budget fails here, before any task; a numeric leaf budget is announced to the sites with training
+        self.leaf_budget = pipeline.check_aggregate_params(self.aggregation)["max_leaves"]
         self.category_names = category_names(self.schema, self.algorithm)
 
     def initial_result(self) -> dict:
@@ -192,9 +193,8 @@ class ICDTA4FLServer:
             # once, none beyond them, only with this noise, on trees within the budget; each site answers with its
             # signed masking key
             task["refine"] = {"rounds": rounds, "epsilon": self.refine["epsilon"]}
-            budget = pipeline.check_aggregate_params(self.aggregation)["max_leaves"]
-            if isinstance(budget, int):
-                task["refine"]["max_leaves"] = budget
+            if isinstance(self.leaf_budget, int):
+                task["refine"]["max_leaves"] = self.leaf_budget
         trained = yield from self._ask(result, TRAIN, task, sites, lambda r, s: self._check_train(r, s, verify))
         trained = self._bound_rows(result, trained)
         timings["local_training"] = time.perf_counter() - t
@@ -210,13 +210,10 @@ class ICDTA4FLServer:
         scorers = sorted(scores, key=natural_key)
         acc = np.array([scores[s]["accuracy"] for s in scorers], dtype=np.float64)
         f1 = np.array([scores[s]["macro_f1"] for s in scorers], dtype=np.float64)
-        # the filter's score per tree: the mean of the sites' scores, each clipped to the others' range (robust to one
-        # site's word), or the paper's plain mean
-        if self.score_statistic == "clipped_mean":
-            score_acc = robust_peer_scores(acc)[None, :]
-            score_f1 = robust_peer_scores(f1)[None, :]
-        else:
-            score_acc, score_f1 = acc, f1
+        # the filter's score per tree (one row): the mean of the sites' scores, each clipped to the others' range
+        # (robust to one site's word), or the paper's plain mean
+        score = robust_peer_scores if self.score_statistic == "clipped_mean" else _plain_mean
+        score_acc, score_f1 = score(acc)[None, :], score(f1)[None, :]
 
         t = time.perf_counter()
         selected, thresholds = pipeline.select_trees(score_acc, score_f1, **self.selection, trees=tree_dicts)
@@ -235,8 +232,7 @@ class ICDTA4FLServer:
                             "macro_f1_mean": np.nanmean(f1, axis=0).tolist(),
                             "accuracy": acc.tolist(), "macro_f1": f1.tolist(),
                             "statistic": self.score_statistic,
-                            "accuracy_score": score_acc[0].tolist() if len(score_acc) == 1 else None,
-                            "macro_f1_score": score_f1[0].tolist() if len(score_f1) == 1 else None},
+                            "accuracy_score": score_acc[0].tolist(), "macro_f1_score": score_f1[0].tolist()},
             "aggregation": stats,
             "sites": {s: {"n_train": trained[s]["n_train"], "n_test": trained[s]["n_test"],
                           "local": trained[s]["local"],
@@ -516,6 +512,13 @@ class ICDTA4FLServer:
                 if not selected:
                     raise ProtocolFailed(f"aggregation: no usable tree left; dropped: {result['dropped_sites']}") \
                         from None
+
+
+def _plain_mean(matrix) -> np.ndarray:
+    """Per tree, the mean of the sites' scores (NaN: no score; a tree nobody scored stays NaN)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    seen = np.isfinite(m).sum(axis=0)
+    return np.where(seen > 0, np.nansum(m, axis=0) / np.maximum(seen, 1), np.nan)
 
 
 def _drop(result: dict, site: str, reason: str) -> None:

@@ -44,10 +44,6 @@ class ArrayLoader:
         return self.arrays
 
 
-def _digest(tree: Tree) -> str:
-    return pipeline.tree_digest(tree.to_dict())
-
-
 class SiteProtocol:
     """One site's side of one run.
 
@@ -103,7 +99,7 @@ class SiteProtocol:
         tree = pipeline.train_local_tree(X, y, algorithm=algorithm, n_classes=len(schema.classes),
                                          feature_kinds=kinds, n_categories=n_categories, params=params)
         local = pipeline.score_trees([tree], *self._test)
-        self._own_digest = _digest(Tree.from_dict(tree))
+        self._own_digest = pipeline.tree_digest(Tree.from_dict(tree))
         reply = {"tree": tree, "n_train": len(y), "n_test": len(y_test),
                  "local": {"accuracy": local["accuracy"][0], "macro_f1": local["macro_f1"][0]},
                  # signed, so that peers score (and later count on) only trees their owners sent
@@ -152,12 +148,12 @@ class SiteProtocol:
         trees = self._parse_trees(payloads)
         if peer_scoring:  # the sites' own trees, each signed by its owner for this job: no tree of the server's
             identity = self.identity
-            secagg.verify_tree_list(task.get("owners"), [_digest(t) for t in trees], task.get("signatures"),
+            secagg.verify_tree_list(task.get("owners"), [pipeline.tree_digest(t) for t in trees], task.get("signatures"),
                                     site=self.site, own_digest=self._own_digest, job_id=self.job_id,
                                     root_ca=identity.root_ca if identity is not None else None,
                                     server_names=identity.server_names if identity is not None else None)
         scores = pipeline.score_trees(trees, *self._require_test())
-        self._scored.update(_digest(t) for t in trees)
+        self._scored.update(pipeline.tree_digest(t) for t in trees)
         if peer_scoring:
             self._peer_trees = trees
         return {"accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"]}
@@ -167,7 +163,7 @@ class SiteProtocol:
         X, y = self._require_test()
         tree = self._parse_trees([task["tree"]])[0]
         scores = pipeline.score_trees([tree], X, y)
-        self._scored.add(_digest(tree))
+        self._scored.add(pipeline.tree_digest(tree))
         return {"accuracy": scores["accuracy"][0], "macro_f1": scores["macro_f1"][0], "n_test": len(y)}
 
     # -- refinement rounds -------------------------------------------------------------------------
@@ -202,7 +198,7 @@ class SiteProtocol:
             raise PayloadError("keys", "differ from the participants of this run's first round")
         X, y, kinds = self._train_data
         tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds)
-        if _digest(tree) not in self._scored:
+        if pipeline.tree_digest(tree) not in self._scored:
             # a tree nobody scored could be a probe cut around a handful of this site's rows
             raise PayloadError("tree", "is not a tree this site scored in this run")
         candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds)
