@@ -37,7 +37,7 @@ from treeflare.data import load_dataset, prepare_federation
 from treeflare.flare.icdta4fl.inprocess import run_in_process
 from treeflare.icdta4fl import pipeline, refine
 from treeflare.icdta4fl.encoding import encode
-from treeflare.reporting import bench_settings, write_bench_block
+from bench_common import bench_settings, write_bench_block
 from treeflare.trees import Tree
 
 DATASETS = ["nursery", "car", "adult", "default_credit_card", "higgs_subset"]

@@ -29,7 +29,6 @@ import argparse
 import csv
 import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -37,7 +36,6 @@ import numpy as np
 import pandas as pd
 from sklearn.tree import DecisionTreeClassifier
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_icdta4fl import MAX_DEPTH, ROOT, site_arrays  # noqa: E402
 
 from treeflare.data import load_csv, load_dataset, prepare_federation  # noqa: E402
@@ -45,7 +43,7 @@ from treeflare.data.csv_io import frame_to_table, infer_schema  # noqa: E402
 from treeflare.flare.icdta4fl.inprocess import run_in_process  # noqa: E402
 from treeflare.icdta4fl import pipeline, refine  # noqa: E402
 from treeflare.icdta4fl.encoding import encode  # noqa: E402
-from treeflare.reporting import bench_settings, write_bench_block  # noqa: E402
+from bench_common import bench_settings, write_bench_block# noqa: E402
 from treeflare.trees.cart import default_min_samples_split  # noqa: E402
 
 # the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)

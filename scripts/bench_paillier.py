@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "custom"))
 # the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"paillier_keys": "docs/vertical.md"}
 
 from treeflare.crypto import PaillierPrivateKey, SlotLayout, security_bits  # noqa: E402
-from treeflare.reporting import (bench_settings, format_table, write_json_atomic, write_bench_block,  # noqa: E402
-                                 write_text_atomic)
+from treeflare.console import format_table  # noqa: E402
+from treeflare.files import write_json_atomic, write_text_atomic  # noqa: E402
+from bench_common import bench_settings, write_bench_block  # noqa: E402
 
 
 def rate(fn, n: int, bursts: int) -> float:

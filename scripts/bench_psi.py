@@ -35,12 +35,10 @@ import json
 import logging
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "custom"))
 # the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"psi": "docs/benchmarks.md", "psi_summary": "README.md"}
 RESULTS = REPO / "scripts" / "results"
@@ -51,7 +49,8 @@ GOAL = {"ids": 1_000_000, "parties": 2, "seconds": 60.0}
 from treeflare.data.intersection import psi_items  # noqa: E402
 from treeflare.data.partition import random_ids  # noqa: E402
 from treeflare.flare.psi.protocol import psi_message_bytes  # noqa: E402
-from treeflare.reporting import bench_settings, write_bench_block, write_json_atomic, write_text_atomic  # noqa: E402
+from bench_common import bench_settings, write_bench_block# noqa: E402
+from treeflare.files import write_json_atomic, write_text_atomic# noqa: E402
 
 
 class LocalItems:

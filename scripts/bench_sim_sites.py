@@ -31,8 +31,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "custom"))
-from treeflare.reporting import bench_settings, format_table, write_bench_block, write_text_atomic  # noqa: E402
+from bench_common import bench_settings, write_bench_block# noqa: E402
+from treeflare.console import format_table# noqa: E402
+from treeflare.files import write_text_atomic# noqa: E402
 
 RESULTS = REPO / "scripts" / "results"
 # the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)

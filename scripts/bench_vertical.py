@@ -58,12 +58,12 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "custom"))
 # the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"vertical": "docs/vertical.md", "vertical_peers": "docs/vertical.md", "vertical_summary": "README.md"}
 
 from treeflare.crypto import PaillierKeyHolder, SlotLayout  # noqa: E402
-from treeflare.reporting import bench_settings, write_json_atomic, write_bench_block, write_text_atomic  # noqa: E402
+from bench_common import bench_settings, write_bench_block# noqa: E402
+from treeflare.files import write_json_atomic, write_text_atomic# noqa: E402
 from treeflare.vertical import VerticalData, VerticalParams  # noqa: E402
 
 LEGACY_REF = "9a11737"        # the vertical code before the packed-gradient rewrite: the "before" arm the tables compare against

@@ -21,16 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "custom"))
 BENCH_BLOCKS = {"vertical_dask": "docs/vertical.md", "vertical_dask_model": "docs/vertical.md"}
 
 from treeflare.crypto import PaillierKeyHolder  # noqa: E402
-from treeflare.reporting import bench_settings, write_bench_block  # noqa: E402
+from bench_common import bench_settings, write_bench_block# noqa: E402
 from treeflare.vertical import VerticalParams, compare_runs, run_vertical, synthetic  # noqa: E402
 
 PHASES = ("encrypt", "decrypt", "split_search")

@@ -340,7 +340,8 @@ def markdown_table(summary: list[dict]) -> str:
 
 
 def write_outputs(summary, results, profiles, out: Path, meta: dict, docs: bool) -> None:
-    from treeflare.reporting import write_bench_block, write_json_atomic
+    from bench_common import write_bench_block
+    from treeflare.files import write_json_atomic
 
     out.parent.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in results for k in r}, key=lambda k: (k not in ("workload", "mode", "method"), k))
@@ -402,7 +403,7 @@ def main(argv=None) -> int:
         ap.error("--repeats must be >= 1")
 
     from treeflare.flare.poc import flare_lock
-    from treeflare.reporting import bench_settings
+    from bench_common import bench_settings
 
     job = load_job_module()
     command = "python scripts/bench_xgb.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -43,9 +43,11 @@ import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "scripts"), str(REPO / "custom")]
+sys.path[:0] = [str(REPO / "scripts")]  # netlab.py beside it, also when this file is loaded by path
 
-from treeflare.reporting import bench_settings, write_bench_block, write_json_atomic, write_text_atomic  # noqa: E402
+from bench_common import bench_settings, write_bench_block# noqa: E402
+
+from treeflare.files import write_json_atomic, write_text_atomic# noqa: E402
 
 RESULTS = REPO / "scripts" / "results" / "netlab"
 BENCH_BLOCKS = {"netlab_faults": "docs/DEPLOY.md"}

@@ -27,15 +27,20 @@ def pytest_xdist_auto_num_workers(config):
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """With ``--dist loadgroup``: the tests of a module that share a module fixture (often one FLARE run) go to one
-    worker, so that it is built once, and every module that imports ``flare_lock`` (its tests run POC or provisioned
-    systems, or a simulator run that must not overlap them, under the machine-wide FLARE lock) goes to one and the same
-    worker, first: those runs cannot overlap anyway, so a second worker never sits waiting on the lock, and the longest
+    worker, so that it is built once, and every test marked ``flare_lock`` (it runs POC or provisioned systems, or a
+    simulator run that must not overlap them, under the machine-wide FLARE lock; a module that imports ``flare_lock``
+    without the mark is refused) goes to one and the same worker, first: those runs cannot overlap anyway, so a second worker never sits waiting on the lock, and the longest
     chain starts at once. Simulator runs without the lock pick their own ports and run beside anything."""
     if not getattr(config.option, "loadgroup", False):  # what xdist sets on its workers for --dist loadgroup
         return
     rank = {}
     for item in items:
-        locked = getattr(getattr(item, "module", None), "flare_lock", None) is not None
+        locked = item.get_closest_marker("flare_lock") is not None
+        module = getattr(item, "module", None)
+        if not locked and getattr(module, "flare_lock", None) is not None:
+            raise pytest.UsageError(f"{item.nodeid.split('::')[0]} takes the FLARE lock (it imports flare_lock): mark it "
+                                    "`pytestmark = [..., pytest.mark.flare_lock]` so that its runs go to the lock's "
+                                    "worker, in order")
         if locked:
             item.add_marker(pytest.mark.xdist_group(LOCK_GROUP))
         elif item.get_closest_marker("xdist_group") is None and _uses_shared_fixture(item):

@@ -21,9 +21,21 @@ REPO = Path(__file__).resolve().parents[1]
 TOKEN_VAR = "TREEFLARE_TEST_TOKEN"
 
 
+JOB_MODULES = {"icdta4fl": "treeflare.jobs.icdta4fl", "xgb_histogram": "treeflare.jobs.xgb_histogram",
+               "vertical_tree": "treeflare.jobs.vertical_tree"}
+
+
+def job_module(job: str):
+    """A job's module in the package (``jobs/<job>/job.py`` is a thin wrapper of it), to call its main() in process."""
+    return importlib.import_module(JOB_MODULES[job])
+
+
 def load_script(relpath: str, name: str):
-    """A script of this repository (a job's ``job.py``, ``scripts/*.py``) as a module, to call its main() in
-    process."""
+    """A script that stays outside the package (a benchmark, ``scripts/netlab.py``) as a module, to call its main()
+    in process. Its folder is importable, as when Python runs the script (a benchmark imports bench_common)."""
+    folder = str((REPO / relpath).parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, REPO / relpath)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,6 +1,6 @@
-"""jobs/icdta4fl/job.py with site-3 replaced by a hostile site (tests/hostile_site), everything else unchanged.
+"""`treeflare icdta4fl` (treeflare.jobs.icdta4fl) with site-3 replaced by a hostile site (tests/hostile_site), everything else unchanged.
 
-    python tests/hostile_job.py [--hostile-mode MODE[@SITE] ...] <job.py arguments>
+    python tests/hostile_job.py [--hostile-mode MODE[@SITE] ...] <treeflare icdta4fl arguments>
 
 MODE is one of HostileExecutor's modes (nan_threshold, wrong_type, huge_code, many_categories, forged_counts,
 sleep); SITE defaults to site-3; the option may be given once per hostile site.
@@ -8,7 +8,7 @@ sleep); SITE defaults to site-3; the option may be given once per hostile site.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -26,35 +26,34 @@ def main(argv: list[str]) -> int:
         modes[site or HOSTILE_SITE] = mode
         argv = argv[:i] + argv[i + 2:]
     modes = modes or {HOSTILE_SITE: "nan_threshold"}
-    spec = importlib.util.spec_from_file_location("icdta4fl_job", HERE.parent / "jobs" / "icdta4fl" / "job.py")
-    job_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job_mod)
+    job_mod = importlib.import_module("treeflare.jobs.icdta4fl")
 
-    from nvflare.job_config.api import FedJob
-    from treeflare.flare import runner
     from treeflare.flare.icdta4fl.executor import ICDTA4FLExecutor
+    from treeflare.flare.icdta4fl.protocol import TASKS
+    from treeflare.flare.icdta4fl.recipe import ICDTA4FLRecipe
     from treeflare_hostile.executor import HostileExecutor
+
+    class HostileRecipe(ICDTA4FLRecipe):
+        def add_site_apps(self, job, sites):  # one app per site, hostile where --hostile-mode says
+            for site in sites:
+                ex = (HostileExecutor(data_root=self.data_root, mode=modes[site]) if site in modes
+                      else ICDTA4FLExecutor(data_root=self.data_root))
+                job.to(ex, site, tasks=TASKS)
+                if site in modes:
+                    job.to(str(HOSTILE_DIR), site)  # the hostile executor's package, in that site's custom/
+            return sites
 
     original_build = job_mod.build_job
 
     def build_job(args, fed_summary, data_root, sites):
-        def to_clients(self, executor, tasks=None, **kw):  # one app per site instead of one for @ALL
-            for site in sites:
-                ex = (HostileExecutor(data_root=executor.data_root, mode=modes[site]) if site in modes
-                      else ICDTA4FLExecutor(data_root=executor.data_root))
-                self.to(ex, site, tasks=tasks)
+        import treeflare.flare.icdta4fl.recipe as recipe_mod
 
-        def ship_package(job, client_targets=None):
-            original_ship(job, client_targets=sites)
-            for site in modes:
-                job.to(str(HOSTILE_DIR), site)
-
-        original_to_clients, original_ship = FedJob.to_clients, runner.ship_package
-        FedJob.to_clients, runner.ship_package = to_clients, ship_package
+        saved = recipe_mod.ICDTA4FLRecipe
+        recipe_mod.ICDTA4FLRecipe = HostileRecipe
         try:
             return original_build(args, fed_summary, data_root, sites)
         finally:
-            FedJob.to_clients, runner.ship_package = original_to_clients, original_ship
+            recipe_mod.ICDTA4FLRecipe = saved
 
     job_mod.build_job = build_job
     return job_mod.main(argv)

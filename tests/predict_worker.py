@@ -9,17 +9,19 @@ started, so a crash is a test failure naming the file, not a crash of pytest.
 
 from __future__ import annotations
 
+import importlib
+
 import contextlib
 import io
 import json
 import sys
 import traceback
 
-from flare_helpers import load_script
+
 
 
 def main(csv: str, out: str, models: list[str]) -> None:
-    predict = load_script("scripts/predict.py", "predict_script")
+    predict = importlib.import_module("treeflare.tools.predict")
     report = sys.stdout
     for model in models:
         print(json.dumps({"start": model}), file=report, flush=True)

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from flare_helpers import load_script
+from flare_helpers import job_module
 from treeflare.cli import ARG_RULES, check_args
 from treeflare.data import DataError
 
@@ -18,7 +18,7 @@ from treeflare.data import DataError
 def jobs():
     mods = {}
     for name in ("icdta4fl", "vertical_tree", "xgb_histogram"):
-        mods[name] = load_script(f"jobs/{name}/job.py", f"{name}_job_args")
+        mods[name] = job_module(name)
     return mods
 
 

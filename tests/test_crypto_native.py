@@ -50,10 +50,17 @@ def test_every_data_file_of_the_package_is_declared_package_data():
     data_files = [f for f in PACKAGE.rglob("*") if f.is_file() and f.suffix not in (".py", ".pyc")
                   and "__pycache__" not in f.parts]
     assert SOURCE_FILE in data_files
+    def covered(f) -> bool:  # a pattern of the file's package, or of a package above it with a path ("datasets/*/*")
+        for key, patterns in declared.items():
+            base = PACKAGE if key in ("*", "treeflare") else PACKAGE.joinpath(*key.split(".")[1:])
+            if key == "*" or base in f.parents:
+                rel = f.name if key == "*" else f.relative_to(base).as_posix()
+                if any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
+                    return True
+        return False
+
     for f in data_files:
-        pkg = ".".join(("treeflare",) + f.parent.relative_to(PACKAGE).parts)
-        assert any(fnmatch.fnmatch(f.name, pattern) for key in ("*", pkg) for pattern in declared.get(key, [])), \
-            f"{f.relative_to(REPO)} is not declared in [tool.setuptools.package-data]"
+        assert covered(f), f"{f.relative_to(REPO)} is not declared in [tool.setuptools.package-data]"
 
 
 def test_kernel_source_is_read_from_a_copied_package(tmp_path):

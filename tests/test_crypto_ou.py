@@ -2,6 +2,8 @@
 receives, and the vertical protocol with ``scheme="ou"`` identical to the plaintext oracle and to Paillier's."""
 from __future__ import annotations
 
+import importlib
+
 import secrets
 from dataclasses import replace
 
@@ -333,9 +335,9 @@ def test_same_plaintext_encryptions_reveal_no_factor():
 
 def test_job_option_scheme_reaches_the_parameters(tmp_path):
     """``--scheme ou`` (default paillier) reaches VerticalParams through the job's own argument checks."""
-    from flare_helpers import load_script
 
-    job = load_script("jobs/vertical_tree/job.py", "vertical_job_scheme")
+
+    job = importlib.import_module("treeflare.jobs.vertical_tree")
     args = job.parse_args(["--scheme", "ou", "--workspace", str(tmp_path / "v")])
     assert job.vertical_params(args).scheme == "ou"
     assert job.vertical_params(job.parse_args(["--workspace", str(tmp_path / "w")])).scheme == "paillier"

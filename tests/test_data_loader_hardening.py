@@ -3,6 +3,8 @@ correctly or refused with a DataError naming the file, column and line."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from data_helpers import set_cell
@@ -161,9 +163,9 @@ def test_infer_schema_refuses_an_empty_column_clearly():
 
 
 def test_cli_prints_the_warning_plainly(make_csv, tmp_path, capsys):
-    from flare_helpers import load_script
 
-    mod = load_script("scripts/prepare_data.py", "prepare_data_script_w")
+
+    mod = importlib.import_module("treeflare.tools.prepare_data")
     assert mod.main(["--csv", str(make_csv(_with_empty_column())), "--label", "y", "--sites", "2",
                      "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err

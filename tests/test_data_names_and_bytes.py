@@ -4,6 +4,8 @@ column that is also the id column refused wherever the two are given."""
 
 from __future__ import annotations
 
+import importlib
+
 import argparse
 import io
 import json
@@ -12,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flare_helpers import load_script
+
 from treeflare import cli
 from treeflare.data import DataError, Feature, Schema, load_csv
 from treeflare.data import csv_io
@@ -117,7 +119,7 @@ def test_label_that_is_also_the_id_is_refused(make_csv, tmp_path, capsys):
         cli.add_schema_args(parser)
         with pytest.raises(DataError, match="--label and --id both name column 'id'"):
             cli.check_args(parser.parse_args(argv))
-    prepare = load_script("scripts/prepare_data.py", "prepare_data_label_id")
+    prepare = importlib.import_module("treeflare.tools.prepare_data")
     with pytest.raises(SystemExit) as exc:
         prepare.main(["--csv", str(path), "--label", "id", "--id", "id", "--sites", "2", "--out", str(tmp_path / "f")])
     assert exc.value.code == 2 and "error: --label and --id both name column 'id'" in capsys.readouterr().err

@@ -1,3 +1,4 @@
+import importlib
 """Vertical data whose parties hold different customers (issue 22): ``prepare_federation(..., overlap=F)``,
 ``--overlap`` on the command line, ``data.join_parties`` and the centralized XGBoost inputs on the rows every
 party holds. All in process, on small tables."""
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flare_helpers import load_script
+
 from treeflare.cli import check_args, prepare_from_args
 from treeflare.data import (DataError, Feature, Schema, Table, join_parties, load_csv, prepare_federation, read_site,
                             write_federation)
@@ -236,7 +237,7 @@ def test_cli_overlap_accepted_and_passed_on():
 
 
 def test_prepare_data_overlap(tmp_path, capsys):
-    script = load_script("scripts/prepare_data.py", "prepare_data_overlap")
+    script = importlib.import_module("treeflare.tools.prepare_data")
     src = tmp_path / "t.csv"
     table(200).to_frame().to_csv(src, index=False)
     assert script.main(["--csv", str(src), "--label", "y", "--vertical", "--overlap", "0.6",
@@ -311,11 +312,11 @@ def test_hstack_parties_aligns_unsorted_parts_on_common_ids():
 
 def test_job_scripts_take_and_check_overlap(tmp_path):
     """--overlap reaches both vertical jobs' argument checks (before anything is written or FLARE starts)."""
-    vertical = load_script("jobs/vertical_tree/job.py", "vertical_job_overlap")
+    vertical = importlib.import_module("treeflare.jobs.vertical_tree")
     assert vertical.parse_args(["--overlap", "0.7", "--workspace", str(tmp_path / "v")]).overlap == 0.7
     with pytest.raises(DataError, match=r"--overlap must be a number in \(0, 1\]"):
         vertical.parse_args(["--overlap", "1.5", "--workspace", str(tmp_path / "v")])
-    xgb = load_script("jobs/xgb_histogram/job.py", "xgb_job_overlap")
+    xgb = importlib.import_module("treeflare.jobs.xgb_histogram")
     args = xgb.build_parser().parse_args(["--dataset", "adult", "--mode", "vertical", "--overlap", "0.5",
                                           "--workspace", str(tmp_path / "x")])
     assert check_args(args).overlap == 0.5

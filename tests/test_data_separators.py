@@ -4,11 +4,13 @@ rows to predict). A header read as one column holding ';' or a tab says so in th
 
 from __future__ import annotations
 
+import importlib
+
 import json
 
 import pytest
 
-from flare_helpers import load_script
+
 from treeflare.data import DataError, load_csv, read_site_csv
 from treeflare.data import separators
 from treeflare.data.csv_io import frame_to_table, read_header, read_raw
@@ -123,7 +125,7 @@ def test_site_files_and_a_sites_bound_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def prepare():
-    return load_script("scripts/prepare_data.py", "prepare_data_separators")
+    return importlib.import_module("treeflare.tools.prepare_data")
 
 
 def test_prepare_data_reads_a_semicolon_file(prepare, tmp_path, capsys):

@@ -1,6 +1,6 @@
 """The job scripts and prepare_data never delete a user's files. A federation folder is
 replaced only when treeflare wrote it (its marker file lists what it wrote) and it holds nothing else; the
-embedded data/ folder is never written over, even with --workspace . at the repository root."""
+embedded datasets, and the package that ships them, are never written into (a --workspace there is refused)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flare_helpers import load_script
+from flare_helpers import job_module
 from treeflare.data import DataError, load_dataset, prepare_federation, write_federation
+from treeflare.data.embedded import REPO_DATA as EMBEDDED
 from treeflare.data.federation import MARKER
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ def car_fed():
 
 
 def load_job(name: str):
-    return load_script(f"jobs/{name}/job.py", f"{name}_job_ws")
+    return job_module(name)
 
 
 def run_main(mod, argv, capsys):
@@ -67,19 +68,22 @@ def test_job_refuses_a_users_data_folder(job, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("job", ["icdta4fl", "vertical_tree"])
-def test_workspace_dot_at_the_repository_root_never_touches_data(job, capsys, monkeypatch):
-    before = tree_digest(REPO / "data")
-    entries = set(os.listdir(REPO))
-    monkeypatch.chdir(REPO)
-    code, err = run_main(load_job(job), ["--dataset", "car", "--workspace", "."], capsys)
-    assert code == 2 and "embedded datasets' folder" in err, err
-    assert tree_digest(REPO / "data") == before
-    assert set(os.listdir(REPO)) <= entries  # no temporary sibling of data/ left, no report written
-    assert not any(p.name.startswith(".data.") for p in REPO.iterdir())
+def test_a_workspace_inside_the_package_is_refused_and_the_datasets_untouched(job, capsys, monkeypatch):
+    """The embedded datasets ship inside the package (treeflare/data/datasets): a --workspace there, or anywhere in
+    the package, is refused before anything is written."""
+    before = tree_digest(EMBEDDED)
+    package = EMBEDDED.parents[1]
+    entries = {p: set(os.listdir(p)) for p in (package, EMBEDDED.parent, EMBEDDED)}
+    for workspace in (EMBEDDED, EMBEDDED.parent, package):
+        monkeypatch.chdir(workspace)
+        code, err = run_main(load_job(job), ["--dataset", "car", "--workspace", "."], capsys)
+        assert code == 2 and "treeflare package's own folder" in err, err
+    assert tree_digest(EMBEDDED) == before
+    assert {p: set(os.listdir(p)) for p in entries} == entries  # no report, no federation, no temporary sibling
 
 
 def test_never_writes_over_around_or_into_data(car_fed):
-    for out in (REPO / "data", REPO / "data" / "federation", REPO):
-        with pytest.raises(DataError, match="embedded datasets' folder"):
+    for out in (EMBEDDED, EMBEDDED / "federation", REPO):
+        with pytest.raises(DataError, match="embedded datasets' folder|treeflare package's own folder"):
             write_federation(car_fed, out, overwrite=True)
-    assert not (REPO / "data" / "federation").exists()
+    assert not (EMBEDDED / "federation").exists()

@@ -6,6 +6,8 @@ free port instead of 8002 (TREEFLARE_POC_PORT), and stopped in teardown even whe
 
 from __future__ import annotations
 
+import importlib
+
 import json
 import os
 import re
@@ -19,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flare_helpers import (REPO, flare_lock, free_port, isolated_env, kill_token, load_script, processes_with_token,
-                           run_cmd)
+from flare_helpers import REPO, flare_lock, free_port, isolated_env, kill_token, processes_with_token, run_cmd
 
-pytestmark = pytest.mark.flare
+pytestmark = [pytest.mark.flare, pytest.mark.flare_lock]  # runs under the machine-wide FLARE lock
 
 POC_SH = str(REPO / "scripts" / "poc.sh")
 
@@ -214,7 +215,7 @@ def test_running_on_real_sites_as_docs_deploy_writes_it(poc, tmp_path):
     `--env poc` on the sites' own data, their printed per-site validation tables and output paths checked."""
     from data_helpers import bank_marketing_like, write_bank_csv
 
-    xgb_validation_rows = load_script("jobs/xgb_histogram/job.py", "xgb_job_real_sites").VALIDATION_ROWS["horizontal"]
+    xgb_validation_rows = importlib.import_module("treeflare.jobs.xgb_histogram").VALIDATION_ROWS["horizontal"]
 
     env = {**poc["env"], "PATH": f"{Path(sys.executable).parent}{os.pathsep}{poc['env'].get('PATH', '')}"}
     kits = Path(env["TREEFLARE_POC_ROOT"]) / "poc" / "example_project" / "prod_00"  # where DEPLOY.md says

@@ -21,7 +21,7 @@ from flare_helpers import REPO, LocalProject, flare_lock, run_cmd
 from treeflare.flare.poc import service_pids
 from treeflare.processes import processes_with_cmdline, send_signal
 
-pytestmark = pytest.mark.flare
+pytestmark = [pytest.mark.flare, pytest.mark.flare_lock]  # runs under the machine-wide FLARE lock
 
 TASK_TIMEOUT = 6  # seconds a site has per task in the fault jobs: a dead site costs this much, not 300 s
 JOB_ARGS = ["--algorithm", "cart", "--dataset", "car", "--sites", "3", "--partition", "iid", "--seed", "1",

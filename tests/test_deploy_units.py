@@ -52,6 +52,8 @@ def test_site_setup_bind_and_allow_are_idempotent(kits, tmp_path):
     kit = prod / "site-1"
     run = lambda *a: subprocess.run(["python3", str(REPO / "app" / "site_setup.py"), *a],  # noqa: E731
                                     capture_output=True, text=True, timeout=60)
+    for name in ("train.csv", "test.csv"):  # bind refuses a folder without the site's files
+        (tmp_path / name).write_text("age,outcome\n40,yes\n")
     p = run("bind", str(kit), "--data-dir", str(tmp_path), "--label-column", "outcome")
     assert p.returncode == 0, p.stderr
     assert json.loads((kit / "local" / "treeflare_site.json").read_text()) == \
@@ -76,7 +78,7 @@ def test_poc_helpers_without_a_poc(tmp_path):
     poc = LocalPoc(tmp_path / "nothing")
     assert not poc.prepared() and not poc.running() and poc.sites == []
     poc.stop()  # a no-op, not an error
-    with pytest.raises(DeployError, match="scripts/poc.sh up"):
+    with pytest.raises(DeployError, match="treeflare poc up"):
         _ = poc.admin_kit
     assert service_pids(tmp_path) == {"daemon": None, "main": None}
     assert stop_kits([tmp_path], timeout=0.1) is False

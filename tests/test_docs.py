@@ -14,7 +14,9 @@ CUSTOM = REPO / "custom"
 TESTS = REPO / "tests"
 PAGES = sorted([REPO / "README.md", REPO / "SECURITY.md", *(REPO / "docs").glob("*.md")])
 # the scripts that write measured blocks: the benchmarks, and the network lab's fault matrix
-BENCH_SCRIPTS = sorted([*(REPO / "scripts").glob("bench_*.py"), REPO / "scripts" / "netlab_faults.py"])
+# (bench_common.py: the helpers every benchmark imports)
+BENCH_SCRIPTS = [s for s in sorted([*(REPO / "scripts").glob("bench_*.py"), REPO / "scripts" / "netlab_faults.py"])
+                 if s.name != "bench_common.py"]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -267,7 +269,7 @@ def test_checks_catch_what_they_are_for(tmp_path, monkeypatch):
     page.write_text("[ok](other.md#a-heading-with-code) [gone](missing.md) [bad](other.md#nope)\n"
                     "```\n[in code](not/checked.md)\n```\n"
                     "<!-- bench:x:start -->\n| t |\n\n<!-- bench:y:end -->\n"
-                    "`python -m treeflare.flare.no_such_module` `treeflare.reporting.write_bench_block`"
+                    "`python -m treeflare.flare.no_such_module` `treeflare.files.write_json_atomic`"
                     " `treeflare.reporting.write_readme_block` `custom/treeflare/gone.py` admin@treeflare.org"
                     " `test_docs.py::test_github_slug_rules` `test_docs.py::test_gone`\n")
     links = link_problems(page)
@@ -280,8 +282,8 @@ def test_checks_catch_what_they_are_for(tmp_path, monkeypatch):
     assert "no_such_module" in found[0] and "write_readme_block" in found[1] and "gone.py" in found[2]
     assert "defines no 'test_gone'" in found[3]
     page.write_text("<!-- moved-paths:start -->\n| old | new |\n|---|---|\n"
-                    "| `treeflare.reporting.write_readme_block` | `treeflare.reporting.write_bench_block` |\n"
-                    "| `treeflare.reporting.write_bench_block` | `treeflare.reporting.write_readme_block` |\n"
+                    "| `treeflare.reporting.write_readme_block` | `treeflare.files.write_json_atomic` |\n"
+                    "| `treeflare.files.write_json_atomic` | `treeflare.reporting.write_readme_block` |\n"
                     "<!-- moved-paths:end -->\n`treeflare.reporting.write_readme_block`\n")
     found = mention_problems(page)
     assert len(found) == 3, found

@@ -4,6 +4,8 @@ model, and its refusal of a categorical one; scripts/export.py end to end on sav
 
 from __future__ import annotations
 
+import importlib
+
 import json
 import warnings
 
@@ -14,7 +16,7 @@ import pytest
 import xgboost as xgb
 
 from export_helpers import (EMBEDDED, cart_with_missing_children, deep_id3, embedded, hand_made_id3, mixed_rows)
-from flare_helpers import load_script
+
 from treeflare.data import load_dataset
 from treeflare.onnx_export import (OnnxExportError, input_columns, pipeline_to_onnx, run_onnx, tree_onnx_inputs,
                                    xgb_to_onnx)
@@ -24,7 +26,7 @@ from treeflare.xgb.model import XGBModel, attach_schema
 pytestmark = pytest.mark.xdist_group("export_models")
 
 TOL = 2.0 ** -23  # onnxruntime's tree ensemble classifier writes float32 probabilities
-export_script = load_script("scripts/export.py", "export_script")
+export_script = importlib.import_module("treeflare.tools.export")
 
 
 def assert_onnx_same(model, rows):

@@ -4,6 +4,8 @@ own ``custom/`` code holds (the ICDTA4FL export is checked in test_job_icdta4fl.
 
 from __future__ import annotations
 
+
+
 import ast
 import json
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_helpers import REPO, load_script
+from flare_helpers import REPO, job_module
 
 FLARE = REPO / "custom" / "treeflare" / "flare"
 JOBS = ("icdta4fl", "xgb", "vertical", "discovery", "psi")
@@ -100,7 +102,7 @@ def test_exported_jobs_name_the_job_folders_and_carry_them(tmp_path, monkeypatch
                 f"nvflare job download <job_id> -o results {kit}   # results/<job_id>/workspace/"]
         else:
             with pytest.raises(SystemExit) as done:
-                load_script(f"jobs/{job}/job.py", f"export_{job}").main(argv)
+                job_module(job).main(argv)
             assert done.value.code == 0
         for app in sorted((out / job).glob("app*")):
             paths = set()

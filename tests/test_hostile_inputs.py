@@ -3,13 +3,15 @@ wrong, and an existing report is never clobbered by a failed write."""
 
 from __future__ import annotations
 
+import importlib
+
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flare_helpers import load_script
+
 from treeflare.data import DataError, Feature, Schema
 from treeflare.flare.site_config import SITE_CONFIG_ENV, load_binding, parse_binding
 
@@ -93,7 +95,7 @@ def test_empty_and_binary_files(site):
     with pytest.raises((DataError, UnicodeDecodeError)):
         load_binding("site-1", ctx).read("train", SCHEMA, "site-1")
     (data / "train.csv").unlink()
-    with pytest.raises(DataError, match="not found"):
+    with pytest.raises(DataError, match="its data file train.csv is missing"):
         load_binding("site-1", ctx).read("train", SCHEMA, "site-1")
 
 
@@ -137,7 +139,7 @@ def test_site_config_env_and_fallbacks(site, monkeypatch, tmp_path):
 
 
 def test_failed_report_write_keeps_the_old_report(tmp_path):
-    from treeflare.reporting import write_json_atomic
+    from treeflare.files import write_json_atomic
 
     path = write_json_atomic(tmp_path / "report.json", {"job": "icdta4fl", "ok": True})
     with pytest.raises(TypeError):
@@ -149,7 +151,7 @@ def test_failed_report_write_keeps_the_old_report(tmp_path):
 @pytest.fixture(scope="module")
 def job_script():
     """jobs/icdta4fl/job.py loaded in-process (its main() is what the command line runs)."""
-    return load_script("jobs/icdta4fl/job.py", "icdta4fl_job_hostile")
+    return importlib.import_module("treeflare.jobs.icdta4fl")
 
 
 def _job(mod, args, tmp_path, capsys):

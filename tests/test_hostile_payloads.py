@@ -271,7 +271,7 @@ def _controller():
 def _ask(ctrl, name, sites, result, check, replies):
     """One task through the job's own path: the controller's broadcast turns what FLARE hands back (a Shareable, an
     error reply, None) into site -> reply or reason, and the protocol's ``_ask`` (a generator) checks the replies."""
-    from treeflare.icdta4fl.server import Ask
+    from treeflare.icdta4fl.server import Ask, Note
 
     gen = ctrl.protocol._ask(result, name, {}, sites, lambda reply, site: check(reply))
     ask = next(gen)
@@ -283,7 +283,9 @@ def _ask(ctrl, name, sites, result, check, replies):
     ctrl.broadcast_and_wait = fake_broadcast
     answers = ctrl._broadcast(ask, None, None)
     with pytest.raises(StopIteration) as stop:
-        gen.send(answers)
+        message = gen.send(answers)
+        while isinstance(message, Note):  # the phase's progress line: how many replies were valid
+            message = gen.send(None)
     return stop.value.value
 
 

@@ -27,7 +27,7 @@ import pytest
 from data_helpers import set_cell
 from flare_helpers import flare_lock, run_script
 
-pytestmark = pytest.mark.flare
+pytestmark = [pytest.mark.flare, pytest.mark.flare_lock]  # runs under the machine-wide FLARE lock
 
 SECRET = "123-45-6789"
 BAD_LINE = 7  # of site-4/train.csv

@@ -4,6 +4,8 @@ can weigh classes (``balanced``), so an imbalanced set does not collapse to the 
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from sklearn.utils.class_weight import compute_class_weight
@@ -164,9 +166,9 @@ def test_auto_adopts_the_tree_that_validates_best():
 
 
 def test_job_script_takes_the_objective(tmp_path, capsys):
-    from flare_helpers import load_script
 
-    job = load_script("jobs/icdta4fl/job.py", "icdta4fl_job_objective")
+
+    job = importlib.import_module("treeflare.jobs.icdta4fl")
     base = ["--dataset", "car", "--workspace", str(tmp_path)]
     assert job.parse_args(base).refine_objective == "accuracy"
     assert job.parse_args([*base, "--refine-objective", "balanced"]).refine_objective == "balanced"

@@ -42,8 +42,19 @@ def _violations(path: Path) -> list[str]:
     return out
 
 
+# `treeflare export --format sklearn` writes a joblib file, scikit-learn's own persistence, for the user's own use:
+# it reads back only the bytes it has just written (to check them), never a file, and nothing crosses the wire
+WRITES_ONLY = {"tools/export.py": ["import joblib"]}
+
+
 def test_no_pickle_eval_exec_in_package():
     found = {str(p.relative_to(PACKAGE)): v for p in _sources() if (v := _violations(p))}
+    for name, allowed in WRITES_ONLY.items():
+        loads = [ast.unparse(node.args[0]) for node in ast.walk(ast.parse((PACKAGE / name).read_text()))
+                 if isinstance(node, ast.Call) and ast.unparse(node.func) == "joblib.load"]
+        assert loads == ["io.BytesIO(data)"], loads  # the buffer joblib.dump just filled, nothing else
+        if found.get(name) == allowed:
+            del found[name]
     assert not found, f"forbidden constructs: {found}"
 
 

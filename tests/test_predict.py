@@ -4,6 +4,8 @@ own predictions on the encoded rows; unknown categories, missing values and colu
 
 from __future__ import annotations
 
+import importlib
+
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flare_helpers import load_script
+
 from treeflare.data import load_csv
 from treeflare.data.csv_io import features_table, read_raw
 from treeflare.prediction import load_model, predict_csv
@@ -21,7 +23,7 @@ xgb = pytest.importorskip("xgboost")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "predict.py"
-predict_script = load_script("scripts/predict.py", "predict_script")
+predict_script = importlib.import_module("treeflare.tools.predict")
 
 
 def write_rows(path, n=600, seed=0, label=True):

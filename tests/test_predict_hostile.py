@@ -8,6 +8,8 @@ of them when they reach it unchecked, and that must fail this test, not end pyte
 
 from __future__ import annotations
 
+import importlib
+
 import copy
 import json
 import random
@@ -18,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from flare_helpers import load_script
+
 from test_predict import tree_model, write_rows, xgb_model
 from treeflare.data import load_csv
 
 xgb = pytest.importorskip("xgboost")
 
 TESTS = Path(__file__).resolve().parent
-predict_script = load_script("scripts/predict.py", "predict_script_hostile")
+predict_script = importlib.import_module("treeflare.tools.predict")
 HUGE = "9" * 5000  # beyond Python's int-string limit (4300 digits)
 LONG = "9" * 400  # an integer, but beyond any float
 DEEP = "[" * 100_000 + "]" * 100_000

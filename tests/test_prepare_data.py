@@ -1,3 +1,4 @@
+import importlib
 """scripts/prepare_data.py end to end: in a subprocess (as a user runs it) and, for the error cases, in-process."""
 
 import hashlib
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_helpers import load_script
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
@@ -131,7 +132,7 @@ def test_vertical_csv(tmp_path):
 
 def test_vertical_csv_without_id_adds_row_id(tmp_path, capsys):
     """--vertical needs no --id: the rows are numbered in a row_id column, as --help and docs/data.md say."""
-    script = load_script("scripts/prepare_data.py", "prepare_data_vertical_help")
+    script = importlib.import_module("treeflare.tools.prepare_data")
     with pytest.raises(SystemExit):
         script.main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
@@ -155,7 +156,7 @@ def test_bad_input_exits_2_without_traceback(tmp_path):
 # -- error cases in-process (fast) ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def script():
-    return load_script("scripts/prepare_data.py", "prepare_data_script")
+    return importlib.import_module("treeflare.tools.prepare_data")
 
 
 def fail(script, capsys, argv):

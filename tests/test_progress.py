@@ -167,3 +167,20 @@ def test_line_formats_and_estimate():
     assert format_duration(125) == "2 min 05 s" and format_duration(7260) == "2 h 01 min"
     assert remaining(10.0, 1, 50) is None  # the first round pays for the start: no pace yet
     assert remaining(10.0, 11, 50) == pytest.approx(39.0) and remaining(5.0, 50, 50) == 0.0
+
+
+def test_a_controller_says_its_phase_where_the_job_has_a_reporter(tmp_path):
+    """PSI and key generation say that they have started (the vertical job printed nothing for 40 s before its first
+    layer line); a job without a reporter, or with another component under its id, gets nothing and no error."""
+    import json
+    from types import SimpleNamespace
+
+    from treeflare.flare.progress import ProgressLog, ProgressReporter, say
+
+    reporter = ProgressReporter()
+    reporter.log = ProgressLog(tmp_path / "progress.jsonl")
+    for component in (reporter, None, object()):
+        engine = SimpleNamespace(get_component=lambda _id, c=component: c)
+        say(SimpleNamespace(get_engine=lambda e=engine: e), "PSI: the 3 parties check their ids")
+    lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [line["text"] for line in lines] == ["PSI: the 3 parties check their ids"]

@@ -7,6 +7,8 @@ The browser tests skip, saying why, where Debian's ``chromium`` is not installed
 
 from __future__ import annotations
 
+import importlib
+
 import copy
 import html
 import json
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flare_helpers import load_script
+
 from icdta4fl_inprocess import InProcessRun
 from treeflare.data import load_dataset, prepare_federation, write_federation
 from treeflare.flare.icdta4fl.controller import ICDTA4FLController
@@ -38,7 +40,7 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/
 
 @pytest.fixture(scope="module")
 def job():
-    return load_script("jobs/icdta4fl/job.py", "icdta4fl_job_report_html")
+    return importlib.import_module("treeflare.jobs.icdta4fl")
 
 
 def _run(job, tmp, fed, root, *, server_test: bool):
@@ -246,7 +248,7 @@ def test_a_large_tree_is_drawn_to_a_depth_that_fits_and_says_so(car):
 
 def test_script_writes_the_page_again_and_refuses_other_reports(car, tmp_path, capsys):
     report, model, ws = car[:3]
-    script = load_script("scripts/report_html.py", "report_html_script")
+    script = importlib.import_module("treeflare.tools.report_html")
     expected = (ws / "report.html").read_text()
     out = tmp_path / "again.html"
     assert script.main(["--workspace", str(ws), "--out", str(out)]) == 0
@@ -267,7 +269,7 @@ def test_the_job_warns_and_leaves_no_stale_page_when_the_model_is_unreadable(car
     job.write_html_report(report, tmp_path)
     assert not (tmp_path / "report.html").exists()
     err = capsys.readouterr().err
-    assert "report.html not written" in err and "scripts/report_html.py --workspace" in err
+    assert "report.html not written" in err and "treeflare report --workspace" in err
 
 
 # -- in the browser ----------------------------------------------------------------------------------------------

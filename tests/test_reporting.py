@@ -2,7 +2,10 @@
 
 import pytest
 
-from treeflare.reporting import bench_settings, write_bench_block
+from flare_helpers import load_script
+
+bench_common = load_script("scripts/bench_common.py", "bench_common")
+bench_settings, write_bench_block = bench_common.bench_settings, bench_common.write_bench_block
 
 
 def test_bench_block_replaced_between_markers_only(tmp_path):
@@ -44,7 +47,7 @@ def test_an_atomic_write_gets_the_mode_open_would_give_and_keeps_an_existing_one
     import os
     import stat
 
-    from treeflare.reporting import write_json_atomic, write_text_atomic
+    from treeflare.files import write_json_atomic, write_text_atomic
 
     mask = os.umask(0o022)
     os.umask(mask)

@@ -18,7 +18,7 @@ import pytest
 from flare_helpers import REPO, flare_lock, isolated_env, kill_token, processes_with_token
 from treeflare.flare.runner import SIM_TMP_PREFIX
 
-pytestmark = pytest.mark.flare
+pytestmark = [pytest.mark.flare, pytest.mark.flare_lock]  # runs under the machine-wide FLARE lock
 
 
 def _sim_tmp_folders(token: str) -> set[Path]:

@@ -4,6 +4,8 @@ each ending with a result file and no exception into FLARE. Also the job scripts
 
 from __future__ import annotations
 
+import importlib
+
 import json
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import make_reply
 
-from flare_helpers import load_script
+
 from icdta4fl_inprocess import InProcessRun
 from treeflare.data import DataError, Schema
 from treeflare.flare.discovery.controller import RESULT_FILE, SCHEMA_FILE, SchemaDiscoveryController
@@ -267,7 +269,7 @@ def test_reviewed_schema_file(tmp_path):
     (["--schema", "discover", "--export", "out"], "--export writes one job folder"),
 ])
 def test_job_script_schema_options(tmp_path, argv, message, capsys):
-    job = load_script("jobs/icdta4fl/job.py", "icdta4fl_job")
+    job = importlib.import_module("treeflare.jobs.icdta4fl")
     with pytest.raises(SystemExit) as exit_:
         job.main([*argv, "--sites", "2", "--workspace", str(tmp_path / "ws")])
     assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -3,6 +3,8 @@ job names, an existing binding is never overwritten silently, and a binding name
 
 from __future__ import annotations
 
+import importlib
+
 import importlib.util
 import json
 from pathlib import Path
@@ -14,9 +16,7 @@ from treeflare.data import DataError
 from treeflare.flare.site_config import SITE_CONFIG_ENV, DATA_ROOT_ENV, binding_file_name, load_binding
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("site_setup", REPO / "app" / "site_setup.py")
-site_setup = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(site_setup)
+site_setup = importlib.import_module("treeflare.tools.site_setup")
 
 BAD_NAMES = ["../x", "a/b", "..", ".hidden", "a.b", "1st", "a b", "x" * 65, "\u00e9t\u00e9"]
 
@@ -65,7 +65,7 @@ def test_rebinding_with_other_contents_is_refused_unless_replaced(kit, tmp_path)
 
 def test_categorical_allowed_from_the_command_line(kit, tmp_path):
     assert site_setup.main(["bind", str(kit), "--data-dir", str(tmp_path), "--categorical-allowed", "zip",
-                            "region"]) == 0
+                            "region", "--allow-missing"]) == 0
     assert load_binding("site-1", config_dir=kit / "local").categorical_allowed == ("zip", "region")
 
 
@@ -102,14 +102,14 @@ def test_the_discovery_executor_reads_the_binding_the_job_names(kit, tmp_path):
 
 
 def test_the_icdta4fl_job_hands_its_binding_to_the_sites(tmp_path, monkeypatch):
-    from flare_helpers import load_script
+
     from treeflare.data import Feature, Schema
 
     monkeypatch.chdir(tmp_path)
     schema = Schema((Feature("age", "numeric"),), "y", ("no", "yes"))
     (tmp_path / "schema.json").write_text(json.dumps(schema.to_dict()))
     with pytest.raises(SystemExit) as done:
-        load_script("jobs/icdta4fl/job.py", "export_icdta4fl_binding").main(
+        importlib.import_module("treeflare.jobs.icdta4fl").main(
             ["--schema", "schema.json", "--binding", "vertical", "--workspace", "ws", "--export", "out"])
     assert done.value.code == 0
     client = json.loads(next((tmp_path / "out").rglob("config_fed_client.json")).read_text())

@@ -4,24 +4,26 @@ apply. In process, from a server result / report built here: no FLARE run."""
 
 from __future__ import annotations
 
+import importlib
+
 import argparse
 import json
 
 import pytest
 
-from flare_helpers import load_script
+
 
 pytest.importorskip("tensorboard")  # the XGBoost job reads tb_events/ with it (a pinned requirement)
 
 
 @pytest.fixture(scope="module")
 def icdta4fl_job():
-    return load_script("jobs/icdta4fl/job.py", "icdta4fl_job_site_held")
+    return importlib.import_module("treeflare.jobs.icdta4fl")
 
 
 @pytest.fixture(scope="module")
 def xgb_job():
-    return load_script("jobs/xgb_histogram/job.py", "xgb_job_site_held")
+    return importlib.import_module("treeflare.jobs.xgb_histogram")
 
 
 def _icdta4fl_server_result() -> dict:
@@ -140,6 +142,8 @@ def test_xgb_without_a_global_test_set_shows_each_sites_last_round_eval(xgb_job,
     assert lines[1].startswith("model (each site's validation rows)")
     row = next(line for line in lines if line.startswith("NVFlare horizontal (direct), site-1's eval, round 3"))
     assert row.split()[-1] == "0.9125"
+    # the columns are the sites' eval metric: no accuracy or macro-F1 column left blank
+    assert lines[1].split()[-1] == "auc" and "accuracy" not in lines[1] and "macro_f1" not in lines[1]
     assert "every site's validation rows (test.csv), evaluated collectively" in text
     # no site's metrics at all: said so, not a blank row
     empty = xgb_job.summary_table(_xgb_report(xgb_job, {**validation, "sites": {}}))
@@ -160,7 +164,7 @@ def test_xgb_partition_settings_only_when_this_script_split_the_data(xgb_job):
 
 
 def test_outputs_text_names_what_exists(tmp_path):
-    from treeflare.reporting import outputs_text
+    from treeflare.console import outputs_text
 
     (tmp_path / "model.json").write_text("{}")
     text = outputs_text({"model": tmp_path / "model.json", "report": tmp_path / "report.json", "federation": None})

@@ -2,13 +2,15 @@
 comparison cannot run, and who holds which column in a vertical schema. In-process, no FLARE run."""
 from __future__ import annotations
 
-from flare_helpers import load_script
+import importlib
+
+
 
 SITES = ["site-1", "site-2", "site-3"]
 
 
 def _job():
-    return load_script("jobs/vertical_tree/job.py", "vertical_tree_job")
+    return importlib.import_module("treeflare.jobs.vertical_tree")
 
 
 def test_oracle_unchecked_says_why_instead_of_none():
@@ -30,7 +32,7 @@ def test_oracle_unchecked_says_why_instead_of_none():
 def _vertical_schema_file(tmp_path, parties):
     from treeflare.data import Feature, Schema
     from treeflare.flare.discovery.controller import schema_file
-    from treeflare.reporting import write_json_atomic
+    from treeflare.files import write_json_atomic
 
     schema = Schema((Feature("age", "numeric"), Feature("colour", "categorical", ("blue", "red"))), "y",
                     ("no", "yes"), "uid")
@@ -49,7 +51,7 @@ def test_vertical_schema_table_and_file_name_each_columns_party(tmp_path, capsys
 
     schema, path = _vertical_schema_file(tmp_path, {"age": "site-1", "colour": "site-2"})
     assert read_schema_file(path) == schema
-    assert load_script("scripts/schema.py", "schema_script").main(["check", str(path)]) == 0
+    assert importlib.import_module("treeflare.tools.schema").main(["check", str(path)]) == 0
     table = capsys.readouterr().out
     assert "party" in table.splitlines()[1]
     assert [line.split()[:2] for line in table.splitlines() if line.lstrip().startswith(("age", "colour"))] == \

@@ -7,6 +7,8 @@ test key), then once in the FLARE simulator with the tree model (the GBDT run an
 overlap are in ``tests/test_vertical_job.py``)."""
 from __future__ import annotations
 
+import importlib
+
 import io
 import json
 import re
@@ -25,7 +27,7 @@ from treeflare.vertical import (ActiveParty, PassiveParty, PassivePolicy, Protoc
 from treeflare.vertical.model_parts import prediction_site_files
 from treeflare.vertical.prediction import ActivePredictor, PassivePredictor, run_prediction
 
-from flare_helpers import load_script, run_script
+from flare_helpers import run_script
 
 SITES = ["site-1", "site-2", "site-3"]
 OVERLAP = 0.7
@@ -174,7 +176,7 @@ def test_prediction_at_partial_overlap_scores_the_intersection_like_the_oracle(w
 
 
 def test_psi_min_rows_is_checked_before_anything_is_written(tmp_path, capsys):
-    job = load_script("jobs/vertical_tree/job.py", "vertical_tree_psi_args")
+    job = importlib.import_module("treeflare.jobs.vertical_tree")
     with pytest.raises(SystemExit) as e:
         job.main(["--dataset", "car", "--psi-min-rows", "0", "--workspace", str(tmp_path / "ws")])
     assert e.value.code == 2 and "--psi-min-rows must be an integer >= 1, got 0" in capsys.readouterr().err

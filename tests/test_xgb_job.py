@@ -169,7 +169,7 @@ def test_encrypt_fails_clearly_and_never_trains(tmp_path):
     ws = tmp_path / "ws"
     proc = run_script(JOB, ["--dataset", "car", "--encrypt", "--workspace", str(ws)], tmp_path, timeout=120)
     assert proc.returncode != 0
-    assert "jobs/vertical_tree" in proc.stderr and "--encrypt" in proc.stderr
+    assert "treeflare vertical" in proc.stderr and "--encrypt" in proc.stderr
     assert not (ws / "report.json").exists() and not (ws / "flare").exists()
 
 

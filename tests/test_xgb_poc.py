@@ -22,7 +22,7 @@ import pytest
 
 from flare_helpers import REPO, flare_lock, free_port, isolated_env, kill_token, processes_with_token
 
-pytestmark = pytest.mark.flare
+pytestmark = [pytest.mark.flare, pytest.mark.flare_lock]  # runs under the machine-wide FLARE lock
 pytest.importorskip("tensorboard")
 pytest.importorskip("xgboost")
 

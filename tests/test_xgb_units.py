@@ -45,7 +45,7 @@ def test_params_binary_and_multiclass():
 
 def test_federated_build_and_encrypt_message():
     check_federated_build()  # the pinned wheel has USE_FEDERATED
-    assert "jobs/vertical_tree" in ENCRYPT_MESSAGE and "clear" in ENCRYPT_MESSAGE
+    assert "treeflare vertical" in ENCRYPT_MESSAGE and "clear" in ENCRYPT_MESSAGE
 
 
 def test_categories_encoded_from_shared_schema_not_local_values():

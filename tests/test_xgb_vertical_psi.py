@@ -9,6 +9,8 @@ the intersection rows, and the report's ``psi`` block.
 
 from __future__ import annotations
 
+import importlib
+
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -210,34 +212,36 @@ def test_vertical_psi_at_70_percent_overlap_predicts_as_centralized_on_the_inter
 
 
 @pytest.mark.parametrize("transport", ["direct", "flare"])
-def test_job_runs_psi_first_with_both_transports_and_never_horizontally(federation, transport):
-    """The job as both transports build it (no FLARE run): the PSI workflows come before training's controller,
-    every site has the PSI executors beside its training executor in its own app (an all-clients app would drop
-    the per-site ones), and the loader keeps the intersection; horizontal mode adds no PSI at all."""
-    from flare_helpers import load_script
+def test_job_runs_psi_first_with_both_transports_and_never_horizontally(federation, transport, tmp_path):
+    """The job as both transports build it, exported as `nvflare job submit` gets it (no FLARE run): the PSI
+    workflows come before training's controller, every site has the PSI executors beside its training executor in
+    its own app (an all-clients app would drop the per-site ones), and the loader keeps the intersection;
+    horizontal mode adds no PSI at all."""
+    import json
 
-    from treeflare.flare.runner import recipe_job
     from treeflare.xgb import make_params
 
-    job_py = load_script("jobs/xgb_histogram/job.py", "xgb_job_psi")
+    job_py = importlib.import_module("treeflare.jobs.xgb_histogram")
     root, fed = federation
     params = make_params(4, max_depth=3, eta=0.3, nthread=1, seed=0)
     for mode in ("vertical", "horizontal"):
         args = job_py.build_parser().parse_args(["--dataset", "car", "--mode", mode, "--transport", transport,
                                                  "--psi-min-rows", "60", "--xgb-port", "0", "--workspace", "unused"])
-        job = (job_py.build_direct_job(str(root), fed.schema, params, args, SITES) if transport == "direct" else
-               recipe_job(job_py.build_recipe(str(root), fed.schema, params, args, SITES)))
-        deploy = job._deploy_map
-        assert sorted(deploy) == ["server", *SITES]  # one app per site, no all-clients app
-        workflows = [wf.id for wf in deploy["server"].app_config.workflows]
+        recipe = job_py.build_recipe(str(root), fed.schema, params, args, SITES)
+        recipe.export(str(tmp_path / mode))
+        out = tmp_path / mode / recipe.name
+        deploy = json.loads((out / "meta.json").read_text())["deploy_map"]
+        assert sorted(deploy) == sorted(["app_server", *(f"app_{s}" for s in SITES)])  # one app per site
+        server = json.loads((out / "app_server" / "config" / "config_fed_server.json").read_text())
+        workflows = [wf["id"] for wf in server["workflows"]]
         psi = ["treeflare_psi_check", "treeflare_psi_dh", "treeflare_psi_result"]
         assert workflows == ([*psi, "xgb_controller"] if mode == "vertical" else ["xgb_controller"])
         for site in SITES:
-            app = deploy[site].app_config
-            tasks = {t for e in app.executors for t in e.tasks}
+            app = json.loads((out / f"app_{site}" / "config" / "config_fed_client.json").read_text())
+            tasks = {t for e in app["executors"] for t in e["tasks"]}
             assert ("PSI" in tasks) == (mode == "vertical") and ({"xgb_direct_train"} if transport == "direct"
                                                                   else {"config", "start"}) <= tasks
-            assert app.components["dataloader"].psi is (mode == "vertical")
+            loader = next(c for c in app["components"] if c["id"] == "dataloader")
+            assert loader["args"].get("psi", False) is (mode == "vertical")
         if mode == "vertical":
-            check = deploy["server"].app_config.workflows[0].controller
-            assert check.min_rows == 60
+            assert server["workflows"][0]["args"]["min_rows"] == 60

@@ -1,4 +1,4 @@
-"""Reusable command-line pieces for ``scripts/prepare_data.py`` and the job scripts (``jobs/*/job.py``).
+"""Reusable command-line pieces for ``treeflare prepare`` and the job scripts (``jobs/*/job.py``).
 
 Each function stands alone; a script picks the ones it needs::
 
@@ -26,12 +26,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import difflib
 import functools
 import math
+import re
 import signal
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 from .data import DATASETS, PARTITIONS, DataError, DataWarning, Table, load_csv, load_dataset, prepare_federation
 from .data.csv_io import check_levels
@@ -43,8 +46,45 @@ from .icdta4fl.refine_counts import MAX_REFINE_ROUNDS
 USAGE_ERROR = 2
 
 
+# -- parsers -------------------------------------------------------------------------------------
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default said once: appended as ``(default: X)`` unless its help already speaks of its default,
+    and never for a flag, an unset option or an empty string (which would print ``(default: )``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text or default is None or default is argparse.SUPPRESS
+                or isinstance(default, bool) or default == "" or default == []):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the house rules: defaults said once (:class:`HelpFormatter`), and a mistyped option or choice
+    answered in two lines with the nearest valid one, instead of the whole usage."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def option_names(self) -> list[str]:
+        # from the help text: argparse keeps its list of actions private
+        return sorted(set(re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)", self.format_help())))
+
+    def error(self, message):
+        hint = ""
+        unknown = re.search(r"unrecognized arguments: (\S+)", message)
+        if unknown:
+            word = unknown.group(1).split("=", 1)[0]
+            close = difflib.get_close_matches(word, self.option_names(), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+        print(f"{self.prog}: error: {message}{hint}\n(see `{self.prog} --help` for every option)", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
 # -- data source ---------------------------------------------------------------------------------
-def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | None = None) -> argparse._ArgumentGroup:
+def add_data_args(parser: argparse.ArgumentParser, *, default_dataset: str | None = None):
     """Add ``--dataset NAME | --csv PATH --label COL [--categorical a,b] [--id COL] [--ordinal COL=a<b<c ...]``.
 
     ``default_dataset`` is used when neither --dataset nor --csv is given (None: one is required).
@@ -77,7 +117,7 @@ def add_schema_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--schema", metavar="discover|FILE", default=None,
                    help="discover: the sites describe their bound data and the server merges the descriptions "
                         "(a first small job; the default with --env poc/prod when no --dataset/--csv is given); "
-                        "FILE: a reviewed schema.json (scripts/schema.py writes one). --label, --id, --categorical "
+                        "FILE: a reviewed schema.json (treeflare schema writes one). --label, --id, --categorical "
                         "and --ordinal declare what discovery cannot know")
     g.add_argument("--min-category-rows", type=int, default=None, metavar="K",
                    help="--schema discover: a site reports a category value only if K of its rows or more hold it "
@@ -170,7 +210,7 @@ def load_table(args: argparse.Namespace) -> Table:
 
 # -- partitioning --------------------------------------------------------------------------------
 def add_partition_args(parser: argparse.ArgumentParser, *, sites: int = 5, partition: str = "iid",
-                       alpha: float = 0.5, seed: int = 0) -> argparse._ArgumentGroup:
+                       alpha: float = 0.5, seed: int = 0):
     """Add ``--sites K --partition iid|quantity|label --alpha A --seed S`` (keyword args set the defaults).
 
     Values are checked by the data layer (``prepare_federation``), which raises DataError.
@@ -265,7 +305,8 @@ ARG_RULES = {
     # ICDTA4FL refinement
     "refine_rounds": _integer(0, MAX_REFINE_ROUNDS), "refine_epsilon": _number(0, above=True),
 }
-OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees", "refine_epsilon", "min_category_rows"}
+OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees", "refine_epsilon", "min_category_rows",
+                 "min_clients"}
 OPTION_NAMES = {"reg_lambda": "--lambda"}
 
 
@@ -324,10 +365,16 @@ def main_guard(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        ok = False
         try:
             with warnings.catch_warnings(), interruptible():
                 warnings.showwarning = _show_warning
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                ok = True
+                return result
+        except SystemExit as exc:
+            ok = exc.code in (0, None)
+            raise
         except DataError as exc:
             _fail(str(exc))
         except OSError as exc:
@@ -338,8 +385,32 @@ def main_guard(fn):
             print(f"error: interrupted ({signal.Signals(signum).name}); the processes this job started were "
                   "ended", file=sys.stderr)
             sys.exit(128 + int(signum))
+        finally:
+            _forget_created(remove=not ok)
 
     return wrapper
+
+
+_CREATED: list[Path] = []
+
+
+def make_workspace(path) -> Path:
+    """``path`` made (with its parents) and returned resolved. A command that then fails (a refused input, an
+    error) removes the folders made here again if they are still empty: a refused argument leaves no empty
+    workspace behind, and a folder that was there before, or that the run wrote into, is never removed."""
+    path = Path(path).resolve()
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    _CREATED.extend(reversed(missing))  # shallowest first
+    return path
+
+
+def _forget_created(remove: bool) -> None:
+    if remove:
+        for folder in reversed(_CREATED):  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # an empty folder only
+    _CREATED.clear()
 
 
 _INTERRUPT: dict = {"signal": None}

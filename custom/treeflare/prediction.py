@@ -1,5 +1,5 @@
 """Predictions on new rows for a trained model of either kind: the ICDTA4FL global tree (``global_tree.json``) or
-the federated XGBoost model (``model.json``). Used by ``scripts/predict.py``; importable for the same in code::
+the federated XGBoost model (``model.json``). Used by ``treeflare predict``; importable for the same in code::
 
     from treeflare.prediction import load_model, predict_csv
     predict_csv("out/xgb_adult", "new.csv", "predictions.csv", id_column="id")
@@ -9,7 +9,7 @@ reads raw CSV values named as in the schema it was trained with. Output: the id 
 schema's id column when the CSV has it), ``predicted`` (the class), ``p_<class>`` per class in the schema's class
 order, and with ``explain`` (ICDTA4FL only) ``explanation``, the row's decision path in words. A text cell that
 a spreadsheet would run as a formula (it starts with = + - @, a tab or a carriage return) is written with a
-leading ``'`` unless ``raw_text=True`` (``reporting.spreadsheet_safe``).
+leading ``'`` unless ``raw_text=True`` (``files.spreadsheet_safe``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .data import DataError, Schema, read_schema_file
 from .icdta4fl.export import explain_row
 from .icdta4fl.model import MODEL_SCHEMA, GlobalTree, ModelPayloadError, check_model_size
 from .trees.validate import PayloadError
+from .trees.learners import ENCODINGS
 from .xgb.model import ModelError, XGBModel
 
 KINDS = {"global_tree.json": "icdta4fl", "model.json": "xgboost"}
@@ -53,11 +54,14 @@ class LoadedModel:
 
 
 def find_model(path) -> tuple[str, Path]:
-    """(kind, file) for a model file or a folder holding one (a job's workspace)."""
+    """(kind, file) for a model file or a folder holding one (a job's workspace). A vertical model (its parts, or
+    a vertical job's workspace) is refused with the command that predicts with it."""
     path = Path(path)
     if path.is_dir():
         found = [(kind, path / name) for name, kind in KINDS.items() if (path / name).is_file()]
         if not found:
+            if _holds_vertical_model(path):
+                raise DataError(_vertical_refusal(path, path))
             raise DataError(f"{path}: no model in this folder: expected global_tree.json (ICDTA4FL job) or "
                             "model.json (XGBoost job)")
         if len(found) > 1:
@@ -65,7 +69,47 @@ def find_model(path) -> tuple[str, Path]:
         return found[0]
     if not path.is_file():
         raise DataError(f"{path}: model not found (give a model file or a job's workspace folder)")
+    if _is_vertical_part(path):
+        workspace = path.parent.parent if path.parent.name == "models" else None
+        raise DataError(_vertical_refusal(path, workspace))
     return _sniff(path), path
+
+
+# a vertical model part's format names start so (``vertical.messages.ACTIVE_FORMAT``, ``PASSIVE_FORMAT``)
+_VERTICAL_FORMAT = b'"treeflare.vertical.'
+VERTICAL_JOB = "vertical_tree"  # a vertical job's report.json says so ("job")
+
+
+def _is_vertical_part(file: Path) -> bool:
+    """A party's part of a vertical model (its JSON names a vertical format near its start)."""
+    try:
+        with file.open("rb") as fh:
+            return _VERTICAL_FORMAT in fh.read(4096)
+    except OSError:
+        return False
+
+
+def _holds_vertical_model(folder: Path) -> bool:
+    """A vertical job's workspace (its report.json, or the parts it copied to models/<site>_<role>_model.json) or a
+    site's folder with its part (``vertical.model_parts``' vertical_active_model.json, vertical_passive_model.json;
+    not imported: that package imports this module)."""
+    parts = [*folder.glob("vertical_*_model.json"), *(folder / "models").glob("*_active_model.json"),
+             *(folder / "models").glob("*_passive_model.json")]
+    if any(p.is_file() for p in parts):
+        return True
+    try:
+        report = json.loads((folder / "report.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and report.get("job") == VERTICAL_JOB
+
+
+def _vertical_refusal(path: Path, workspace: Path | None) -> str:
+    ws = workspace if workspace is not None else "TRAINING_WORKSPACE"
+    return (f"{path}: holds a vertical model, which no single file predicts with: each party keeps its own part. "
+            f"Predict with a federated run: treeflare vertical --predict {ws} --csv NEW.csv --workspace OUT "
+            f"(--predict: the vertical training job's workspace; on real sites leave out --csv, each party reads "
+            f"its own new rows and model part from its binding)")
 
 
 def _sniff(path: Path) -> str:
@@ -134,7 +178,7 @@ def _load_tree(file: Path, schema: Schema | None):
             raise DataError(f"{file}: this model carries no data schema (written before models carried one): "
                             "give the schema it was trained with (--schema, e.g. the federation's partition.json)")
         errors = []
-        for encoding in ("cart", "id3"):  # which one the model's feature names say
+        for encoding in ENCODINGS:  # which one the model's feature names say
             try:
                 model.set_data_schema(schema, encoding)
                 break
@@ -186,7 +230,7 @@ def predict_csv(model, csv, out, *, id_column: str | None = None, explain: bool 
     Text cells that a spreadsheet would run as formulas get a leading ``'`` unless ``raw_text``. Returns a summary
     (rows, model kind, classes, counts per predicted class)."""
     from .data.csv_io import read_prediction_rows
-    from .reporting import csv_text, write_text_atomic
+    from .files import csv_text, write_text_atomic
 
     csv, out = Path(csv), Path(out)
     if out.exists() and out.is_dir():

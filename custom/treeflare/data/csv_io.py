@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from . import csv_bounds
-from .errors import DataError, DataWarning, where
+from .errors import COLUMNS, SITE_DATA, DataError, DataWarning, where
 from .schema import Feature, Schema
 from .separators import detect_separator, first_record, separator_hint
 from .table import Table
@@ -30,7 +30,7 @@ def read_raw(path, *, sep=None, header=True, names=None, skiprows=None, skipinit
     or a line longer than ``max_line_bytes``, checked before anything is parsed (``csv_bounds``)."""
     path = Path(path)
     if opener is None and not path.is_file():
-        raise DataError(f"{path}: file not found", problem="file not found", file=path)
+        raise DataError(f"{path}: file not found", problem="file not found", file=path, kind=SITE_DATA)
     if opener is None and path.stat().st_size == 0:
         raise DataError(f"{path}: file is empty", problem="file is empty", file=path)
     if opener is None and (max_columns is not None or max_line_bytes is not None):
@@ -154,6 +154,13 @@ def parse_numeric(col: pd.Series, *, file, column, site=None, allow_missing=Fals
     if not allow_missing:
         bad |= _is_missing(col)
     bad |= np.isinf(values)
+    if bad.sum() > 1:
+        lines, first = bad_lines(bad), col.iloc[int(np.argmax(bad))]
+        raise DataError(
+            f"{where(file, column, site=site)}: {cells_text(bad)} not numbers ({lines}; the first is {first!r}); "
+            f"column {column!r} is numeric",
+            problem=f"{cells_text(bad)} not numbers ({lines}; the column is numeric)", file=file, column=column,
+            site=site)
     if bad.any():
         i = int(np.argmax(bad))
         raise DataError(
@@ -165,12 +172,38 @@ def parse_numeric(col: pd.Series, *, file, column, site=None, allow_missing=Fals
         huge = np.abs(values) > FLOAT32_MAX
     if huge.any():
         i = int(np.argmax(huge))
+        if huge.sum() > 1:
+            raise DataError(
+                f"{where(file, column, site=site)}: {cells_text(huge)} beyond the float32 range the learners use "
+                f"(magnitude at most {FLOAT32_MAX:.4g}; {bad_lines(huge)}; the first is {col.iloc[i]!r}); rescale "
+                f"column {column!r}",
+                problem=f"{cells_text(huge)} beyond the float32 range ({bad_lines(huge)})", file=file, column=column,
+                site=site)
         raise DataError(
             f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is beyond the float32 range the learners "
             f"use (magnitude at most {FLOAT32_MAX:.4g}); rescale column {column!r}",
             problem="number beyond the float32 range", file=file, column=column, line=i + 2, site=site,
         )
     return values
+
+
+# how many bad lines an error names (the count says how many more there are)
+SHOWN_LINES = 5
+
+
+def cells_text(mask) -> str:
+    """ "3 cells are" for a mask of 3 bad cells."""
+    n = int(np.count_nonzero(mask))
+    return f"{n:,} cells are" if n != 1 else "1 cell is"
+
+
+def bad_lines(mask, shown: int = SHOWN_LINES) -> str:
+    """The file lines of the first ``shown`` bad cells of a column (header = line 1), e.g. "lines 4, 9, 17" or
+    "lines 4, 9, 17, 20, 31 and 12 more"; no cell value, so it may leave a site."""
+    rows = np.flatnonzero(mask)
+    text = ", ".join(str(int(r) + 2) for r in rows[:shown])
+    more = f" and {len(rows) - shown:,} more" if len(rows) > shown else ""
+    return f"line{'s' * (len(rows) != 1)} {text}{more}"
 
 
 def normalise_labels(raw: pd.Series, *, file, column, site=None) -> np.ndarray:
@@ -260,7 +293,15 @@ def infer_kind(col: pd.Series, *, column, file="data", site=None) -> str:
     if share == 1.0:
         return "numeric"
     if share >= _MOSTLY_NUMERIC:
-        i = int(np.argmax(present & ~ok))
+        bad = present & ~ok
+        i = int(np.argmax(bad))
+        if bad.sum() > 1:
+            raise DataError(
+                f"{where(file, column, site=site)}: {cells_text(bad)} not numbers ({bad_lines(bad)}; the first is "
+                f"{col.iloc[i]!r}), but {share:.0%} of the column is numeric; fix the values or pass --categorical "
+                f"{column}",
+                problem=f"{cells_text(bad)} not numbers ({bad_lines(bad)}), but {share:.0%} of the column is numeric "
+                        "(fix the values, or declare the column categorical)", file=file, column=column, site=site)
         raise DataError(
             f"{where(file, column, i + 2, site)}: {col.iloc[i]!r} is not a number, but {share:.0%} of the column "
             f"is numeric; fix the value or pass --categorical {column}",
@@ -299,12 +340,14 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     if missing:
         hint = separator_hint(frame.columns)
         raise DataError(f"{where(file, site=site)}: missing column(s) {missing} expected by the schema{hint}",
-                        problem=f"missing column(s) {missing} expected by the schema{hint}", file=file, site=site)
+                        problem=f"missing column(s) {missing} expected by the schema{hint}", file=file, site=site,
+                        kind=COLUMNS)
     allowed = set(expected) | {schema.label} | ({schema.id_column} if schema.id_column else set())
     extra = [c for c in frame.columns if c not in allowed]
     if extra and strict_columns:
         raise DataError(f"{where(file, site=site)}: unexpected column(s) {extra}; this site's columns disagree "
-                        f"with the schema {expected}", problem=f"unexpected column(s) {extra}", file=file, site=site)
+                        f"with the schema {expected}", problem=f"unexpected column(s) {extra}", file=file, site=site,
+                        kind=COLUMNS)
     out = pd.DataFrame(index=range(len(frame)))
     for f in schema.features:
         col = frame[f.name].reset_index(drop=True)
@@ -316,6 +359,13 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
             missing = _is_missing(col)
             if f.kind == "ordinal":  # an unknown level has no place in the order: refuse it
                 unknown = ~missing & ~s.isin(f.categories).to_numpy()
+                if unknown.sum() > 1:
+                    raise DataError(
+                        f"{where(file, f.name, site=site)}: {cells_text(unknown)} not among the levels "
+                        f"{' < '.join(f.categories)} of ordinal column {f.name!r} ({bad_lines(unknown)}; the first "
+                        f"is {col.iloc[int(np.argmax(unknown))]!r})",
+                        problem=f"{cells_text(unknown)} not levels of the ordinal column ({bad_lines(unknown)})",
+                        file=file, column=f.name, site=site)
                 if unknown.any():
                     i = int(np.argmax(unknown))
                     raise DataError(
@@ -338,12 +388,12 @@ def frame_to_table(frame: pd.DataFrame, schema: Schema, *, file="data", site=Non
     elif require_label:
         hint = separator_hint(frame.columns)
         raise DataError(f"{where(file, site=site)}: label column {schema.label!r} not found{hint}",
-                        problem=f"label column {schema.label!r} not found{hint}", file=file, site=site)
+                        problem=f"label column {schema.label!r} not found{hint}", file=file, site=site, kind=COLUMNS)
     ids = None
     if schema.id_column:
         if schema.id_column not in frame.columns:
             raise DataError(f"{where(file, site=site)}: id column {schema.id_column!r} not found",
-                            problem=f"id column {schema.id_column!r} not found", file=file, site=site)
+                            problem=f"id column {schema.id_column!r} not found", file=file, site=site, kind=COLUMNS)
         missing_id = _is_missing(frame[schema.id_column])
         if missing_id.any():
             i = int(np.argmax(missing_id))

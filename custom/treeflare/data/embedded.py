@@ -46,11 +46,11 @@ _HIGGS = (["lepton_pt", "lepton_eta", "lepton_phi", "missing_energy_magnitude", 
           + ["m_jj", "m_jjj", "m_lv", "m_jlv", "m_bb", "m_wbb", "m_wwbb"])
 
 
-REPO_DATA = Path(__file__).resolve().parents[3] / "data"  # the embedded datasets in this repository
+REPO_DATA = Path(__file__).resolve().parent / "datasets"  # the embedded datasets, shipped in the package
 
 
 def data_root() -> Path:
-    """``$TREEFLARE_DATA_DIR`` or the repository's ``data/`` folder."""
+    """``$TREEFLARE_DATA_DIR`` or the package's ``datasets/`` folder."""
     env = os.environ.get("TREEFLARE_DATA_DIR")
     if env:
         return Path(env)
@@ -60,7 +60,8 @@ def data_root() -> Path:
 def _file(name: str, filename: str) -> Path:
     path = data_root() / name / f"{filename}.gz"
     if not path.is_file():
-        raise DataError(f"{path}: embedded dataset file not found (set TREEFLARE_DATA_DIR to the repo's data/)")
+        raise DataError(f"{path}: embedded dataset file not found (the package ships them in "
+                        f"{REPO_DATA}; TREEFLARE_DATA_DIR, when set, is read instead)")
     return path
 
 

@@ -14,6 +14,10 @@ from pathlib import PurePath
 
 # Said when an error carries no problem text of its own that is known to hold no data.
 UNSPECIFIED = "invalid data (details in the site's local log)"
+# DataError.kind: what sort of problem, for those who act on it
+SITE_DATA = "site_data"  # the site's data is missing or unreadable (no file, no folder, no binding): its operator's
+#                          configuration, not bad rows; a job may stop rather than go on without that site
+COLUMNS = "columns"  # a file's columns disagree with the schema (a missing or unexpected column, no label column)
 
 
 class DataError(ValueError):
@@ -24,12 +28,14 @@ class DataError(ValueError):
         problem: the kind of problem in words that quote no cell value and no path, e.g.
             ``"not a number (the column is numeric)"``; used by :meth:`redacted`.
         file, column, line, site: where (``line`` is the 1-based line of the file, header = 1).
+        kind: what sort of problem, when someone acts on it: :data:`SITE_DATA`, :data:`COLUMNS` (None: bad data).
     """
 
     def __init__(self, message: str, *, problem: str | None = None, file=None, column=None, line=None,
-                 site=None):
+                 site=None, kind: str | None = None):
         super().__init__(message)
         self.problem = problem
+        self.kind = kind
         self.file = None if file is None else str(file)
         self.column = None if column is None else str(column)
         self.line = None if line is None else int(line)
@@ -53,6 +59,11 @@ class DataError(ValueError):
 class DataWarning(UserWarning):
     """Data the loader changed rather than refused (e.g. an all-missing column left out); the command-line
     scripts print it as ``warning: <message>``."""
+
+
+def is_site_data_error(exc: BaseException) -> bool:
+    """True for an error saying the site's data is missing or unreadable (:data:`SITE_DATA`)."""
+    return isinstance(exc, DataError) and exc.kind == SITE_DATA
 
 
 def where(file=None, column=None, line=None, site=None) -> str:

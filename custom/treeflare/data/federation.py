@@ -1,6 +1,6 @@
 """A federation on disk: per-site train/test CSV files, the server's global test set and partition.json.
 
-Layout written by :func:`write_federation` (and by ``scripts/prepare_data.py``)::
+Layout written by :func:`write_federation` (and by ``treeflare prepare``)::
 
     DIR/partition.json          seed, parameters, schema, sizes and class counts per site
     DIR/server/test.csv         stratified global test set, held out before partitioning
@@ -266,8 +266,13 @@ def foreign_entries(folder: Path) -> list[str] | None:
 
 
 def _refuse_embedded_data(out: Path) -> None:
-    """Never write over, around or into the embedded datasets (e.g. ``--workspace .`` at the repository root)."""
+    """Never write over, around or into the embedded datasets, nor anywhere inside the package that ships them
+    (e.g. ``--workspace`` pointed into an installed treeflare)."""
     target = out.resolve()
+    package = REPO_DATA.resolve().parents[1]  # .../treeflare, which holds data/datasets
+    if target == package or package in target.parents:
+        raise DataError(f"{out}: this would write into the treeflare package's own folder ({package}), which holds "
+                        "its code and embedded datasets: choose another --workspace/--out")
     for embedded in {data_root().resolve(), REPO_DATA.resolve()}:
         if target == embedded or target in embedded.parents or embedded in target.parents:
             raise DataError(f"{out}: this would write over or into the embedded datasets' folder ({embedded}), "
@@ -289,7 +294,7 @@ def _fresh_sibling(out: Path, kind: str = "tmp") -> Path:
 def read_partition(root) -> dict:
     path = Path(root) / "partition.json"
     if not path.is_file():
-        raise DataError(f"{path}: not found (write it with scripts/prepare_data.py)", file=path,
+        raise DataError(f"{path}: not found (write it with treeflare prepare)", file=path,
                         problem="file not found")
     try:
         summary = json.loads(path.read_text())

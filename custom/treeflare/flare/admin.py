@@ -69,7 +69,7 @@ def admin_session(admin_kit: Path, timeout: float = 30.0):
         sess = new_secure_session(admin_username(admin_kit), str(admin_kit), timeout=timeout)
     except Exception as exc:
         raise DeployError(f"cannot reach the FLARE server with the admin kit {admin_kit}: {exc}. "
-                          "Is the server running (startup/start.sh, or scripts/poc.sh up)?") from exc
+                          "Is the server running (startup/start.sh, or treeflare poc up)?") from exc
     try:
         yield sess
     finally:

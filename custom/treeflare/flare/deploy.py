@@ -1,5 +1,5 @@
 """The command line for real FLARE systems: ``python -m treeflare.flare.deploy poc-up|poc-down|poc-status|submit``
-(what scripts/poc.sh runs), and ``server-recovery KIT`` (adds :mod:`.server_recovery`'s component, which ends the jobs
+(what treeflare poc runs), and ``server-recovery KIT`` (adds :mod:`.server_recovery`'s component, which ends the jobs
 a server restart interrupted, to a provisioned server kit). The work is done by :mod:`.poc` (a local POC system)
 and :mod:`.admin` (admin sessions, job submission and result collection)."""
 
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
             poc = LocalPoc(args.root)
             if poc.running():
                 raise DeployError(f"a POC is already running in {poc.root} with sites {poc.sites}; "
-                                  "run `scripts/poc.sh down` first")
+                                  "run `treeflare poc down` first")
             sites = [f"site-{i + 1}" for i in range(args.sites)]
             t = time.perf_counter()
             with flare_lock():

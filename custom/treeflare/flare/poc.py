@@ -26,6 +26,11 @@ from pathlib import Path
 from ..processes import alive, descendants, processes_with_cmdline, send_signal, wait_gone
 from .admin import DeployError, local_site_dirs
 
+
+def default_poc_root() -> Path:
+    """Where ``treeflare poc`` and treeflare poc keep a POC: $TREEFLARE_POC_ROOT, else /tmp/treeflare-poc-<uid>."""
+    return Path(os.environ.get("TREEFLARE_POC_ROOT") or f"/tmp/treeflare-poc-{os.getuid()}")
+
 LOCK_FILE = "/tmp/treeflare-flare.lock"
 LOCK_HELD_ENV = "TREEFLARE_FLARE_LOCK_HELD"  # set by a caller that already holds LOCK_FILE
 DEFAULT_ADMIN = "admin@nvidia.com"
@@ -102,7 +107,7 @@ class LocalPoc:
     def prod_dir(self) -> Path:
         prods = sorted(self.workspace.glob("*/prod_*"))
         if not prods:
-            raise DeployError(f"no POC prepared in {self.workspace} (run `scripts/poc.sh up K`)")
+            raise DeployError(f"no POC prepared in {self.workspace} (run `treeflare poc up K`)")
         return prods[-1]
 
     @property
@@ -158,7 +163,7 @@ class LocalPoc:
         """A fresh POC workspace for ``sites``; ``port`` (default $TREEFLARE_POC_PORT, else 8002) is the server's
         one port (FL and admin)."""
         if self.running():
-            raise DeployError(f"a POC is already running in {self.workspace}; stop it first (scripts/poc.sh down)")
+            raise DeployError(f"a POC is already running in {self.workspace}; stop it first (treeflare poc down)")
         self.root.mkdir(parents=True, exist_ok=True)
         port = int(port or os.environ.get(POC_PORT_ENV) or DEFAULT_POC_PORT)
         self._cli("poc", "prepare", "-c", *sites, "--force")
@@ -239,4 +244,4 @@ def _check_port_free(port: int) -> None:
             s.bind(("0.0.0.0", port))
         except OSError:
             raise DeployError(f"port {port} is in use: another POC (or service) is running on this machine. "
-                              "Stop it first (scripts/poc.sh down), or wait for it to finish.")
+                              "Stop it first (treeflare poc down), or wait for it to finish.")

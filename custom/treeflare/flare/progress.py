@@ -102,6 +102,15 @@ class ProgressLog:
             return list(self._recent)
 
 
+def say(fl_ctx, text: str, **fields) -> None:
+    """One progress line from a controller, where the job has a :class:`ProgressReporter` (nothing otherwise): the
+    phases that take long before the first result line (PSI, key generation) say that they have started."""
+    engine = fl_ctx.get_engine()
+    reporter = engine.get_component(PROGRESS_ID) if hasattr(engine, "get_component") else None
+    if hasattr(reporter, "emit"):
+        reporter.emit(text, **fields)
+
+
 class ProgressReporter(FLComponent):
     """Server component holding the run's :class:`ProgressLog`; controllers and widgets emit through it."""
 

@@ -1,13 +1,12 @@
-"""Run a FedJob in the simulator, on a POC system or a provisioned system, or export it.
+"""Run a job's recipe (:mod:`.recipe`) in the simulator, on a POC system or a provisioned system, or export it.
 
-Every job script calls :func:`run_job`; the whole ``treeflare`` package is shipped as the job's custom
-code (NVFlare's automatic copy is shallow: it would take only the component's own file).
+Every job calls :func:`run_job`; it adds what a recipe's ``execute`` has not: POC systems started and stopped for
+the run, results downloaded and gathered, progress lines while the job runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import json
 import os
@@ -17,16 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nvflare.apis.job_def import ALL_SITES
-
 from ..cli import interrupted_by, interruptible
 from ..processes import child_processes, end_tree
-from ..reporting import write_json_atomic
+from ..files import write_json_atomic
 from .progress import PROGRESS_FILE
 
-CUSTOM_DIR = Path(__file__).resolve().parents[2]  # <repo>/custom, which holds treeflare/
-# Clients poll for tasks every 2 s by default; our workflows exchange a handful of short tasks.
-TASK_REQUEST_INTERVAL = 0.2
 SIM_TMP_PREFIX = "tf-sim-"
 
 
@@ -76,43 +70,12 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                         "else <workspace>/flare/poc)")
 
 
-def staged_package() -> Path:
-    """A clean copy of the package (no caches, no build metadata) in a folder of its own.
-
-    ``job.to(folder)`` copies the folder's *contents* into the app's custom/, so the folder holds
-    ``treeflare/`` and lands as ``custom/treeflare/``.
-    """
-    stage = Path(tempfile.mkdtemp(prefix="treeflare-custom-"))
-    shutil.copytree(CUSTOM_DIR / "treeflare", stage / "treeflare",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-    atexit.register(shutil.rmtree, stage, True)
-    return stage
-
-
-def ship_package(job, client_targets=(ALL_SITES,)) -> None:
-    """Put the whole package into the server and client apps' custom/ folders."""
-    job.set_app_packages(["treeflare"])  # no shallow auto-copy of single modules
-    stage = str(staged_package())
-    job.to(stage, "server")
-    for target in client_targets:
-        job.to(stage, target)
-    job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
-
-
-def recipe_job(recipe):
-    """The FedJob behind an NVFlare Recipe (e.g. the XGB recipes), completed as ``recipe.run()`` would do it,
-    so that :func:`ship_package` and :func:`run_job` can treat it like any other job."""
-    recipe._validate_before_use()
-    recipe._ensure_client_apps_prepared()
-    recipe.finalize()
-    return recipe._job
-
-
-def export_job(job, export_dir: Path) -> Path:
+def export_job(recipe, export_dir: Path) -> Path:
+    """``recipe`` exported as a job folder ``export_dir/<job name>`` for ``nvflare job submit``."""
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
-    job.export_job(str(export_dir))
-    out = export_dir / job.name
+    recipe.export(str(export_dir))
+    out = export_dir / recipe.name
     for cache in out.rglob("__pycache__"):
         shutil.rmtree(cache, ignore_errors=True)
     return out
@@ -172,13 +135,13 @@ def shell_safe_paths(root: Path):
         shutil.rmtree(private, ignore_errors=True)  # links are removed, not followed
 
 
-def run_job(job, args, sites: list[str], progress=None) -> Path:
-    """Run ``job`` where ``args.env`` says and return the server's run folder (its artifacts).
+def run_job(recipe, args, sites: list[str], progress=None) -> Path:
+    """Run ``recipe`` (a :class:`~treeflare.flare.recipe.TreeflareRecipe`) where ``args.env`` says and return the server's run folder (its artifacts).
 
     ``progress``: a :class:`~treeflare.flare.progress.ProgressPrinter` that prints the server's progress lines
     while the job runs (the job needs a ``ProgressReporter`` on the server), or None."""
     if getattr(args, "export", None):
-        out = export_job(job, args.export)
+        out = export_job(recipe, args.export)
         print(export_hint(out, getattr(args, "startup_kit", None)))
         raise SystemExit(0)
     workspace = Path(args.workspace).resolve()
@@ -192,11 +155,11 @@ def run_job(job, args, sites: list[str], progress=None) -> Path:
             with shell_safe_paths(root) as sim_root:
                 env = SimEnv(clients=sites, num_threads=len(sites), workspace_root=str(sim_root),
                              log_config=args.log_level)
-                server_file = root / job.name / "server" / "simulate_job" / PROGRESS_FILE
+                server_file = root / recipe.name / "server" / "simulate_job" / PROGRESS_FILE
                 watch = progress.follow_file(server_file) if progress else contextlib.nullcontext()
                 try:
                     with watch:
-                        env.deploy(job)
+                        recipe.run(env)
                     if progress:
                         progress.show_file(server_file, fresh_only=True)  # the lines since the last poll
                         progress.finish()
@@ -210,21 +173,22 @@ def run_job(job, args, sites: list[str], progress=None) -> Path:
             # the simulator and the sites it started, each in a session of its own (a process-group signal
             # would miss them); the children that were there before are not ours to end
             end_tree(child_processes(exclude=before))
-        return root / job.name / "server" / "simulate_job"
+        return root / recipe.name / "server" / "simulate_job"
     if args.env == "poc":
-        return _run_poc(job, args, sites, workspace, progress)
+        return _run_poc(recipe, args, sites, workspace, progress)
     if not args.startup_kit:
         raise SystemExit("error: --env prod needs --startup-kit (the admin's startup kit folder)")
-    return _run_prod(job, args, workspace, progress)
+    return _run_prod(recipe, args, workspace, progress)
 
 
-def _submit(job, args, workspace: Path, admin_kit: Path, site_dirs: dict, progress=None) -> Path:
+def _submit(recipe, args, workspace: Path, admin_kit: Path, site_dirs: dict, progress=None,
+            server_log: Path | None = None) -> Path:
     """Export, submit, wait, download the server's result and gather the sites' run folders found on this
     machine: ``<workspace>/flare/<env>_result/{<job_id>/workspace, <site>/<job_id>/}``."""
     from .admin import submit_and_collect
 
     out = workspace / "flare" / f"{args.env}_result"
-    job_dir = export_job(job, workspace / "flare" / "job")
+    job_dir = export_job(recipe, workspace / "flare" / "job")
     watch = (lambda job_id: progress.follow_admin(admin_kit, job_id)) if progress else None
     outcome = submit_and_collect(admin_kit, job_dir, out, timeout=args.timeout, site_dirs=site_dirs, watch=watch)
     if progress and outcome.server_dir is not None:
@@ -234,7 +198,7 @@ def _submit(job, args, workspace: Path, admin_kit: Path, site_dirs: dict, progre
     print(f"job {outcome.job_id}: {outcome.status}; server result in {outcome.server_dir}", flush=True)
     if not outcome.ok:
         print(f"warning: job {outcome.job_id} ended {outcome.status}: {STATUS_HELP.get(outcome.status, '')} "
-              f"Server log: <server kit>/log.txt; site logs: {out}/<site>/{outcome.job_id}/log.txt "
+              f"Server log: {server_log or 'log.txt in the server kit folder, on the server host'}; site logs: {out}/<site>/{outcome.job_id}/log.txt "
               "(for sites on this machine).", file=sys.stderr, flush=True)
     if outcome.server_dir is None:
         raise SystemExit(f"error: job {outcome.job_id} ended {outcome.status} and has no result to download")
@@ -249,12 +213,13 @@ STATUS_HELP = {
 }
 
 
-def _run_poc(job, args, sites: list[str], workspace: Path, progress=None) -> Path:
+def _run_poc(recipe, args, sites: list[str], workspace: Path, progress=None) -> Path:
     from .admin import DeployError
 
     with one_poc(args, sites) as poc:
         try:
-            return _submit(job, args, workspace, poc.admin_kit, poc.site_dirs(), progress)
+            return _submit(recipe, args, workspace, poc.admin_kit, poc.site_dirs(), progress,
+                           server_log=poc.server_dir / "log.txt")
         except DeployError as exc:
             raise SystemExit(f"error: {exc}")
 
@@ -275,10 +240,10 @@ def one_poc(args, sites: list[str]):
     args.poc_root = Path(root)  # jobs run inside the block find the same POC
     poc = LocalPoc(Path(root))
     try:
-        if poc.running():  # e.g. started by `scripts/poc.sh up K`, or by an enclosing block: use it, leave it running
+        if poc.running():  # e.g. started by `treeflare poc up K`, or by an enclosing block: use it, leave it running
             if poc.sites != sorted(sites):
                 raise DeployError(f"the POC in {poc.root} has sites {poc.sites}, this job needs {sorted(sites)}: "
-                                  f"run `scripts/poc.sh up {len(sites)}` (or pass matching --sites)")
+                                  f"run `treeflare poc up {len(sites)}` (or pass matching --sites)")
             yield poc
             return
         # SIGTERM (e.g. from a CI timeout) unwinds like Ctrl-C, so the POC below is always stopped; the handlers
@@ -295,12 +260,12 @@ def one_poc(args, sites: list[str]):
         raise SystemExit(f"error: {exc}")
 
 
-def _run_prod(job, args, workspace: Path, progress=None) -> Path:
+def _run_prod(recipe, args, workspace: Path, progress=None) -> Path:
     from .admin import DeployError, local_site_dirs
 
     kit = Path(args.startup_kit).resolve()
     try:
-        return _submit(job, args, workspace, kit, local_site_dirs(kit), progress)
+        return _submit(recipe, args, workspace, kit, local_site_dirs(kit), progress)
     except DeployError as exc:
         raise SystemExit(f"error: {exc}")
 

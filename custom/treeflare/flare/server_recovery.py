@@ -35,7 +35,7 @@ from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_constant import SystemComponents
 from nvflare.apis.job_def import RunStatus
 
-from ..reporting import write_json_atomic
+from ..files import write_json_atomic
 
 REASON = "the server restarted during the job (its server job process ended with the server)"
 META_REASON_KEY = "treeflare_end_reason"

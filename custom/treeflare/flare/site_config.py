@@ -30,13 +30,14 @@ Where the executor looks, first match wins:
 4. the job's ``data_root`` argument: files in ``<data_root>/<site>/`` (simulator and POC runs on one machine).
 
 A site may hold several named bindings besides this default one (say one for a horizontal and one for a
-vertical job): ``local/treeflare_site.<name>.json``, written by ``app/site_setup.py bind --name <name>``. A job
+vertical job): ``local/treeflare_site.<name>.json``, written by ``treeflare site bind --name <name>``. A job
 that names a binding (its ``--binding`` option) reads only that file, and a site without it refuses the job:
 it never falls back to the default binding or a data root, whose files would be another job's data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -45,6 +46,7 @@ from pathlib import Path
 
 from ..data import DataError, Schema
 from ..data.csv_io import frame_to_table, read_raw
+from ..data.errors import COLUMNS, SITE_DATA
 from ..data.discovery import MAX_MIN_CATEGORY_ROWS
 
 SITE_CONFIG_FILE = "treeflare_site.json"
@@ -85,7 +87,7 @@ def add_binding_arg(group) -> None:
 
     group.add_argument("--binding", type=name, default=DEFAULT_BINDING, metavar="NAME",
                        help="the sites read their named binding NAME, local/treeflare_site.NAME.json (written by "
-                            "app/site_setup.py bind --name NAME), instead of the default one; a site without it "
+                            "treeflare site bind --name NAME), instead of the default one; a site without it "
                             "refuses the job")
 
 
@@ -108,6 +110,10 @@ class SiteBinding:
     categorical_allowed: tuple[str, ...] = ()  # numeric columns a job may declare categorical or ordinal
     refine_peers: tuple[str, ...] | None = None  # the federation's sites as the operator knows them (None: not said)
     source: str = ""  # where the binding came from (for logs and errors)
+    # where it came from as the server may read it (a file's base name, never a path), e.g. "its binding
+    # local/treeflare_site.json"; and whether it takes the place of data the job prepared (the job's data_root)
+    shown_as: str = "its binding"
+    overrides_job_data: bool = False
 
     def path(self, which: str) -> Path:
         """The file of ``which``: "train", "test" or "predict" (new rows for a vertical prediction run)."""
@@ -122,7 +128,7 @@ class SiteBinding:
         """This site's ``which`` file ("train"/"test"/"predict") as strings, with the site's own label and id column
         names renamed to the job's (``label``/``id_column``; None keeps the site's name)."""
         path = self.path(which)
-        raw = read_raw(path)
+        raw = self._read_file(path, site)
         renames = {}
         if self.label_column and label and self.label_column != label:
             renames[self.label_column] = label
@@ -150,8 +156,35 @@ class SiteBinding:
         if own_columns:
             schema = schema.select([c for c in schema.feature_names if c in raw.columns],
                                    keep_label=schema.label in raw.columns)
-        return frame_to_table(raw, schema, file=os.fspath(path), site=site, name=site,
-                              require_label=bool(schema.classes))
+        try:
+            return frame_to_table(raw, schema, file=os.fspath(path), site=site, name=site,
+                                  require_label=bool(schema.classes))
+        except DataError as exc:
+            if exc.kind != COLUMNS or not self.overrides_job_data:
+                raise
+            # the job prepared data of its own, which this site does not read: say so, or the user looks for the
+            # fault in the data they gave the job
+            lead = (f"{site} reads its own data ({self.shown_as}), not the data this job prepared; the columns of "
+                    f"its {path.name} do not match the job's schema")
+            advice = ("run the job without --dataset/--csv (the schema is then discovered from the sites) or bind "
+                      "the site to other data")
+            raise DataError(f"{lead} ({path}, from {self.source}): {exc}; {advice}",
+                            problem=f"{lead}: {exc.problem}; {advice}", kind=COLUMNS) from None
+
+    def _read_file(self, path: Path, site: str):
+        """``read_raw(path)``; a file that is missing or cannot be opened is this site's configuration
+        (:data:`~treeflare.data.errors.SITE_DATA`), said by its name, never its path."""
+        if not path.is_file():
+            folder = "" if self.data_dir.is_dir() else f" (the data folder that {self.shown_as} names does not exist)"
+            raise DataError(f"{site}: {path}: its data file {path.name} is missing{folder} (from {self.source})",
+                            problem=f"its data file {path.name} is missing{folder}", site=site, kind=SITE_DATA)
+        try:
+            return read_raw(path)
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            raise DataError(f"{site}: {path}: its data file {path.name} cannot be read ({exc})",
+                            problem=f"its data file {path.name} cannot be read ({why})", site=site,
+                            kind=SITE_DATA) from None
 
 
 def site_config_dir(fl_ctx) -> Path | None:
@@ -220,8 +253,8 @@ def _named_binding_path(site: str, name: str, fl_ctx, config_dir) -> Path:
     path = local / binding_file_name(name) if local is not None else None
     if path is None or not path.is_file():
         raise DataError(f"{site}: the job reads binding {name!r}, which this site does not hold "
-                        f"(write it with: app/site_setup.py bind <kit> --name {name} ...)", site=site,
-                        problem=f"the site holds no binding named {name!r}")
+                        f"(write it with: treeflare site bind <kit> --name {name} ...)", site=site,
+                        problem=f"the site holds no binding named {name!r}", kind=SITE_DATA)
     return path
 
 
@@ -232,23 +265,28 @@ def load_binding(site: str, fl_ctx=None, job_data_root: str = "", config_dir=Non
     for (only ``local/treeflare_site.<name>.json``; "" is the default binding)."""
     name = check_binding_name(name)
     path = _named_binding_path(site, name, fl_ctx, config_dir) if name else _site_config_path(fl_ctx, config_dir)
+    overrides = bool(job_data_root)  # the job prepared data of its own, which a site's own binding replaces
     if path is not None:
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:
                 raise DataError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes", site=site, file=path,
-                                problem=f"site configuration larger than {MAX_CONFIG_BYTES} bytes")
+                                problem=f"site configuration larger than {MAX_CONFIG_BYTES} bytes", kind=SITE_DATA)
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise DataError(f"{site}: site config {path} (from ${SITE_CONFIG_ENV}) not found", site=site,
-                            problem="site configuration not found") from None
+                            problem="site configuration not found", kind=SITE_DATA) from None
         except json.JSONDecodeError as exc:
             raise DataError(f"{site}: {path} is not valid JSON: {exc}", site=site, file=path,
-                            problem="site configuration is not valid JSON") from None
-        return parse_binding(data, str(path))
+                            problem="site configuration is not valid JSON", kind=SITE_DATA) from None
+        from_env = not name and bool(os.environ.get(SITE_CONFIG_ENV))
+        shown = f"its binding {path.name} (${SITE_CONFIG_ENV})" if from_env else f"its binding local/{path.name}"
+        return dataclasses.replace(parse_binding(data, str(path)), shown_as=shown, overrides_job_data=overrides)
     root = os.environ.get(DATA_ROOT_ENV)
     if root:
-        return SiteBinding(Path(root) / site, source=f"${DATA_ROOT_ENV}")
+        return SiteBinding(Path(root) / site, source=f"${DATA_ROOT_ENV}",
+                           shown_as=f"its data root (${DATA_ROOT_ENV})", overrides_job_data=overrides)
     if job_data_root:
-        return SiteBinding(Path(job_data_root) / site, source="the job's data_root")
+        return SiteBinding(Path(job_data_root) / site, source="the job's data_root", shown_as="the job's data_root")
     raise DataError(f"{site}: no data configured: write <site kit>/local/{SITE_CONFIG_FILE}, "
-                    f"or set ${DATA_ROOT_ENV} on the site", site=site, problem="no data configured at the site")
+                    f"or set ${DATA_ROOT_ENV} on the site", site=site, problem="no data configured at the site",
+                    kind=SITE_DATA)

@@ -4,6 +4,9 @@ the site.
 The full error (cell values, local paths) stays in the site's own log; the server gets the redacted form
 (:func:`treeflare.data.errors.public_error`): a :class:`DataError`'s redacted text, the message of the types in
 ``PUBLIC_ERRORS`` (errors about what the server sent, which hold no site data), else the exception's type alone.
+An error saying the site's data is missing or unreadable (``data.errors.SITE_DATA``: its operator's configuration,
+not bad rows) is marked so in the reply (``FAILURE_KEY``), for a controller that stops the job rather than go on
+without the site.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from ..data.errors import public_error
+from ..data.errors import SITE_DATA, is_site_data_error, public_error
+
+# a failed reply's field saying what failed: SITE_DATA when the site's data is missing or unreadable
+FAILURE_KEY = "failure"
 
 
 class SiteExecutor(Executor):
@@ -37,4 +43,6 @@ class SiteExecutor(Executor):
             self.failed(fl_ctx)
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
             reply["error"] = public_error(exc, passthrough=self.PUBLIC_ERRORS)
+            if is_site_data_error(exc):
+                reply[FAILURE_KEY] = SITE_DATA
             return reply

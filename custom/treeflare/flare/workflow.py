@@ -18,7 +18,7 @@ from nvflare.apis.controller_spec import TaskCompletionStatus
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.impl.controller import Controller
 
-from ..reporting import write_json_atomic
+from ..files import write_json_atomic
 
 
 def poll_often(controller, communicator) -> None:

@@ -2,8 +2,9 @@
 protocols (``site``) in this process, as the FLARE controller routes them to executors. Tests and benchmarks run
 the job's own code through it; ``treeflare.flare.icdta4fl.inprocess`` adds FLARE's serializer on the way.
 
-A site that raises gets the reply its executor would send (the redacted error, ``data.errors.public_error``), so
-every refusal reaches the server's checks as it would through FLARE.
+A site that raises gets the reply its executor would send (the redacted error, ``data.errors.public_error``, marked
+when the site's data is missing or unreadable: ``server.failure_reason``), so every refusal reaches the server's
+checks as it would through FLARE.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Callable
 
 from ..crypto import secagg
 from ..data import Feature, Schema
-from ..data.errors import public_error
+from ..data.errors import is_site_data_error, public_error
 from ..trees.validate import PayloadError
-from .server import Ask, ICDTA4FLServer, Note
+from .server import Ask, ICDTA4FLServer, Note, failure_reason
 
 __all__ = ["drive", "run_protocol", "schema_for_arrays", "SITE_PUBLIC_ERRORS"]
 
@@ -67,7 +68,8 @@ def run_protocol(server: ICDTA4FLServer, sites: dict, *, result: dict | None = N
             try:
                 reply = wire(handle(ask.task, data))
             except Exception as exc:  # noqa: BLE001 - as the executor: any failure becomes an error reply
-                reply = f"return code EXECUTION_EXCEPTION: {public_error(exc, passthrough=SITE_PUBLIC_ERRORS)}"
+                reply = failure_reason("EXECUTION_EXCEPTION", public_error(exc, passthrough=SITE_PUBLIC_ERRORS),
+                                       site_data=is_site_data_error(exc))
             if record is not None:
                 record.append(("to_server", site, ask.task, reply))
             answer[site] = reply

@@ -1,4 +1,6 @@
-"""How each learner sees a table: CART on one-hot columns, ID3 on category codes.
+"""How a learner sees a table: its encoding (``trees.learners``): ``one_hot`` (CART) or ``category_codes`` (ID3).
+
+Every function takes an encoding's name or a learner's (the learner's encoding is meant).
 
 Both encodings come from the shared schema, so every site (and the server) builds the same columns.
 Ordinal features (ordered categories) are one column of their codes 0..k-1 for both learners, split by
@@ -14,8 +16,9 @@ import numpy as np
 
 from ..data import Schema, Table
 from ..data.schema import onehot_name
+from ..trees.learners import CATEGORY_CODES, LEARNERS, ONE_HOT, encoding_of
 
-ALGORITHMS = ("id3", "cart")
+ALGORITHMS = tuple(LEARNERS)  # the learners' names (the jobs' --algorithm)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A tree the server validates, stores and turns into rules: large enough for honest ID3 trees at depth 7
 # on 600k rows (about 24,000 nodes), small enough that checking it stays under a few seconds.
@@ -24,19 +27,21 @@ HARD_MAX_TREE_NODES = 250_000
 
 def feature_space(schema: Schema, algorithm: str) -> tuple[list[str], list[str], list]:
     """(names, kinds, n_categories) of the matrix :func:`encode` builds; kinds are tree kinds."""
-    if algorithm == "cart":
+    encoding = encoding_of(algorithm)
+    if encoding == ONE_HOT:
         names = schema.onehot_names()
         return names, ["numeric"] * len(names), [None] * len(names)
-    if algorithm == "id3":
+    if encoding == CATEGORY_CODES:
         kinds = ["categorical" if f.kind == "categorical" else "numeric" for f in schema.features]
         # escaped like CART's names, so a column named "a=b" is never taken for one-hot column b of a
         return ([onehot_name(n) for n in schema.feature_names], kinds,
                 [len(f.categories) if k == "categorical" else None for f, k in zip(schema.features, kinds)])
-    raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    raise AssertionError(encoding)  # encoding_of names one of ENCODINGS
 
 
 def threshold_bounds(schema: Schema, algorithm: str) -> list:
     """Per encoded column, the (lo, hi) range a numeric threshold must lie in (None for categorical)."""
+    one_hot = encoding_of(algorithm) == ONE_HOT
     out = []
     for f in schema.features:
         kind = f.kind
@@ -44,7 +49,7 @@ def threshold_bounds(schema: Schema, algorithm: str) -> list:
             out.append((-FLOAT32_MAX, FLOAT32_MAX))
         elif kind == "ordinal":
             out.append((0.0, float(max(len(f.categories) - 1, 0))))
-        elif algorithm == "cart":  # one 0/1 column per category
+        elif one_hot:  # one 0/1 column per category
             out.extend([(0.0, 1.0)] * len(f.categories))
         else:
             out.append(None)
@@ -53,7 +58,8 @@ def threshold_bounds(schema: Schema, algorithm: str) -> list:
 
 def max_tree_nodes(schema: Schema, algorithm: str, max_depth: int, n_bins: int = 4) -> int:
     """The most nodes an honest local tree of ``max_depth`` can have, capped at HARD_MAX_TREE_NODES."""
-    if algorithm == "cart":
+    learner = LEARNERS.get(algorithm)
+    if (learner is not None and not learner.multiway) or encoding_of(algorithm) == ONE_HOT:
         arity = 2
     else:
         _, kinds, n_cats = feature_space(schema, algorithm)
@@ -78,10 +84,11 @@ def tree_limits(schema: Schema, algorithm: str, *, max_depth: int, n_bins: int =
 def category_names(schema: Schema, algorithm: str) -> list | None:
     """Per encoded column, the category names its codes stand for (for rules text and pictures): ID3's
     categorical and ordinal columns, CART's ordinal columns; None elsewhere (and None if no column has any)."""
+    codes = encoding_of(algorithm) == CATEGORY_CODES
     out = []
     for f in schema.features:
         kind = f.kind
-        if kind == "ordinal" or (kind == "categorical" and algorithm == "id3"):
+        if kind == "ordinal" or (kind == "categorical" and codes):
             out.append(list(f.categories))
         elif kind == "categorical":  # one 0/1 column per category, named "attribute=value"
             out.extend([None] * len(f.categories))
@@ -91,8 +98,5 @@ def category_names(schema: Schema, algorithm: str) -> list | None:
 
 
 def encode(table: Table, algorithm: str) -> np.ndarray:
-    if algorithm == "cart":
-        return table.onehot()[0]
-    if algorithm == "id3":
-        return table.codes()[0]
-    raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    """``table``'s feature matrix in the encoding ``algorithm`` names (a learner's or an encoding's name)."""
+    return table.onehot()[0] if encoding_of(algorithm) == ONE_HOT else table.codes()[0]

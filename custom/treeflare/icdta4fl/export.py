@@ -2,10 +2,12 @@
 read a ``GlobalTree`` and the estimator knows nothing of them, so the import goes one way only.
 
 - ``export_text``: the whole tree as indented text (the job's ``rules.txt``);
-- ``explain_row``: one row's decision path as conditions in words (``scripts/predict.py --explain``);
-- ``plot_tree``: a PNG drawn with matplotlib (Agg backend, no display needed). Readable up to about 64 leaves; a
-  larger tree is drawn down to the deepest level that keeps at most ``max_leaves`` visible leaves, truncated nodes
-  are marked "...", and a note says so.
+- ``explain_row``: one row's decision path as conditions in words (``treeflare predict --explain``);
+- ``plot_tree``: a PNG drawn with matplotlib (Agg backend, no display needed), at most ``MAX_PICTURE_PX`` pixels
+  wide and tall, so a screen shows it whole: a wide tree is drawn at a lower resolution, never cut (its text then
+  smaller: readable up to about 32 leaves across). A tree of more than ``max_leaves`` leaves is drawn down to the
+  deepest level that keeps at most ``max_leaves`` visible leaves, truncated nodes are marked "...", and a note says
+  so.
 
 All three word a split the same way (``condition``): thresholds, categories, one-hot columns, ordinal levels,
 and "or missing" on the child a NaN follows.
@@ -19,7 +21,12 @@ from ..data.schema import split_onehot_name
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC
 from .model import GlobalTree
 
-__all__ = ["export_text", "explain_row", "plot_tree"]
+__all__ = ["export_text", "explain_row", "plot_tree", "MAX_PICTURE_PX"]
+
+# the widest and tallest picture plot_tree draws, in pixels: a wide tree gets a lower dpi, not a cut
+MAX_PICTURE_PX = 2000
+# the picture's inches per visible leaf and per level: room for a box's text at fontsize 7 (and an edge's at 6)
+_INCHES_PER_LEAF, _INCHES_PER_LEVEL = 0.9, 1.4
 
 
 def export_text(model: GlobalTree, max_depth=None, decimals=3) -> str:
@@ -59,7 +66,8 @@ def export_text(model: GlobalTree, max_depth=None, decimals=3) -> str:
 def explain_row(model: GlobalTree, x) -> list[str]:
     """Conditions along the decision path of one row (an encoded row, or a one-row DataFrame), in words."""
     tree = model.tree_
-    path = model.decision_path(x)
+    rows = x.iloc[:1] if hasattr(x, "iloc") else np.reshape(np.asarray(x, dtype=np.float64), (1, -1))
+    path = model.decision_path(rows).indices  # the row's nodes, root first (a child's id is larger than its parent's)
     out = []
     for parent, child in zip(path, path[1:]):
         pos = int(np.flatnonzero(tree.children[parent] == child)[0])
@@ -93,7 +101,8 @@ def visible_nodes(tree, max_leaves: int) -> tuple[list[int], int]:
 
 def plot_tree(model: GlobalTree, path, *, max_leaves=64, title=None, dpi=110) -> None:
     """A PNG of the tree at ``path``: a box per node (majority class, its share, support), the condition on
-    each edge; see the module docstring for large trees."""
+    each edge; at ``dpi``, or less where the picture would be wider or taller than ``MAX_PICTURE_PX`` pixels; see
+    the module docstring for large trees."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -115,8 +124,9 @@ def plot_tree(model: GlobalTree, path, *, max_leaves=64, title=None, dpi=110) ->
         if node not in x:
             x[node] = float(np.mean([x[int(c)] for c in tree.children[node]]))
     n_shown = max(next_x, 1)
-    width = min(max(6.0, 1.6 * n_shown), 80.0)
-    height = max(3.0, 1.4 * (limit + 1))
+    width = max(6.0, _INCHES_PER_LEAF * n_shown)
+    height = max(3.0, _INCHES_PER_LEVEL * (limit + 1))
+    dpi = min(float(dpi), MAX_PICTURE_PX / width, MAX_PICTURE_PX / height)  # the text shrinks with it, nothing is cut
     fig, ax = plt.subplots(figsize=(width, height))
     ax.set_axis_off()
     colours = plt.get_cmap("tab10")
@@ -133,9 +143,11 @@ def plot_tree(model: GlobalTree, path, *, max_leaves=64, title=None, dpi=110) ->
             for pos, child in enumerate(tree.children[node]):
                 child = int(child)
                 ax.plot([cx, x[child]], [cy - 0.15, -depths[child] + 0.15], color="0.5", lw=0.7)
-                text = condition(tree, node, pos, model.feature_names_in_, model.category_names, 2)
-                ax.text((cx + x[child]) / 2, (cy - depths[child]) / 2, text, ha="center",
-                        va="center", fontsize=6, color="0.2",
+                text = _edge_text(condition(tree, node, pos, model.feature_names_in_, model.category_names, 2))
+                # near the edge's child end: siblings' conditions are most of a leaf column apart there,
+                # not half of one as at the edge's middle
+                ax.text(cx + (x[child] - cx) * 0.7, cy - (depths[child] - depths[node]) * 0.7, text,
+                        ha="center", va="center", fontsize=6, color="0.2",
                         bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
     ax.set_xlim(-0.8, n_shown - 0.2)
     ax.set_ylim(-limit - 0.6, 0.6)
@@ -146,6 +158,15 @@ def plot_tree(model: GlobalTree, path, *, max_leaves=64, title=None, dpi=110) ->
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def _edge_text(text: str, width: int = 18) -> str:
+    """A condition on lines of about ``width`` characters (at most a leaf column wide), " or missing" on its own."""
+    import textwrap
+
+    head, sep, tail = text.partition(" or missing")
+    lines = textwrap.wrap(head, width=width, break_long_words=False) or [head]
+    return "\n".join(lines + (["or missing" + tail] if sep else []))
 
 
 def _fmt(value, decimals):

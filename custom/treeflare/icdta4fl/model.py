@@ -1,4 +1,4 @@
-"""The global ICDTA4FL tree as a scikit-learn-like classifier, with JSON save/load.
+"""The global ICDTA4FL tree as a scikit-learn classifier, with JSON save/load.
 
 ``GlobalTree`` wraps a ``Tree`` with the shared schema (class names, feature names and kinds,
 category names). No pickle: ``save_json``/``load_json`` write and read a versioned JSON document
@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from ..base import ClassCodesClassifier
-from ..reporting import json_safe
-from ..trees.tree import Tree
+from ..files import json_safe
+from ..trees.learners import ENCODINGS, encoding_of
+from ..trees.tree import LEAF, Tree
 from ..trees.validate import PayloadError, check_list
 
 __all__ = ["GlobalTree", "MODEL_SCHEMA", "MODEL_SCHEMA_VERSION", "ModelPayloadError"]
@@ -36,32 +37,58 @@ class ModelPayloadError(PayloadError):
 
 
 class GlobalTree(ClassCodesClassifier):
-    """Decision tree classifier over the shared schema.
+    """The federation's decision tree as a fitted scikit-learn classifier over the shared schema.
 
-    Attributes follow scikit-learn: ``classes_`` (class names), ``n_features_in_``,
-    ``feature_names_in_``; ``tree_`` is the underlying ``Tree``.
+    Fitted attributes follow ``DecisionTreeClassifier``: ``classes_`` (class names), ``n_classes_``,
+    ``n_outputs_``, ``tree_`` (the underlying ``Tree``); ``n_features_in_`` and ``feature_names_in_`` describe the
+    encoded matrix (``x0``, ``x1`` ... when no names are given), while a DataFrame is read by the schema's raw
+    columns (``data_schema.feature_names``).
+
+    The constructor parameters are the fitted model (tree, class and feature names, schema), checked when given,
+    so ``clone`` builds an equal model (a deep copy) that predicts the same, and ``set_params`` can swap the tree.
+    ``fit`` raises: the federation trained the model, it is not refitted here. ``ClassCodesClassifier`` lists the
+    ``check_estimator`` checks that cannot apply to such a model.
     """
 
     def __init__(self, tree: Tree, classes, feature_names=None, category_names=None, info=None,
                  data_schema=None, encoding=None):
-        """``data_schema`` (a ``Schema`` or its dict) and ``encoding`` ("cart" one-hot / "id3" codes) let the
-        model take raw rows (a pandas DataFrame named as in the schema) as well as encoded arrays."""
+        """``data_schema`` (a ``Schema``, or its dict, read into a ``Schema``) and ``encoding`` ("one_hot" or
+        "category_codes", ``trees.learners``; a learner's name means its encoding) let the model take raw rows (a pandas DataFrame named as in the schema) as well as encoded
+        arrays."""
+        self.tree = tree
+        self.classes = classes
+        self.feature_names = feature_names
+        self.category_names = category_names
+        self.info = info
+        self.data_schema = data_schema
+        self.encoding = encoding
+        self._set_fitted()
+
+    def _set_fitted(self) -> None:
+        """The fitted attributes, from the parameters. A parameter already in its checked form is kept as the same
+        object (``clone`` checks that the constructor keeps what it is given)."""
+        tree = self.tree
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be a treeflare Tree, got {type(tree).__name__}")
+        classes = np.asarray([str(c) for c in self.classes], dtype=object)
+        if len(classes) != tree.n_classes:
+            raise ValueError(f"{len(classes)} class names for {tree.n_classes} classes")
+        names = self.feature_names
+        if names is None:
+            names = [f"x{j}" for j in range(tree.n_features)]
+        if len(names) != tree.n_features:
+            raise ValueError(f"{len(names)} feature names for {tree.n_features} features")
         self.tree_ = tree
-        self.classes_ = np.asarray([str(c) for c in classes], dtype=object)
-        if len(self.classes_) != tree.n_classes:
-            raise ValueError(f"{len(self.classes_)} class names for {tree.n_classes} classes")
-        if feature_names is None:
-            feature_names = [f"x{j}" for j in range(tree.n_features)]
-        if len(feature_names) != tree.n_features:
-            raise ValueError(f"{len(feature_names)} feature names for {tree.n_features} features")
-        self.feature_names_in_ = np.asarray([str(n) for n in feature_names], dtype=object)
+        self.classes_ = classes
+        self.n_classes_ = len(classes)
+        self.n_outputs_ = 1
+        self.feature_names_in_ = np.asarray([str(n) for n in names], dtype=object)
         self.n_features_in_ = tree.n_features
-        self.category_names = (None if category_names is None else
-                               [None if c is None else [str(v) for v in c] for c in category_names])
-        self.info = dict(info or {})
-        self.data_schema, self.encoding = None, None
-        if data_schema is not None:
-            self.set_data_schema(data_schema, encoding)
+        self.category_names = _checked_category_names(self.category_names)
+        if self.info is not None and not isinstance(self.info, dict):
+            self.info = dict(self.info)
+        if self.data_schema is not None:
+            self.set_data_schema(self.data_schema, self.encoding)
 
     def set_data_schema(self, data_schema, encoding):
         """Attach the schema (and encoding) that raw rows are read with."""
@@ -105,12 +132,36 @@ class GlobalTree(ClassCodesClassifier):
     def apply(self, X) -> np.ndarray:
         return self.tree_.apply(self._matrix(X))
 
-    def decision_path(self, x) -> list[int]:
-        import pandas as pd
+    def decision_path(self, X):
+        """scikit-learn's node indicator: a CSR matrix of shape (n_samples, n_nodes) whose row i is 1 at the nodes
+        row i passes, from the root to the node ``apply`` gives (a leaf, or the node that stops the row); each
+        row's ``indices`` run from the root down."""
+        import heapq
 
-        if isinstance(x, pd.DataFrame):
-            x = self._matrix(x)[0]
-        return self.tree_.decision_path(x)
+        from scipy.sparse import csr_matrix
+
+        tree = self.tree_
+        X = np.asarray(self._matrix(X), dtype=np.float64)
+        tree._check_X(X)
+        rows_at, nodes_at = [], []
+        # routed as Tree.apply routes, nodes taken in increasing id (a child's id is larger than its parent's), so
+        # a stable sort by row keeps each row's nodes root first
+        heap = [(0, np.arange(len(X)))]
+        while heap:
+            node, rows = heapq.heappop(heap)
+            rows_at.append(rows)
+            nodes_at.append(np.full(len(rows), node, dtype=np.int64))
+            if tree.kind[node] == LEAF:
+                continue
+            pos = tree._route(node, X[rows, tree.feature[node]])
+            for i, child in enumerate(tree.children[node]):
+                if (pos == i).any():
+                    heapq.heappush(heap, (int(child), rows[pos == i]))
+        rows, nodes = np.concatenate(rows_at), np.concatenate(nodes_at)
+        order = np.argsort(rows, kind="stable")
+        indptr = np.zeros(len(X) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=len(X)), out=indptr[1:])
+        return csr_matrix((np.ones(len(rows), dtype=np.int64), nodes[order], indptr), shape=(len(X), tree.n_nodes))
 
     def get_depth(self) -> int:
         return self.tree_.depth
@@ -119,8 +170,9 @@ class GlobalTree(ClassCodesClassifier):
         return self.tree_.n_leaves
 
     def to_sklearn(self, **kwargs):
-        """This tree as a fitted scikit-learn ``Pipeline`` (encoder, then a ``DecisionTreeClassifier`` carrying
-        exactly this tree) that predicts as this model on a DataFrame of raw values (``sklearn_export``)."""
+        """``treeflare.icdta4fl.sklearn_export.to_sklearn(self, **kwargs)``: a fitted scikit-learn ``Pipeline``
+        (encoder, then a ``DecisionTreeClassifier`` carrying exactly this tree) that predicts as this model."""
+        # kept for callers (tools/export.py, tests); imported here so the estimator's module never imports its exporter
         from .sklearn_export import to_sklearn
 
         return to_sklearn(self, **kwargs)
@@ -134,10 +186,11 @@ class GlobalTree(ClassCodesClassifier):
             "feature_names": list(self.feature_names_in_),
             "category_names": self.category_names,
             "tree": self.tree_.to_dict(),
-            "info": self.info,
+            "info": self.info or {},
             # optional (older files lack them): what raw rows mean, so predict() takes a DataFrame
             "data_schema": None if self.data_schema is None else self.data_schema.to_dict(),
-            "encoding": self.encoding,
+            # the encoding's own name (a model built with a learner's name, "cart" or "id3", records its encoding)
+            "encoding": None if self.encoding is None else encoding_of(self.encoding),
         })
 
     @classmethod
@@ -172,8 +225,11 @@ class GlobalTree(ClassCodesClassifier):
         if not isinstance(info, dict):
             raise err("info", "expected a dict")
         data_schema, encoding = payload.get("data_schema"), payload.get("encoding")
-        if data_schema is not None and encoding not in ("cart", "id3"):
-            raise err("encoding", f"expected 'cart' or 'id3', got {encoding!r}")
+        if data_schema is not None:
+            try:  # an encoding's name, or a learner's in files written before encodings had names
+                encoding_of(encoding)
+            except ValueError:
+                raise err("encoding", f"expected one of {ENCODINGS} or a learner's name, got {encoding!r}") from None
         try:
             return cls(tree, classes, names, cats, info, data_schema=data_schema, encoding=encoding)
         except (ValueError, TypeError, KeyError) as exc:
@@ -198,6 +254,16 @@ class GlobalTree(ClassCodesClassifier):
     def __repr__(self) -> str:
         return (f"GlobalTree(n_leaves={self.get_n_leaves()}, depth={self.get_depth()}, "
                 f"classes={list(self.classes_)})")
+
+
+def _checked_category_names(names):
+    """Per encoded column, None or its category names as strings; the very list when it is already so."""
+    if names is None:
+        return None
+    if isinstance(names, list) and all(c is None or isinstance(c, list) and all(isinstance(v, str) for v in c)
+                                       for c in names):
+        return names
+    return [None if c is None else [str(v) for v in c] for c in names]
 
 
 def check_model_size(path) -> None:

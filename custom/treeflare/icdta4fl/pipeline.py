@@ -21,8 +21,7 @@ import time
 import numpy as np
 from sklearn.metrics import f1_score
 
-from ..trees.cart import fit_cart
-from ..trees.id3 import fit_id3
+from ..trees.learners import get_learner
 from ..trees.tree import Tree
 from . import selection
 from .merge import DEFAULT_MAX_RULES, UnusableTreeError, merge_rule_sets
@@ -94,7 +93,7 @@ def _with_defaults(defaults: dict, params) -> dict:
 
 def train_local_tree(X, y, *, algorithm, n_classes, feature_kinds=None, n_categories=None,
                      params=None) -> dict:
-    """Fit a local ID3 or CART tree; returns ``Tree.to_dict()``.
+    """Fit a local tree with the learner named ``algorithm`` (``trees.learners``); returns ``Tree.to_dict()``.
 
     ``y`` holds indices into the global class list. ID3 takes the codes matrix (mixed kinds),
     CART a numeric (one-hot) matrix.
@@ -102,16 +101,8 @@ def train_local_tree(X, y, *, algorithm, n_classes, feature_kinds=None, n_catego
     p = _with_defaults(DEFAULT_LOCAL_PARAMS, params)
     X = np.asarray(X, dtype=np.float64)
     kinds = list(feature_kinds) if feature_kinds is not None else ["numeric"] * X.shape[1]
-    if algorithm == "id3":
-        tree = fit_id3(X, y, n_classes=n_classes, feature_kinds=kinds, n_categories=n_categories,
-                       max_depth=p["max_depth"], min_samples_split=p["min_samples_split"] or 2,
-                       min_gain=p["min_gain"], n_bins=p["n_bins"])
-    elif algorithm == "cart":
-        tree = fit_cart(X, y, n_classes=n_classes, criterion=p["criterion"], max_depth=p["max_depth"],
-                        min_samples_split=p["min_samples_split"], random_state=p["random_state"],
-                        feature_kinds=kinds)
-    else:
-        raise ValueError(f"algorithm must be 'id3' or 'cart', got {algorithm!r}")
+    tree = get_learner(algorithm).fit(X, y, n_classes=n_classes, feature_kinds=kinds, n_categories=n_categories,
+                                      params=p)
     return tree.to_dict()
 
 

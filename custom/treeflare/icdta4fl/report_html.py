@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..reporting import write_text_atomic
+from ..files import write_text_atomic
 from ..trees.tree import LEAF
 from .export import condition, export_text, visible_nodes
 
@@ -219,19 +219,24 @@ def _refinement(report) -> str:
     summary = _table(["field", "value"], [[k, r.get(k)] for k in ("status", "start", "rounds_requested", "rounds_done",
                                                           "objective", "epsilon", "aggregation", "key_authentication")
                                 if k in r])
-    keys = ("round", "sites", "n_leaves_before", "n_leaves", "depth", "leaves_split", "train_errors_before",
-            "train_errors_after", "bytes_per_site", "accuracy", "seconds")
+    keys = ("round", "sites", "n_leaves_before", "n_leaves", "depth", "leaves_split", "n_leaves_grown", "max_leaves",
+            "train_errors_before", "train_errors_after", "bytes_per_site", "accuracy", "seconds")
     history = r.get("history") or []
     parts = [summary]
     if history:
-        parts.append("<p>Rounds:</p>" + _table([k.replace("_", " ") for k in keys],
-                                               [[h.get(k) for k in keys] for h in history]))
+        parts.append("<p>Rounds (leaves as the tree is shown, same-class splits collapsed; the round grows the "
+                     "uncollapsed tree, whose leaves the budget bounds):</p>"
+                     + _table([_ROUND_LABELS.get(k, k.replace("_", " ")) for k in keys],
+                              [[h.get(k) for k in keys] for h in history]))
     if r.get("adoption"):
         parts.append("<p>Adoption:</p>" + _table(["round", "adopted", "objective", "why"],
                                                  [[a.get("round"), a.get("adopted"), a.get("objective"), a.get("why")]
                                                   for a in r["adoption"]]))
     return _section("refinement", "Refinement rounds (class counts summed over the sites)", *parts)
 
+
+_ROUND_LABELS = {"n_leaves_before": "leaves before", "n_leaves": "leaves", "n_leaves_grown": "leaves grown",
+                 "max_leaves": "leaf budget"}
 
 _AGGREGATION_LABELS = {
     "capped_steps": "merge steps capped by the budget", "n_rules_merged": "rules after merging",

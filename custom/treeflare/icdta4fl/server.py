@@ -12,7 +12,11 @@ received, or a string saying why there is none) or a :class:`Note` (a progress l
 (final model, one-round model). Every reply is checked here, against the server's own schema and plan, so the
 checks are the same whoever routes the messages. A site whose reply is missing or invalid is dropped with its reason
 (each phase's reason kept), and the protocol goes on while ``min_clients`` sites remain; otherwise
-:class:`ProtocolFailed`. A refinement round that cannot complete keeps the tree of the round before, with the reason.
+:class:`ProtocolFailed`. A site that says its data is missing or unreadable (its operator's configuration, a reason
+made by :func:`failure_reason`) ends the protocol, naming it, unless ``min_clients`` was given: with
+``min_clients=None`` (the default) every site must load its data, and a site whose reply is missing or invalid is
+still dropped while ``DEFAULT_MIN_CLIENTS`` valid sites remain. A refinement round that cannot complete keeps the tree
+of the round before, with the reason.
 
 No number a site declares is taken on its own word alone: its rows are bounded by every site's (``max_rows_ratio``
 times their median), a tree's peer score is the mean of the sites' scores each clipped to the others' range, and a
@@ -43,7 +47,8 @@ from .tasks import MIN_MASKING_SITES, PHASES, REFINE_COUNTS, SCORE_GLOBAL, SCORE
 from ..trees.validate import PayloadError
 
 __all__ = ["ICDTA4FLServer", "Ask", "Note", "ProtocolFailed", "DEFAULT_REFINE", "DEFAULT_MAX_ROWS_RATIO",
-           "MIN_MASKING_SITES", "check_refine_params", "robust_peer_scores"]
+           "DEFAULT_MIN_CLIENTS", "MIN_MASKING_SITES", "SITE_DATA_FAILED", "check_refine_params", "failure_reason",
+           "robust_peer_scores"]
 
 DEFAULT_REFINE = {"rounds": 1, "epsilon": None, "objective": refine.DEFAULT_OBJECTIVE, "adopt": "robust"}
 # "robust": each site's change of validation score clipped to the others' range (no one site's word adopts a tree);
@@ -56,6 +61,27 @@ ADOPT_RULES = ("robust", "pooled")
 # median of 558), so the default leaves a margin of 4; the job's --max-rows-ratio sets it. Within it, what a site's
 # rows can still buy is bounded by the sum's checks and the adopt rule (SECURITY.md).
 DEFAULT_MAX_ROWS_RATIO = 100.0
+# the fewest valid sites the protocol goes on with when min_clients is not given (None)
+DEFAULT_MIN_CLIENTS = 2
+# how a reason starts when the site said its data is missing or unreadable (``failure_reason``)
+SITE_DATA_FAILED = "site data missing or unreadable"
+# what a valid reply to each task gave, for the phase's progress line
+_VALID_REPLY = {TRAIN: "a valid tree", REFINE_COUNTS: "valid masked counts"}
+
+
+def failure_reason(return_code, error: str = "", site_data: bool = False) -> str:
+    """The reason a router hands the protocol for a site's error reply: its return code and its (redacted) error,
+    led by ``SITE_DATA_FAILED`` when the site said its data is missing or unreadable (the executor's reply says so
+    apart from its text, ``site_executor.FAILURE_KEY``)."""
+    if site_data:
+        return f"{SITE_DATA_FAILED}: {error or f'return code {return_code}'}"
+    return f"return code {return_code}: {error}".strip()
+
+
+def _site_said(site: str, reason: str) -> str:
+    """What a site said of its missing data (the reason after ``SITE_DATA_FAILED``), led by its name."""
+    text = reason[len(SITE_DATA_FAILED) + 2:].removeprefix("DataError: ")
+    return text if text.startswith(f"{site}:") else f"{site}: {text}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +153,8 @@ class ICDTA4FLServer:
     schema: the shared data schema; algorithm: "cart" or "id3"; local_params: the learner's parameters;
     selection: the peer-score filter (statistic, q, and ``score``: "clipped_mean" (default) or the paper's
     "mean" over every scorer); aggregation: merge/rebuild options (``pipeline.aggregate``); refine_params: rounds,
-    epsilon, objective; min_clients: the fewest valid sites the protocol goes on with; max_rows_ratio and
+    epsilon, objective; min_clients: the fewest valid sites the protocol goes on with, even when some sites' data
+    is missing (None, the default: every site must load its data, and ``DEFAULT_MIN_CLIENTS``); max_rows_ratio and
     max_site_rows: the bound on a site's declared rows (see ``DEFAULT_MAX_ROWS_RATIO``); job_info: facts copied into
     the result.
     """
@@ -138,7 +165,7 @@ class ICDTA4FLServer:
     selection: dict = field(default_factory=dict)
     aggregation: dict = field(default_factory=dict)
     refine_params: dict = field(default_factory=dict)
-    min_clients: int = 2
+    min_clients: int | None = None
     max_rows_ratio: float = DEFAULT_MAX_ROWS_RATIO
     max_site_rows: int = MAX_SITE_ROWS
     job_info: dict = field(default_factory=dict)
@@ -153,7 +180,9 @@ class ICDTA4FLServer:
             raise ValueError(f"selection score must be 'clipped_mean' or 'mean', got {self.score_statistic!r}")
         self.aggregation = dict(self.aggregation or {})
         self.refine = check_refine_params(dict(self.refine_params or {}))
-        self.min_clients = max(1, int(self.min_clients))
+        self.min_clients = None if self.min_clients is None else max(1, int(self.min_clients))
+        # the fewest valid sites the protocol goes on with
+        self.least_sites = DEFAULT_MIN_CLIENTS if self.min_clients is None else self.min_clients
         if isinstance(self.max_rows_ratio, bool) or not isinstance(self.max_rows_ratio, (int, float)) or \
                 not 1 <= self.max_rows_ratio < float("inf"):
             raise ValueError(f"max_rows_ratio must be a number >= 1, got {self.max_rows_ratio!r}")
@@ -182,8 +211,8 @@ class ICDTA4FLServer:
         result.setdefault("dropped_sites", {})
         timings = result.setdefault("timings_s", {})
         sites = sorted(sites, key=natural_key)
-        if len(sites) < self.min_clients:
-            raise ProtocolFailed(f"{len(sites)} sites connected, min_clients is {self.min_clients}")
+        if len(sites) < self.least_sites:
+            raise ProtocolFailed(f"{len(sites)} sites connected, min_clients is {self.least_sites}")
         rounds = self.refine["rounds"]
 
         t = time.perf_counter()
@@ -223,7 +252,7 @@ class ICDTA4FLServer:
         timings["aggregation"] = time.perf_counter() - t
         selected = stats["selected"]
         yield Note(f"aggregation: {len(selected)} of {len(trees)} trees merged into the one-round tree "
-                   f"({model.get_n_leaves()} leaves, depth {model.get_depth()})")
+                   f"({model.get_n_leaves()} leaves{_of_at_most(stats.get('max_leaves'))}, depth {model.get_depth()})")
         result.update({
             "n_sites": len(sites), "sites_trained": sites, "scorers": scorers,
             "selected_sites": [sites[i] for i in selected], "thresholds": thresholds,
@@ -366,6 +395,11 @@ class ICDTA4FLServer:
                                             robust=self.refine["adopt"] == "robust")
             info["adoption"].append({"round": r, "adopted": won is not None, "objective": won, "why": why})
             entry = {**entry, **grown[won or next(iter(grown))][1], "seconds": time.perf_counter() - t}
+            # the leaves as the tree is shown (the summary, the picture): same-class splits collapsed; the rounds
+            # grow from the uncollapsed tree, which is what the budget bounds (``n_leaves_grown``)
+            shown = collapse_same_class(grown[won or next(iter(grown))][0])
+            entry.update(n_leaves_before=int(collapse_same_class(tree).n_leaves), n_leaves_grown=entry["n_leaves"],
+                         n_leaves=int(shown.n_leaves), depth=int(shown.depth), max_leaves=budget["max_leaves"])
             if won is None:  # a worse tree (say, from one site's relabelled counts) never replaces the previous one
                 info["status"] = f"stopped at round {r}: the refined tree was not adopted ({why})"
                 info["not_adopted"] = entry
@@ -376,8 +410,9 @@ class ICDTA4FLServer:
                 entry["accuracy"], entry["macro_f1"] = g["accuracy"][0], g["macro_f1"][0]
             info["history"].append(entry)
             acc_text = f", test accuracy {entry['accuracy']:.4f}" if "accuracy" in entry else ""
-            yield Note(f"refinement round {r}/{self.refine['rounds']}: {entry['n_leaves']} leaves, "
-                       f"depth {entry['depth']}{acc_text} ({entry['seconds']:.1f} s)")
+            yield Note(f"refinement round {r}/{self.refine['rounds']}: {entry['n_leaves']} leaves"
+                       f"{_of_at_most(budget['max_leaves'])}, depth {entry['depth']}{acc_text} "
+                       f"({entry['seconds']:.1f} s)")
         info["rounds_done"] = len(info["history"])
         timings["refinement"] = sum(h["seconds"] for h in info["history"])
         # collapsed once, at the end: a split whose children predict alike is what the next round grows from
@@ -434,11 +469,13 @@ class ICDTA4FLServer:
         if data.get("round"):
             phase = f"refinement round {data['round']}: {phase}"
         replies = yield Ask(name, data, tuple(sites), phase)
-        valid = {}
+        valid, no_data = {}, {}
         for site in sites:
             reply = (replies or {}).get(site, "no reply")
             if isinstance(reply, str):
                 reason = reply
+                if reply.startswith(SITE_DATA_FAILED):
+                    no_data[site] = reply
             else:
                 try:
                     valid[site] = check(reply, site)
@@ -446,7 +483,17 @@ class ICDTA4FLServer:
                 except (PayloadError, DataError, ValueError, TypeError, KeyError, AttributeError) as exc:
                     reason = f"invalid payload: {exc}"
             _drop(result, site, f"{name}: {reason}")
-        needed = self.min_clients if required is None else required
+        failed = [s for s in sites if s not in valid]
+        yield Note(f"{phase}: {len(valid)}/{len(sites)} sites gave {_VALID_REPLY.get(name, 'valid scores')}"
+                   + (f" ({len(failed)} failed: {', '.join(failed)})" if failed else ""), phase)
+        if no_data and self.min_clients is None:
+            # an operator's configuration error, not a hostile site: stop, naming it, rather than go on without it
+            said = "; ".join(_site_said(s, r) for s, r in no_data.items())
+            whose = "its" if len(no_data) == 1 else "their"
+            raise ProtocolFailed(f"{name}: {', '.join(no_data)} could not load {whose} data ({said}); every site "
+                                 f"must load its data: fix the site's data or its binding, or give min_clients "
+                                 f"(--min-clients K) to go on with K sites or more")
+        needed = self.least_sites if required is None else required
         if len(valid) < needed:
             raise ProtocolFailed(f"{name}: {len(valid)} valid replies, need {needed}; "
                                  f"dropped: {result['dropped_sites']}")
@@ -486,8 +533,8 @@ class ICDTA4FLServer:
                 _drop(result, s, f"{TRAIN}: n_train: {n} declared rows, more than {limit:g} (max_rows_ratio "
                                  f"{self.max_rows_ratio:g} x the sites' median, or max_site_rows {self.max_site_rows})")
                 del out[s]
-        if len(out) < self.min_clients:
-            raise ProtocolFailed(f"{TRAIN}: {len(out)} sites within the row bounds, need {self.min_clients}; "
+        if len(out) < self.least_sites:
+            raise ProtocolFailed(f"{TRAIN}: {len(out)} sites within the row bounds, need {self.least_sites}; "
                                  f"dropped: {result['dropped_sites']}")
         return out
 
@@ -512,6 +559,11 @@ class ICDTA4FLServer:
                 if not selected:
                     raise ProtocolFailed(f"aggregation: no usable tree left; dropped: {result['dropped_sites']}") \
                         from None
+
+
+def _of_at_most(max_leaves) -> str:
+    """" of at most N" after a tree's leaves, for a leaf budget N (none without one)."""
+    return f" of at most {max_leaves}" if isinstance(max_leaves, int) and not isinstance(max_leaves, bool) else ""
 
 
 def _plain_mean(matrix) -> np.ndarray:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
+from ..trees.learners import CATEGORY_CODES, ONE_HOT, encoding_of
 from ..trees.tree import LEAF, NUMERIC
 
 __all__ = ["ExportError", "Float32Snap", "to_sklearn", "encoder_columns"]
@@ -109,8 +110,10 @@ def encoder_columns(schema, encoding: str) -> list[dict]:
         else:
             out.append({"name": f.name, "kind": f.kind,
                         "categories": list(f.categories) if f.kind == "ordinal" else None, "n_out": 1})
-    if encoding not in ("cart", "id3"):
-        raise ExportError(f"encoding must be 'cart' or 'id3', got {encoding!r}")
+    try:
+        encoding = encoding_of(encoding)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
     return out
 
 
@@ -144,7 +147,7 @@ def _feature_map(columns, encoding, tree):
     out = []
     start = 0
     for c in columns:
-        if c["kind"] == "categorical" and encoding == "cart":  # our matrix is one-hot too: column for column
+        if c["kind"] == "categorical" and encoding_of(encoding) == ONE_HOT:  # our matrix is one-hot too: column for column
             out += [(start + i, False, None) for i in range(c["n_out"])]
         elif c["kind"] == "categorical":  # ID3 codes -> one-hot block
             out.append((start, False, c["n_out"]))
@@ -312,7 +315,7 @@ def to_sklearn(model, *, criterion: str | None = None, portable: bool = False):
     columns = encoder_columns(schema, encoding)
     tree = model.tree_
     fmap, n_out = _feature_map(columns, encoding, tree)
-    criterion = criterion or ("entropy" if encoding == "id3" else "gini")
+    criterion = criterion or ("entropy" if encoding_of(encoding) == CATEGORY_CODES else "gini")
     if criterion not in ("gini", "entropy"):
         raise ExportError(f"criterion must be 'gini' or 'entropy', got {criterion!r}")
     proba = np.ascontiguousarray(tree.node_proba(), dtype=np.float64)
@@ -339,5 +342,5 @@ def _schema_positions(columns, encoding) -> list[int]:
     """Per column of our encoded matrix, the schema feature it comes from."""
     out = []
     for i, c in enumerate(columns):
-        out += [i] * (c["n_out"] if c["kind"] == "categorical" and encoding == "cart" else 1)
+        out += [i] * (c["n_out"] if c["kind"] == "categorical" and encoding_of(encoding) == ONE_HOT else 1)
     return out

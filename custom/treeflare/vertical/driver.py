@@ -134,12 +134,12 @@ def compare_runs(a, b) -> dict:
 
 
 def metrics(y_true, pred, score, n_classes, objective: str | None = None) -> dict:
-    """Classification: :func:`treeflare.reporting.classification_metrics` (accuracy, macro-F1, AUC and log loss
+    """Classification: :func:`treeflare.metrics.classification_metrics` (accuracy, macro-F1, AUC and log loss
     for 2 classes, multiclass log loss); regression (``objective="squared_error"``): RMSE, MAE, R^2."""
     # imported here: scikit-learn takes seconds to import, and the crypto worker processes import this package
     from sklearn.metrics import mean_absolute_error, r2_score
 
-    from ..reporting import classification_metrics
+    from ..metrics import classification_metrics
     if objective != "squared_error":
         return classification_metrics(y_true, pred, score, n_classes)
     y, p = np.asarray(y_true, dtype=np.float64), np.asarray(pred, dtype=np.float64)

@@ -301,7 +301,7 @@ class PassivePredictor:
 
 # ---------------------------------------------------------------------------------------------- outputs
 def predictions_frame(ids, id_column: str, pred, score, model: dict, classes):
-    """The predictions as ``scripts/predict.py`` writes them: the id column, ``predicted`` (the class, or the
+    """The predictions as ``treeflare predict`` writes them: the id column, ``predicted`` (the class, or the
     value of a regression) and ``p_<class>`` per class."""
     import pandas as pd
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reporting import classification_metrics
+from ..metrics import classification_metrics
 from .encoding import Arrays, dmatrix
 from .params import metric_keys
 

@@ -56,7 +56,7 @@ def save_with_schema(src, dst, schema: Schema, mode: str = "horizontal", ranks: 
     """Copy the model file ``src`` to ``dst`` (JSON) with the schema attached; written whole or not at all."""
     import xgboost as xgb
 
-    from ..reporting import write_text_atomic
+    from ..files import write_text_atomic
 
     booster = xgb.Booster(model_file=str(src))
     attach_schema(booster, schema, mode, ranks)
@@ -99,19 +99,41 @@ def _bare(name: str) -> tuple[int | None, str]:
 
 
 class XGBModel(ClassCodesClassifier):
-    """A booster and its schema, with the estimator methods of ``GlobalTree``: ``predict``, ``predict_proba``,
-    ``score`` take a pandas DataFrame of raw values named as in the schema (or rows already encoded as the job
-    encodes them: a float matrix of the schema's features, categories as codes, NaN = missing)."""
+    """A booster and its schema as a fitted scikit-learn classifier, with the estimator methods of ``GlobalTree``:
+    ``predict``, ``predict_proba``, ``score`` take a pandas DataFrame of raw values named as in the schema (or rows
+    already encoded as the job encodes them: a float matrix of the schema's features, categories as codes, NaN =
+    missing). The constructor parameters are the fitted model, so ``clone`` gives an equal model; ``fit`` raises
+    (the federation trained it). :meth:`to_xgboost` gives XGBoost's own scikit-learn classifier."""
 
-    def __init__(self, booster, schema: Schema, mode: str = "horizontal", ranks: dict | None = None,
+    def __init__(self, booster, data_schema: Schema, mode: str = "horizontal", ranks: dict | None = None,
                  where: str = "model"):
+        """``data_schema``: a ``Schema`` (or its dict, read into one). ``mode`` becomes "vertical" when the booster's
+        feature names are a column-split model's (``"<rank>.<name>"``)."""
         self.booster = booster
-        self.data_schema = schema
+        self.data_schema = data_schema
         self.mode = mode
-        self.ranks = dict(ranks or {})
+        self.ranks = ranks
         self.where = where
-        self.classes_ = np.asarray(schema.classes, dtype=object)
-        self.feature_names_in_ = np.asarray(schema.feature_names, dtype=object)
+        self._set_fitted()
+
+    def _set_fitted(self) -> None:
+        """The fitted attributes, from the parameters, checked against each other; a parameter already in its checked
+        form is kept as the same object (``clone`` checks that the constructor keeps what it is given)."""
+        import xgboost as xgb
+
+        if not isinstance(self.booster, xgb.Booster):
+            raise TypeError(f"booster must be an xgboost.Booster, got {type(self.booster).__name__}")
+        if not isinstance(self.data_schema, Schema):
+            self.data_schema = Schema.from_dict(self.data_schema)
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.ranks is not None and not isinstance(self.ranks, dict):
+            self.ranks = dict(self.ranks)
+        self.classes_ = np.asarray(self.data_schema.classes, dtype=object)
+        self.n_classes_ = len(self.classes_)
+        self.n_outputs_ = 1
+        self.feature_names_in_ = np.asarray(self.data_schema.feature_names, dtype=object)
+        self.n_features_in_ = len(self.feature_names_in_)
         self._party: dict = {}  # vertical: column -> rank of the party that holds it
         self._check()
 
@@ -139,7 +161,8 @@ class XGBModel(ClassCodesClassifier):
                 raise ModelError(f"{self.where}: the model's features {list(names)} are not the schema's "
                                  f"{list(self.feature_names_in_)}")
             if vertical:
-                self.mode = "vertical"
+                if self.mode != "vertical":  # not reassigned when so: clone needs the very object it passed
+                    self.mode = "vertical"
                 self._party = {n: r for r, n in split}
         types = self.booster.feature_types
         if types is not None and list(types) != feature_types(self.data_schema):
@@ -162,7 +185,6 @@ class XGBModel(ClassCodesClassifier):
                 raise ModelError(f"{path}: the model carries no schema (attribute {MODEL_ATTR!r}; written by an older "
                                  "job or outside treeflare): give the schema it was trained with (a schema JSON, or "
                                  "the federation's partition.json)")
-            schema = schema if isinstance(schema, Schema) else Schema.from_dict(schema)
             return cls(booster, schema, where=str(path))
         return cls(booster, info["schema"], info["mode"], info.get("ranks"), where=str(path))
 
@@ -171,7 +193,7 @@ class XGBModel(ClassCodesClassifier):
         rank = self._party.get(column)
         if rank is None:
             return ""
-        site = next((s for s, r in self.ranks.items() if r == rank), None)
+        site = next((s for s, r in (self.ranks or {}).items() if r == rank), None)
         return f"{site} (rank {rank})" if site else f"the party of rank {rank}"
 
     def encode_rows(self, frame, file: str = "input") -> Arrays:
@@ -218,9 +240,19 @@ class XGBModel(ClassCodesClassifier):
             return (p[:, 1] >= 0.5).astype(np.int64)
         return p.argmax(axis=1)
 
+    def to_xgboost(self):
+        """This model as XGBoost's scikit-learn classifier, ``xgboost.XGBClassifier``, loaded with ``load_model``
+        from the checked booster (the schema attribute goes along). It reads the encoded matrix
+        (``encode_rows(frame).X``: categories as the schema's codes, NaN = missing). XGBoost's wrapper numbers the
+        classes: its ``classes_`` is 0..K-1 and ``predict`` gives those indices, so the labels are
+        ``self.classes_[clf.predict(X)]``; ``predict_proba`` columns are in ``classes_`` order. Binary: XGBoost
+        predicts class 1 above 0.5, :meth:`predict` at 0.5 and above."""
+        return _classifier(self.booster)
+
     def to_onnx(self):
-        """The model as ONNX (``onnx.ModelProto``, through onnxmltools): one float input ``input``, the rows as
-        :meth:`encode_rows` builds them; refused for a model with categorical features (``onnx_export``)."""
+        """``treeflare.onnx_export.xgb_to_onnx(self)``: the model as ONNX (``onnx.ModelProto``, through onnxmltools);
+        one float input ``input``, the rows as :meth:`encode_rows` builds them; no categorical features."""
+        # kept for callers (tools/export.py, tests); imported here so the estimator's module never imports its exporter
         from ..onnx_export import xgb_to_onnx
 
         return xgb_to_onnx(self)
@@ -228,3 +260,21 @@ class XGBModel(ClassCodesClassifier):
     def __repr__(self) -> str:
         return (f"XGBModel(mode={self.mode}, rounds={self.booster.num_boosted_rounds()}, "
                 f"classes={list(self.classes_)})")
+
+
+def _classifier(booster):
+    import xgboost as xgb
+
+    clf = xgb.XGBClassifier()
+    clf.load_model(bytearray(booster.save_raw("json")))
+    return clf
+
+
+def load_sklearn_model(path):
+    """A native XGBoost model file (JSON or UBJSON) as ``xgboost.XGBClassifier``, checked first as
+    :meth:`XGBModel.load` checks it (no schema needed: the classifier reads encoded rows). Its ``predict`` gives
+    class indices; ``XGBModel.load(path).to_xgboost()`` keeps the class names at hand (``XGBModel.classes_``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: file not found")
+    return _classifier(load_checked_booster(path))

@@ -3,7 +3,7 @@
 XGBoost's loader and predictor trust a model's tree arrays: a child index out of range or pointing back up the
 tree, a split on a feature the model does not have, a category segment past the end of its list, a class count
 that disagrees with the objective's, all end the process with SIGSEGV inside libxgboost (at load or at the first
-prediction) instead of an error. A model file is something people copy and receive, so ``scripts/predict.py``
+prediction) instead of an error. A model file is something people copy and receive, so ``treeflare predict``
 reads it here first (JSON, or XGBoost's UBJSON decoded by a small bounded reader), checks every field XGBoost
 indexes with, and hands XGBoost the checked document re-serialised as JSON, never the file's own bytes: no
 difference between two parsers (a duplicate key, a number's spelling) can show XGBoost something other than what

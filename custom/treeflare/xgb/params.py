@@ -10,7 +10,7 @@ ENCRYPT_MESSAGE = (
     "--encrypt is not supported by the XGBoost histogram job: NVFlare's 'secure' XGBoost modes need encryption "
     "plugins (libcuda_paillier.so / libnvflare.so) that no pip wheel ships, and the PyPI xgboost ignores "
     "`federated_plugin`, so they would silently train in the clear. For encrypted vertical training use the "
-    "packed-Paillier job: python jobs/vertical_tree/job.py --help"
+    "packed-Paillier job: treeflare vertical --help"
 )
 
 

@@ -11,7 +11,7 @@ from nvflare.apis.shareable import Shareable
 from ...data import DataError, Schema
 from ...data.discovery import (DEFAULT_MIN_CATEGORY_ROWS, SchemaConflict, check_min_category_rows, check_profile,
                                column_parties, discovery_summary, merge_profiles)
-from ...reporting import write_json_atomic
+from ...files import write_json_atomic
 from ..workflow import JobFailed, ResultWorkflow, replies_of
 from .protocol import TASK
 

@@ -4,7 +4,7 @@ this is the glue).
 
 Every job script runs it first with ``--schema discover`` (the default on POC and provisioned sites when no
 ``--dataset``/``--csv`` is given) and embeds the result in the training job, as it embeds a schema derived from
-the submitter's data otherwise; ``scripts/schema.py discover`` runs it alone, for a person to review the result.
+the submitter's data otherwise; ``treeflare schema discover`` runs it alone, for a person to review the result.
 Every site must answer: a site that fails, sends an invalid reply or disagrees with the others stops the job
 before any training, with a reason naming the sites and columns.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from ...data import DataError, Schema
 from ...data.discovery import DEFAULT_MIN_CATEGORY_ROWS, check_min_category_rows
 from ...data.schema import read_schema_file as read_schema_document
-from ...reporting import write_json_atomic
+from ...files import write_json_atomic
 from .controller import JOB_NAME, RESULT_FILE, SCHEMA_FILE, SchemaDiscoveryController, schema_file
 from .executor import SchemaDiscoveryExecutor
 from .protocol import TASK
@@ -31,15 +31,14 @@ def build_discovery_job(sites: list[str], data_root: str = "", *, label=None, id
                         task_timeout: int = 300, binding: str = ""):
     from nvflare.job_config.api import FedJob
 
-    from ..runner import ship_package
+    from ..recipe import TreeflareRecipe
 
     job = FedJob(name=JOB_NAME, min_clients=len(sites))
     job.to_server(SchemaDiscoveryController(sites=sites, label=label, id_column=id_column, categorical=categorical,
                                             ordinal=ordinal, min_category_rows=min_category_rows, vertical=vertical,
                                             task_timeout=task_timeout), id="schema_discovery")
     job.to_clients(SchemaDiscoveryExecutor(data_root=data_root or "", binding=binding), tasks=[TASK])
-    ship_package(job)
-    return job
+    return TreeflareRecipe(job, sites)
 
 
 def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = False, out: Path | None = None,
@@ -55,7 +54,7 @@ def discover(args, sites: list[str], *, data_root: str = "", vertical: bool = Fa
     workspace = Path(args.workspace).resolve()
     if getattr(args, "export", None):
         raise DataError("--export writes one job folder: give it a reviewed schema (--schema schema.json, written "
-                        "by scripts/schema.py) instead of --schema discover")
+                        "by treeflare schema) instead of --schema discover")
     k = check_min_category_rows(DEFAULT_MIN_CATEGORY_ROWS if getattr(args, "min_category_rows", None) is None
                                 else args.min_category_rows)
     job = build_discovery_job(sites, data_root, label=_strip(getattr(args, "label", None)),
@@ -122,11 +121,11 @@ def schema_file_parties(path, schema: Schema, sites: list[str] | None = None) ->
 
 
 def read_schema_file(path) -> Schema:
-    """A reviewed ``schema.json`` (written by ``scripts/schema.py``, perhaps edited by a person): the data layer's
+    """A reviewed ``schema.json`` (written by ``treeflare schema``, perhaps edited by a person): the data layer's
     reader, plus what a job needs of it (two classes, a feature)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: schema file not found (write one with scripts/schema.py, or pass --schema discover)")
+        raise DataError(f"{path}: schema file not found (write one with treeflare schema, or pass --schema discover)")
     schema = read_schema_document(path)
     if len(schema.classes) < 2:
         raise DataError(f"{path}: the label needs at least 2 classes, the file lists {list(schema.classes)}")

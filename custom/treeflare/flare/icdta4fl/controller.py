@@ -3,8 +3,9 @@ to the sites, and writes what it returns.
 
 The protocol yields each task; this controller broadcasts it, hands back every site's reply as received (or why
 there is none: timed out, an error reply), and the protocol checks them against the server's own schema and plan.
-A protocol failure (too few valid sites) ends the job ``failed`` with its reason; anything else as well, with the
-real error (``workflow.ResultWorkflow``). The in-process driver (``icdta4fl.driver``) runs the same protocol.
+A protocol failure (too few valid sites, or with ``min_clients`` not given a site whose data is missing or unreadable)
+ends the job ``failed`` with its reason; anything else as well, with the real error (``workflow.ResultWorkflow``).
+The in-process driver (``icdta4fl.driver``) runs the same protocol.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from ...icdta4fl.encoding import encode
 from ...icdta4fl.export import export_text, plot_tree
 from ...icdta4fl.payloads import MAX_SITE_ROWS
 from ...icdta4fl.driver import drive
-from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO, DEFAULT_REFINE, ICDTA4FLServer, ProtocolFailed
-from ...reporting import write_text_atomic
+from ...data.errors import SITE_DATA
+from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO, DEFAULT_REFINE, ICDTA4FLServer, ProtocolFailed, failure_reason
+from ...files import write_text_atomic
 from ..progress import PROGRESS_ID
+from ..site_executor import FAILURE_KEY
 from ..workflow import JobFailed, ResultWorkflow
 from .protocol import TASKS
 
@@ -37,7 +40,7 @@ class ICDTA4FLController(ResultWorkflow):
     RESULT_FILE = RESULT_FILE
 
     def __init__(self, schema: dict, algorithm: str = "cart", local_params: dict | None = None,
-                 selection: dict | None = None, aggregation: dict | None = None, min_clients: int = 2,
+                 selection: dict | None = None, aggregation: dict | None = None, min_clients: int | None = None,
                  task_timeout: int = 600, server_test: str = "", job_info: dict | None = None,
                  refine_params: dict | None = None, max_rows_ratio: float = DEFAULT_MAX_ROWS_RATIO,
                  max_site_rows: int = MAX_SITE_ROWS):
@@ -47,7 +50,9 @@ class ICDTA4FLController(ResultWorkflow):
             algorithm: "cart" or "id3" for the local trees.
             local_params, selection, aggregation, refine_params: the learner's, the peer-score filter's, the
                 merge/rebuild's and the refinement's options.
-            min_clients: fewest valid sites the job goes on with.
+            min_clients: fewest valid sites the job goes on with, even when some sites' data is missing; None
+                (default): every site must load its data (a site whose data is missing or unreadable ends the job,
+                naming it), and a site whose reply is missing or invalid is dropped while 2 valid sites remain.
             task_timeout: seconds each site has per task.
             server_test: the server's own global test CSV (optional), for global metrics.
             job_info: free-form facts copied into the result (dataset, partition).
@@ -60,7 +65,7 @@ class ICDTA4FLController(ResultWorkflow):
         self.local_params = dict(local_params or {})
         self.selection = dict(selection or {})
         self.aggregation = dict(aggregation or {})
-        self.min_clients = max(1, int(min_clients))
+        self.min_clients = None if min_clients is None else max(1, int(min_clients))
         self.task_timeout = int(task_timeout)
         self.server_test = server_test
         self.job_info = dict(job_info or {})
@@ -108,12 +113,14 @@ class ICDTA4FLController(ResultWorkflow):
         """One task to the sites the protocol named; site -> its reply as received, or why there is none."""
         if message.task not in TASKS:  # the executors handle these alone
             raise JobFailed(f"the protocol asked for task {message.task!r}, which no site handles")
-        replied = []
+        replied, failed = [], []
 
         def received(client_task, fl_ctx):  # NVFlare calls it with these keywords; it must never raise
             try:
-                replied.append(client_task.client.name)
-                self._progress(fl_ctx, f"{message.phase}: {len(replied)}/{len(message.sites)} sites replied",
+                reply = client_task.result
+                ok = reply is not None and reply.get_return_code() == ReturnCode.OK
+                (replied if ok else failed).append(client_task.client.name)
+                self._progress(fl_ctx, replied_line(message.phase, len(message.sites), replied, failed),
                                phase=message.phase)
             except Exception as exc:  # noqa: BLE001 - progress is never worth a result
                 self.log_warning(fl_ctx, f"progress line not written: {exc}")
@@ -132,7 +139,8 @@ class ICDTA4FLController(ResultWorkflow):
             if reply is None:
                 answers[site] = "no reply (timed out, or its result could not be serialized)"
             elif reply.get_return_code() != ReturnCode.OK:
-                answers[site] = f"return code {reply.get_return_code()}: {reply.get('error', '')}".strip()
+                answers[site] = failure_reason(reply.get_return_code(), str(reply.get("error", "")),
+                                               site_data=reply.get(FAILURE_KEY) == SITE_DATA)
                 self.log_error(fl_ctx, f"{site} refused {message.task}: {answers[site]}")
             else:
                 answers[site] = reply
@@ -152,6 +160,13 @@ class ICDTA4FLController(ResultWorkflow):
         reporter = getattr(engine, "get_component", lambda _id: None)(PROGRESS_ID)
         if reporter is not None:
             reporter.emit(text, **({"phase": phase} if phase else {}))
+
+
+def replied_line(phase: str, n_sites: int, replied: list, failed: list) -> str:
+    """A phase's progress line as replies arrive: the sites that answered without an error; those that replied with
+    one are named as failed (the protocol's own line then says how many replies were valid)."""
+    text = f"{phase}: {len(replied)}/{n_sites} sites replied"
+    return text + (f" ({len(failed)} failed: {', '.join(failed)})" if failed else "")
 
 
 def _verify_context(fl_ctx):

@@ -5,7 +5,7 @@ Only trees, scores and masked count vectors leave the site, never rows; what the
 say. Its identity (the startup kit's client certificate) and the run's job id come from the site's own context,
 never from a task. Data are read against the schema the server sends, from
 the site's own binding (``<site kit>/local/treeflare_site.json``, see ``site_config``), else from
-``<data_root>/<site>/`` (train.csv, test.csv as written by ``scripts/prepare_data.py``).
+``<data_root>/<site>/`` (train.csv, test.csv as written by ``treeflare prepare``).
 """
 
 from __future__ import annotations

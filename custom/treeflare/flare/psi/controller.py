@@ -56,7 +56,8 @@ from nvflare.app_common.psi.dh_psi.dh_psi_workflow import DhPSIWorkFlow
 from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 
 from ...data.intersection import DEFAULT_MIN_ROWS
-from ...reporting import write_json_atomic
+from ...files import write_json_atomic
+from ..progress import say
 from ..workflow import JobFailed, ResultWorkflow, no_reply_reason, poll_often, replies_of, wait_for_tasks
 from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_ITEMS, VERIFY_KEY,
                        PsiProtocolError, check_kinds, check_reply, check_result_reply, request, run_dir_of)
@@ -177,6 +178,7 @@ class PsiCheckController(_PsiPhase):
     PART = "check"
 
     def run_workflow(self, result, run_dir, abort_signal, fl_ctx):
+        say(fl_ctx, f"PSI: the {len(self.sites)} parties check their ids, then intersect them (the server sees none)")
         replies, problems = self.ask(TASK_CHECK, fl_ctx, abort_signal)
         evaluate_check(self.sites, replies, problems, self.kinds, self.min_rows, result["parties"])
 

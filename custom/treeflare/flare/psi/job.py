@@ -1,5 +1,5 @@
 """The PSI phase, the submitter's side: :func:`add_psi` puts it into a job (the vertical jobs' first phase), and
-:func:`build_psi_job` / :func:`run_psi` run it as a job of its own (``scripts/psi.py``).
+:func:`build_psi_job` / :func:`run_psi` run it as a job of its own (``treeflare psi``).
 
 The phase, in the order its server workflows run (``controller``): our check (each site reads and checks its ids;
 a bad party ends the job before any encryption), NVFlare's DH-PSI (``nvflare.app_common.psi`` with
@@ -62,11 +62,11 @@ def add_psi(job, sites, *, kinds=("train", "test"), data_root: str = "", schema=
 
 def build_psi_job(sites, *, kinds=("train", "test"), data_root: str = "", schema=None, binding: str = "",
                   min_rows: int = DEFAULT_MIN_ROWS, task_timeout: int = 600, name: str = JOB_NAME, audit: bool = False):
-    """The PSI phase as a job of its own. ``audit``: a server filter records what crosses the server
+    """The PSI phase as a job of its own (a :class:`~treeflare.flare.recipe.TreeflareRecipe`). ``audit``: a server filter records what crosses the server
     (``audit.MessageRecorder``; for tests and reviews: it writes the DH-PSI messages to the server's run folder)."""
     from nvflare.job_config.api import FedJob
 
-    from ..runner import ship_package
+    from ..recipe import TreeflareRecipe
 
     job = FedJob(name=name, min_clients=len(sites))
     if audit:
@@ -80,8 +80,7 @@ def build_psi_job(sites, *, kinds=("train", "test"), data_root: str = "", schema
                       tasks=tasks)
     add_psi(job, sites, kinds=kinds, data_root=data_root, schema=schema, binding=binding, min_rows=min_rows,
             task_timeout=task_timeout)
-    ship_package(job)
-    return job
+    return TreeflareRecipe(job, sites)
 
 
 def psi_report(server: dict, run_dir, sites) -> dict:

@@ -33,7 +33,7 @@ from nvflare.apis.controller_spec import Task, TaskCompletionStatus
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
-from ..progress import PROGRESS_ID, format_duration, remaining
+from ..progress import PROGRESS_ID, format_duration, remaining, say
 from ..workflow import JobFailed, ResultWorkflow, no_reply_reason, wait_for_tasks
 from ...vertical.params import MAX_PREDICT_ROWS
 from .protocol import MSG, MSG_TYPES, REPLY_TYPES, STEP
@@ -93,6 +93,9 @@ class VerticalController(ResultWorkflow):
         if missing:
             raise JobFailed(f"sites not connected: {missing}")
         t0 = time.perf_counter()
+        if self.mode == "train":
+            say(fl_ctx, f"training: {self.active_site} makes its Paillier key and encrypts the first gradients; a line "
+                        "per tree layer follows")
         inbox = {}
         self._trace = []
         result["trace"] = self._trace

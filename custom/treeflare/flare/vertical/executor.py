@@ -52,7 +52,7 @@ from ...crypto.workers import parse_workers
 from ...data import DataError, Schema, read_site
 from ...data.csv_io import party_rows_table
 from ...data.intersection import read_intersection, restrict
-from ...reporting import csv_text, write_json_atomic, write_text_atomic
+from ...files import csv_text, write_json_atomic, write_text_atomic
 from ...vertical import (ActiveParty, PassiveParty, PassivePolicy, ProtocolError, VerticalParams, crypto_report,
                          metrics)
 from ...vertical.model_parts import ACTIVE_MODEL, MAX_MODEL_BYTES, PASSIVE_MODEL
@@ -123,7 +123,7 @@ class VerticalExecutor(SiteExecutor):
               of a training run or new rows of a prediction run (``$TREEFLARE_VERTICAL_MAX_PREDICT_ROWS``).
             raw_text: a prediction run writes its CSV's text cells (ids, classes) as they are, without the leading
               ' that keeps a cell starting with = + - @, a tab or a carriage return from running as a formula in
-              a spreadsheet (``reporting.spreadsheet_safe``).
+              a spreadsheet (``files.spreadsheet_safe``).
         """
         super().__init__()
         self.data_root = data_root

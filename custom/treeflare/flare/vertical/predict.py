@@ -1,4 +1,4 @@
-"""The vertical job's prediction run (``jobs/vertical_tree/job.py --predict MODEL_DIR``): a FLARE job in which every
+"""The vertical job's prediction run (``treeflare vertical --predict MODEL_DIR``): a FLARE job in which every
 party loads only its own part of a trained model and its own new rows, and the active site gets the predictions
 (:mod:`treeflare.vertical.prediction`; the same controller and executor as training, in ``mode="predict"``).
 Its first phase is a private set intersection of the new rows' ids (``treeflare.flare.psi``, kind ``predict``):
@@ -25,11 +25,12 @@ from ...data import DataError, load_dataset, site_name
 from ...data.csv_io import read_prediction_rows, read_raw
 from ...data.separators import check_separator
 from ...data.federation import write_marked_folder
-from ...reporting import write_json_atomic
+from ...files import write_json_atomic
 from ...vertical.model_parts import find_model_parts, model_sites, prediction_site_files
 from ..psi.job import add_psi, psi_report
 from ..psi.protocol import RESULT_FILE as PSI_RESULT
-from ..runner import find_site_file, one_poc, read_server_result, run_job, ship_package
+from ..recipe import TreeflareRecipe
+from ..runner import find_site_file, one_poc, read_server_result, run_job
 from .controller import RESULT_FILE, VerticalController
 from .executor import PREDICTIONS, VerticalExecutor
 from .protocol import MSG, STEP
@@ -90,10 +91,9 @@ def predict_main(args, job_name: str) -> int:
     job.to_clients(VerticalExecutor(data_root=str(data_root or ""), workers=args.workers,
                                     binding=getattr(args, "binding", "") or "",
                                     raw_text=bool(getattr(args, "raw_text", False))), tasks=[STEP, MSG])
-    ship_package(job)
     t = time.perf_counter()
     with one_poc(args, sites):
-        run_dir = run_job(job, args, sites)
+        run_dir = run_job(TreeflareRecipe(job, sites), args, sites)
     flare_s = time.perf_counter() - t
     psi = read_server_result(run_dir, PSI_RESULT, workspace, f"{job_name}_predict")  # a failed PSI ends the job
     if psi is None:

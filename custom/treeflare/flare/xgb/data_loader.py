@@ -109,7 +109,7 @@ class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
             # The full message (cell value, local path) stays in this site's log; what XGBoost and FLARE pass on
             # (to the server, too) is the redacted form.
             _log.error("%s: %s", self.client_id, exc)
-            raise DataError(exc.redacted(), problem=exc.problem, **exc.location) from None
+            raise DataError(exc.redacted(), problem=exc.problem, kind=exc.kind, **exc.location) from None
         if self.vertical:
             mode = xgb.core.DataSplitMode.COL
             if (train.y is not None) != (self.rank == 0):

@@ -1,0 +1,1 @@
+"""The tools around the jobs (prepare, schema, psi, predict, export, report, site): ``treeflare <tool>``."""
