@@ -29,7 +29,7 @@ def write_bench_block(path, name: str, markdown: str) -> Path:
 
     Benchmark scripts own these blocks, so a figure in the docs is always the one the script wrote. A page without
     both markers (in that order) is refused with a ValueError naming the page and the marker, and left unchanged:
-    a block moved to another page must take its script's target with it (``tests/test_docs.py`` checks both).
+    a block moved to another page must take its script's target with it (``tests/package/test_docs.py`` checks both).
     """
     path = Path(path)
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"

@@ -56,7 +56,7 @@ REFERENCE = {("nursery", "iid", 5): .8897, ("nursery", "iid", 10): .8885, ("nurs
              ("adult", "iid", 10): .8464, ("adult", "quantity", 5): .8483, ("default_credit_card", "iid", 5): .8167,
              ("default_credit_card", "quantity", 10): .8120}
 ROOT = Path(__file__).resolve().parents[1]
-# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+# the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"icdta4fl": "docs/icdta4fl.md", "icdta4fl_secagg": "docs/icdta4fl.md"}
 
 

@@ -46,7 +46,7 @@ from treeflare.icdta4fl.encoding import encode  # noqa: E402
 from bench_common import bench_settings, write_bench_block# noqa: E402
 from treeflare.trees.cart import default_min_samples_split  # noqa: E402
 
-# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+# the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"icdta4fl_imbalanced": "docs/icdta4fl.md"}
 DATASETS = ["german", "default_credit_card", "adult", "synthetic"]
 PARTITIONS = [("label", 0.5), ("iid", None)]

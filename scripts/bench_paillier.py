@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+# the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"paillier_keys": "docs/vertical.md"}
 
 from treeflare.crypto import PaillierPrivateKey, SlotLayout, security_bits  # noqa: E402

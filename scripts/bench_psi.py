@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+# the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"psi": "docs/benchmarks.md", "psi_summary": "README.md"}
 RESULTS = REPO / "scripts" / "results"
 STAGES = ("prepare", "setup", "request", "response", "intersect")

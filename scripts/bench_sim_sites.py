@@ -36,7 +36,7 @@ from treeflare.console import format_table# noqa: E402
 from treeflare.files import write_text_atomic# noqa: E402
 
 RESULTS = REPO / "scripts" / "results"
-# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+# the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"sim_sites": "docs/DEPLOY.md", "sim_sites_probe": "docs/DEPLOY.md"}
 
 

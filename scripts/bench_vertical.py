@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+# the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"vertical": "docs/vertical.md", "vertical_peers": "docs/vertical.md", "vertical_summary": "README.md"}
 
 from treeflare.crypto import PaillierKeyHolder, SlotLayout  # noqa: E402

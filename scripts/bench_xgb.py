@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -41,9 +41,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-JOB_PY = REPO / "jobs" / "xgb_histogram" / "job.py"
 PROFILE_DIR = REPO / "scripts" / "xgb_profile"
-# the docs page holding each block this script writes (tests/test_docs.py checks the markers are there)
+# the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
 BENCH_BLOCKS = {"xgb": "docs/xgboost.md"}
 ARMS = ["centralized", "native", "xgb_federated", "xgb_federated_tls", "direct", "direct_tls", "flare"]
 TARGETS = {"direct": 1.5, "direct_tls": 2.0}  # train time / native train time
@@ -59,10 +58,8 @@ WORKLOADS = {
 
 
 def load_job_module():
-    spec = importlib.util.spec_from_file_location("xgb_histogram_job", JOB_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The XGBoost job's command line (``treeflare xgb``), whose build_parser() and run() each arm calls."""
+    return importlib.import_module("treeflare.jobs.xgb_histogram")
 
 
 def synthetic_table(n: int = 200_000, d: int = 28):

@@ -1,4 +1,4 @@
-"""Models and rows shared by tests/test_export_sklearn.py and tests/test_export_onnx.py: small global trees of
+"""Models and rows shared by tests/models/test_export_sklearn.py and tests/models/test_export_onnx.py: small global trees of
 both learners on every embedded data set (through the ICDTA4FL pipeline, three sites), rows with missing values
 and unknown categories, and trees whose nodes name ``missing`` children or stop NaN. Cached: each is built once
 per process."""

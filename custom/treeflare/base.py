@@ -22,7 +22,7 @@ class ClassCodesClassifier(ClassifierMixin, BaseEstimator):
     on generated data, ``check_no_attributes_set_in_init`` (the model is fitted when made),
     ``check_n_features_in`` (``n_features_in_`` exists before any fit) and
     ``check_do_not_raise_errors_in_init_or_set_params`` (the parameters are checked when given). The others pass
-    (``tests/test_global_tree_estimator.py``, ``tests/test_xgb_sklearn_model.py``)."""
+    (``tests/icdta4fl/test_global_tree_estimator.py``, ``tests/xgb/test_xgb_sklearn_model.py``)."""
 
     classes_: np.ndarray
 

@@ -118,7 +118,7 @@ def _poc(argv: list[str]) -> int:
             return _refuse(f"no POC running in {root}; start one with: {PROG} poc up K")
         options = rest[1:]
         if not any(o == "--workspace" or o.startswith("--workspace=") for o in options):
-            options += ["--workspace", str(Path(root) / "runs" / job)]
+            options += ["--workspace", str(Path(root) / "runs" / rest[0])]  # as scripts/poc.sh names it
         return _run_module(COMMANDS[job][0], job, [*options, "--env", "poc", "--poc-root", root])
     return _refuse(f"poc: unknown '{verb}' (up, down, status, submit, run){suggestion(verb, ['up', 'down', 'status', 'submit', 'run'])}")
 
@@ -145,6 +145,8 @@ def _bench(argv: list[str]) -> int:
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as done:
+        if isinstance(done.code, str):  # SystemExit("error: ...") prints its message, as Python would
+            print(done.code, file=sys.stderr)
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     finally:
         sys.argv, sys.path[:] = saved[0], saved[1]

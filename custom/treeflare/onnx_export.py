@@ -12,7 +12,7 @@ over are put right here: the ``Float32Snap`` encoder (a converter of the same ar
 the same branch as in scikit-learn). Thresholds: the tree ensemble holds float32 thresholds, which skl2onnx
 chooses so that a float32 input compares as scikit-learn compares its float32 input with the float64
 threshold; the snapped inputs are float32 values on the right side of every threshold, so the graph routes
-every row as the global tree does (``tests/test_export_onnx.py`` checks thresholds that are no float32).
+every row as the global tree does (``tests/models/test_export_onnx.py`` checks thresholds that are no float32).
 
 XGBoost: numeric features only. XGBoost's categorical splits (the job's categorical columns, ``feature_types``
 "c") are sets of categories; onnxmltools 1.16 reads only "x < value" splits, so such a model is refused.
@@ -123,7 +123,7 @@ def _refuse_float32_ties(clf) -> None:
 
 
 def pipeline_to_onnx(pipeline, schema):
-    """The ONNX model (``onnx.ModelProto``) of a pipeline made by ``GlobalTree.to_sklearn()``, inputs named as
+    """The ONNX model (``onnx.ModelProto``) of a pipeline made by ``icdta4fl.sklearn_export.to_sklearn``, inputs named as
     the schema's features. Refused (``OnnxExportError``) where a leaf's best class is a float32 tie
     (``_refuse_float32_ties``)."""
     from skl2onnx import convert_sklearn

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .data import DataError, Schema, read_schema_file
-from .icdta4fl.export import explain_row
+from .icdta4fl.export import explain_rows
 from .icdta4fl.model import MODEL_SCHEMA, GlobalTree, ModelPayloadError, check_model_size
 from .trees.validate import PayloadError
 from .trees.learners import ENCODINGS
@@ -220,7 +220,7 @@ def predict_frame(loaded: LoadedModel, raw, *, file="input", id_column: str | No
     for j, c in enumerate(loaded.classes):
         out[f"p_{c}"] = proba[:, j]
     if explain:
-        out[EXPLANATION] = [" and ".join(explain_row(loaded.model, x)) or ONE_LEAF for x in X]
+        out[EXPLANATION] = [" and ".join(words) or ONE_LEAF for words in explain_rows(loaded.model, X)]
     return out
 
 

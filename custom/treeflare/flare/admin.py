@@ -8,6 +8,8 @@ Everything here runs on the submitter's machine (never on a site).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import sys
@@ -39,22 +41,22 @@ def admin_username(admin_kit: Path) -> str:
         return admin_kit.name
 
 
-def _without_connecting_line() -> None:
+@contextmanager
+def _without_connecting_line():
     """NVFlare's admin API prints "Connecting to FLARE ..." each time a session opens (a job here opens three:
-    submit, wait, progress); :func:`submit_and_collect` says it once instead. Only that exact line is dropped:
-    every other message of the admin API (a failed download, a login error) still prints."""
-    from nvflare.fuel.hci.client import api
-
-    show = api._print_hci_message
-    if getattr(show, "treeflare_filter", False):
-        return
-
-    def without_connecting(msg):
-        if msg != NVFLARE_CONNECTING:
-            show(msg)
-
-    without_connecting.treeflare_filter = True
-    api._print_hci_message = without_connecting
+    submit, wait, progress); :func:`submit_and_collect` says it once instead. What the session's opening prints is
+    held and printed after it, less only that exact line: every other message (a login error) still prints."""
+    held = {sys.stdout: io.StringIO(), sys.stderr: io.StringIO()}
+    try:
+        with contextlib.redirect_stdout(held[sys.stdout]), contextlib.redirect_stderr(held[sys.stderr]):
+            yield
+    finally:
+        for stream, buffer in held.items():
+            text = "".join(line for line in buffer.getvalue().splitlines(keepends=True)
+                           if line.strip() != NVFLARE_CONNECTING)
+            if text:
+                stream.write(text)
+                stream.flush()
 
 
 @contextmanager
@@ -63,10 +65,10 @@ def admin_session(admin_kit: Path, timeout: float = 30.0):
     cannot be reached is a :class:`DeployError` that says what to check."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    _without_connecting_line()
     admin_kit = Path(admin_kit).resolve()
     try:
-        sess = new_secure_session(admin_username(admin_kit), str(admin_kit), timeout=timeout)
+        with _without_connecting_line():
+            sess = new_secure_session(admin_username(admin_kit), str(admin_kit), timeout=timeout)
     except Exception as exc:
         raise DeployError(f"cannot reach the FLARE server with the admin kit {admin_kit}: {exc}. "
                           "Is the server running (startup/start.sh, or treeflare poc up)?") from exc

@@ -28,7 +28,7 @@ from .admin import DeployError, local_site_dirs
 
 
 def default_poc_root() -> Path:
-    """Where ``treeflare poc`` and treeflare poc keep a POC: $TREEFLARE_POC_ROOT, else /tmp/treeflare-poc-<uid>."""
+    """Where ``treeflare poc`` and ``scripts/poc.sh`` keep a POC: $TREEFLARE_POC_ROOT, else /tmp/treeflare-poc-<uid>."""
     return Path(os.environ.get("TREEFLARE_POC_ROOT") or f"/tmp/treeflare-poc-{os.getuid()}")
 
 LOCK_FILE = "/tmp/treeflare-flare.lock"

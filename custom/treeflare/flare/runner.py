@@ -33,7 +33,7 @@ def _recipe_module_without_our_argv() -> None:
     """NVFlare's ``nvflare.recipe.spec``, when first imported (the XGBoost job imports it through
     ``nvflare.app_opt.xgboost``), takes ``--export``/``--export-dir`` out of ``sys.argv`` as its own recipe
     options and warns (a UserWarning) that they are reserved. Our ``--export DIR`` is ours, parsed by our parser,
-    and we never export through a recipe: import the module once with no arguments in view, before our parser
+    and we export with ``recipe.export(dir)``, never through ``recipe.execute``: import the module once with no arguments in view, before our parser
     runs, so NVFlare neither takes ours (whatever the import order) nor warns. No other warning is touched."""
     if "nvflare.recipe.spec" in sys.modules:
         return

@@ -176,14 +176,14 @@ class SiteBinding:
         (:data:`~treeflare.data.errors.SITE_DATA`), said by its name, never its path."""
         if not path.is_file():
             folder = "" if self.data_dir.is_dir() else f" (the data folder that {self.shown_as} names does not exist)"
+            # the server hears the file's name only: whether the folder exists stays in this site's own log
             raise DataError(f"{site}: {path}: its data file {path.name} is missing{folder} (from {self.source})",
-                            problem=f"its data file {path.name} is missing{folder}", site=site, kind=SITE_DATA)
+                            problem=f"its data file {path.name} is missing", site=site, kind=SITE_DATA)
         try:
             return read_raw(path)
         except OSError as exc:
-            why = exc.strerror or type(exc).__name__
             raise DataError(f"{site}: {path}: its data file {path.name} cannot be read ({exc})",
-                            problem=f"its data file {path.name} cannot be read ({why})", site=site,
+                            problem=f"its data file {path.name} cannot be read", site=site,
                             kind=SITE_DATA) from None
 
 

@@ -5,7 +5,9 @@ A workflow subclasses :class:`ResultWorkflow` and implements :meth:`run_workflow
 an input nothing validated), the result says ``status: failed`` with the real error, is still written
 to the run folder (job scripts read it from there), and the run is ended with a system panic so FLARE
 reports the job as failed too. A result never says ``running`` once the workflow has returned.
-Its ``task_check_period`` is the one the server's communicator really polls with (:func:`poll_often`).
+Our workflows wait for their tasks themselves (:func:`collect`, :func:`wait_for_tasks`): a reply counts once NVFlare
+has received and handed it over (the task's public ``client_tasks``), not at the server communicator's next check,
+which NVFlare 2.9 runs every 0.2 s whatever a controller's ``task_check_period`` says.
 """
 
 from __future__ import annotations
@@ -21,13 +23,30 @@ from nvflare.apis.impl.controller import Controller
 from ..files import write_json_atomic
 
 
-def poll_often(controller, communicator) -> None:
-    """NVFlare 2.9's ``Controller.set_communicator`` sets ``communicator.task_check_period``, an attribute
-    ``WFCommServer`` never reads (it sleeps ``_task_check_period``, 0.2 s): set the one it reads, so a controller's
-    ``task_check_period`` takes effect.  Every :class:`ResultWorkflow` does this; other controllers call it from
-    their own ``set_communicator``."""
-    if hasattr(communicator, "_task_check_period"):
-        communicator._task_check_period = controller._task_check_period
+# how often our waits look at their tasks: replies arrive by the communicator's threads, this only notices them
+REPLY_CHECK_PERIOD = 0.005
+
+
+def answered(task, sites) -> bool:
+    """Whether every one of ``sites`` has replied to ``task`` (NVFlare has received the reply and run the task's
+    result callback: ``ClientTask.result_received_time``), or the task has ended (a timeout, a cancel)."""
+    if task.completion_status is not None:
+        return True
+    got = {ct.client.name for ct in task.client_tasks if ct.result_received_time is not None}
+    return set(sites) <= got
+
+
+def collect(controller, task, fl_ctx, sites, abort_signal=None, period: float = REPLY_CHECK_PERIOD) -> None:
+    """``controller.broadcast(task)`` to ``sites`` and wait until every one has replied or the task has ended, as
+    ``broadcast_and_wait`` does, without waiting for the communicator's next check of its tasks. An abort signal
+    ends the wait and cancels the task."""
+    sites = list(sites)
+    controller.broadcast(task, fl_ctx, targets=sites, min_responses=len(sites))
+    while not answered(task, sites):
+        if abort_signal is not None and abort_signal.triggered:
+            controller.cancel_task(task, fl_ctx=fl_ctx)
+            return
+        time.sleep(period)
 
 
 def replies_of(task, sites, key: str = "reply") -> tuple[dict, dict]:
@@ -67,19 +86,22 @@ def no_reply_reason(label: str, status, timeout) -> str:
     return f"no reply to {label} within {timeout} s"
 
 
-def wait_for_tasks(tasks: dict, finish, timeout, cancel, aborted, late, period: float) -> bool:
-    """Wait for one task per site (site -> task), all in flight: ``finish(site, task)`` as each ends (it may raise,
-    which ends the wait); ``late(site)`` (it raises) for a task still open ``DEADLINE_GRACE_S`` after ``timeout``
-    seconds (0: no deadline); False when ``aborted()`` says so.  A task left open when the wait ends is cancelled
-    with ``cancel(task)``: no task of a failed round stays standing."""
+def wait_for_tasks(tasks: dict, finish, timeout, cancel, aborted, late, period: float = REPLY_CHECK_PERIOD,
+                   done=None) -> bool:
+    """Wait for one task per site (site -> task), all in flight: ``finish(site, task)`` as each ends or is answered
+    (``done(site, task)``, default :func:`answered`; it may raise, which ends the wait); ``late(site)`` (it raises)
+    for a task still open ``DEADLINE_GRACE_S`` after ``timeout`` seconds (0: no deadline); False when ``aborted()``
+    says so.  A task left open when the wait ends is cancelled with ``cancel(task)``: no task of a failed round
+    stays standing."""
+    done = done or (lambda site, task: answered(task, [site]))
     deadline = time.monotonic() + timeout + DEADLINE_GRACE_S if timeout else None
     open_ = dict(tasks)
     try:
         while open_:
             for site, task in list(open_.items()):
-                if task.completion_status is not None:
-                    finish(site, task)
+                if done(site, task):
                     del open_[site]
+                    finish(site, task)
             if not open_:
                 break
             if aborted():
@@ -88,8 +110,8 @@ def wait_for_tasks(tasks: dict, finish, timeout, cancel, aborted, late, period: 
                 late(next(iter(open_)))
             time.sleep(period)
     finally:
-        for task in open_.values():
-            if task.completion_status is None:
+        for site, task in open_.items():
+            if task.completion_status is None and not done(site, task):
                 cancel(task)
     return True
 
@@ -101,10 +123,6 @@ class JobFailed(RuntimeError):
 class ResultWorkflow(Controller):
     JOB = ""
     RESULT_FILE = ""
-
-    def set_communicator(self, communicator):
-        super().set_communicator(communicator)
-        poll_often(self, communicator)
 
     def start_controller(self, fl_ctx):
         pass

@@ -63,11 +63,19 @@ def export_text(model: GlobalTree, max_depth=None, decimals=3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def explain_row(model: GlobalTree, x) -> list[str]:
-    """Conditions along the decision path of one row (an encoded row, or a one-row DataFrame), in words."""
+def explain_rows(model: GlobalTree, X) -> list[list[str]]:
+    """:func:`explain_row` of every row of the encoded matrix ``X``, routed through the tree once."""
+    paths = model.decision_path(X)
+    return [explain_row(model, None, paths.indices[paths.indptr[i]:paths.indptr[i + 1]]) for i in range(X.shape[0])]
+
+
+def explain_row(model: GlobalTree, x, path=None) -> list[str]:
+    """Conditions along the decision path of one row (an encoded row, or a one-row DataFrame), in words. ``path``:
+    the row's nodes, root first, when the caller has them (``explain_rows`` routes a whole matrix once)."""
     tree = model.tree_
-    rows = x.iloc[:1] if hasattr(x, "iloc") else np.reshape(np.asarray(x, dtype=np.float64), (1, -1))
-    path = model.decision_path(rows).indices  # the row's nodes, root first (a child's id is larger than its parent's)
+    if path is None:
+        rows = x.iloc[:1] if hasattr(x, "iloc") else np.reshape(np.asarray(x, dtype=np.float64), (1, -1))
+        path = model.decision_path(rows).indices  # the row's nodes, root first (a child's id exceeds its parent's)
     out = []
     for parent, child in zip(path, path[1:]):
         pos = int(np.flatnonzero(tree.children[parent] == child)[0])

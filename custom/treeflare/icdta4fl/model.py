@@ -22,7 +22,10 @@ from ..trees.validate import PayloadError, check_list
 __all__ = ["GlobalTree", "MODEL_SCHEMA", "MODEL_SCHEMA_VERSION", "ModelPayloadError"]
 
 MODEL_SCHEMA = "treeflare.icdta4fl.global_tree"
-MODEL_SCHEMA_VERSION = 1
+# 2: "encoding" names the encoding ("one_hot", "category_codes"); version 1 files named the learner ("cart", "id3")
+# and are still read. A reader of version 1 refuses a version 2 file by its version, not by an unknown encoding.
+MODEL_SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)
 _MAX_NAME = 1000
 # A global_tree.json bigger than this is refused before it is read (parsing holds several times its size): a job's
 # tree (a budget of 32 leaves by default) is kilobytes, a 10,000-leaf tree of 20 classes 7 MB, and a schema at
@@ -169,14 +172,6 @@ class GlobalTree(ClassCodesClassifier):
     def get_n_leaves(self) -> int:
         return self.tree_.n_leaves
 
-    def to_sklearn(self, **kwargs):
-        """``treeflare.icdta4fl.sklearn_export.to_sklearn(self, **kwargs)``: a fitted scikit-learn ``Pipeline``
-        (encoder, then a ``DecisionTreeClassifier`` carrying exactly this tree) that predicts as this model."""
-        # kept for callers (tools/export.py, tests); imported here so the estimator's module never imports its exporter
-        from .sklearn_export import to_sklearn
-
-        return to_sklearn(self, **kwargs)
-
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         return json_safe({
@@ -200,7 +195,7 @@ class GlobalTree(ClassCodesClassifier):
             raise err("model", f"expected a dict, got {type(payload).__name__}")
         if payload.get("schema") != MODEL_SCHEMA:
             raise err("schema", f"expected {MODEL_SCHEMA!r}, got {payload.get('schema')!r}")
-        if payload.get("version") != MODEL_SCHEMA_VERSION or isinstance(payload.get("version"), bool):
+        if payload.get("version") not in READ_VERSIONS or isinstance(payload.get("version"), bool):
             raise err("version", f"unsupported version {payload.get('version')!r}")
         unknown = [k for k in payload if k not in _MODEL_KEYS]
         if unknown:  # to_dict writes no other field: one more is a damaged or padded file

@@ -6,7 +6,7 @@
     treeflare export --model out/xgb_higgs --format onnx
 
 --model is a job's workspace (or the model file in it), as treeflare predict takes it. --format sklearn (the
-ICDTA4FL global tree only) writes GlobalTree.to_sklearn()'s fitted Pipeline with joblib, scikit-learn's own
+ICDTA4FL global tree only) writes sklearn_export.to_sklearn(model)'s fitted Pipeline with joblib, scikit-learn's own
 persistence (a pickle: load only files you made or trust; it needs treeflare installed unless --portable);
 --format onnx writes a .onnx file that onnxruntime serves without treeflare: the global tree through skl2onnx,
 an XGBoost model through onnxmltools (numeric features only: a model with categorical columns is refused).
@@ -32,6 +32,7 @@ import numpy as np
 from treeflare.cli import Parser, main_guard
 from treeflare.data import DataError
 from treeflare.files import write_bytes_atomic
+from treeflare.icdta4fl.sklearn_export import to_sklearn
 from treeflare.prediction import load_model
 from treeflare.trees.learners import ONE_HOT, encoding_of
 
@@ -222,7 +223,7 @@ def _rows(loaded, args):
 def export_sklearn(loaded, rows, portable: bool) -> tuple[bytes, str]:
     import joblib
 
-    pipeline = loaded.model.to_sklearn(portable=portable)
+    pipeline = to_sklearn(loaded.model, portable=portable)
     buffer = io.BytesIO()
     joblib.dump(pipeline, buffer)
     data = buffer.getvalue()
@@ -243,11 +244,11 @@ def export_onnx(loaded, rows) -> tuple[bytes, str]:
     from treeflare.onnx_export import pipeline_to_onnx, run_onnx, tree_onnx_inputs, xgb_to_onnx
 
     if loaded.kind == "icdta4fl":
-        onx = pipeline_to_onnx(loaded.model.to_sklearn(), loaded.schema)
+        onx = pipeline_to_onnx(to_sklearn(loaded.model), loaded.schema)
         feeds = tree_onnx_inputs(onx, rows)
         expected = loaded.model.predict(rows)
     else:
-        onx = loaded.model.to_onnx()
+        onx = xgb_to_onnx(loaded.model)
         feeds = {"input": np.asarray(loaded.model.encode_rows(rows).X, dtype=np.float32)}
         expected = loaded.model.predict_codes(rows)
     data = onx.SerializeToString()

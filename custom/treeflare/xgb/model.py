@@ -249,14 +249,6 @@ class XGBModel(ClassCodesClassifier):
         predicts class 1 above 0.5, :meth:`predict` at 0.5 and above."""
         return _classifier(self.booster)
 
-    def to_onnx(self):
-        """``treeflare.onnx_export.xgb_to_onnx(self)``: the model as ONNX (``onnx.ModelProto``, through onnxmltools);
-        one float input ``input``, the rows as :meth:`encode_rows` builds them; no categorical features."""
-        # kept for callers (tools/export.py, tests); imported here so the estimator's module never imports its exporter
-        from ..onnx_export import xgb_to_onnx
-
-        return xgb_to_onnx(self)
-
     def __repr__(self) -> str:
         return (f"XGBModel(mode={self.mode}, rounds={self.booster.num_boosted_rounds()}, "
                 f"classes={list(self.classes_)})")

@@ -12,7 +12,7 @@ from ...data import DataError, Schema
 from ...data.discovery import (DEFAULT_MIN_CATEGORY_ROWS, SchemaConflict, check_min_category_rows, check_profile,
                                column_parties, discovery_summary, merge_profiles)
 from ...files import write_json_atomic
-from ..workflow import JobFailed, ResultWorkflow, replies_of
+from ..workflow import JobFailed, ResultWorkflow, collect, replies_of
 from .protocol import TASK
 
 JOB_NAME = "schema_discovery"
@@ -51,8 +51,7 @@ class SchemaDiscoveryController(ResultWorkflow):
         request = {"label": self.label, "id_column": self.id_column, "categorical": self.categorical,
                    "ordinal": self.ordinal, "min_category_rows": self.min_category_rows}
         task = Task(name=TASK, data=Shareable({"request": request}), timeout=self.task_timeout)
-        self.broadcast_and_wait(task, fl_ctx, targets=self.sites, min_responses=len(self.sites),
-                                abort_signal=abort_signal)
+        collect(self, task, fl_ctx, self.sites, abort_signal)
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed("aborted during schema discovery")
         raw, problems = replies_of(task, self.sites, key="profile")

@@ -27,7 +27,7 @@ from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO, DEFAULT_REFINE, ICDTA4FLS
 from ...files import write_text_atomic
 from ..progress import PROGRESS_ID
 from ..site_executor import FAILURE_KEY
-from ..workflow import JobFailed, ResultWorkflow
+from ..workflow import JobFailed, ResultWorkflow, collect
 from .protocol import TASKS
 
 __all__ = ["ICDTA4FLController", "RESULT_FILE", "DEFAULT_REFINE"]
@@ -127,8 +127,7 @@ class ICDTA4FLController(ResultWorkflow):
 
         task = Task(name=message.task, data=Shareable(message.data), timeout=self.task_timeout,
                     result_received_cb=received)
-        self.broadcast_and_wait(task, fl_ctx, targets=list(message.sites), min_responses=len(message.sites),
-                                abort_signal=abort_signal)
+        collect(self, task, fl_ctx, message.sites, abort_signal)
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed(f"aborted during {message.task}")
         answers = {}

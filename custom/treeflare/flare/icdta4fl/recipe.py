@@ -13,7 +13,7 @@ from nvflare.apis.job_def import ALL_SITES
 from nvflare.job_config.api import FedJob
 
 from ...icdta4fl.payloads import MAX_SITE_ROWS
-from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO
+from ...icdta4fl.server import DEFAULT_MAX_ROWS_RATIO, DEFAULT_MIN_CLIENTS
 from ..progress import PROGRESS_ID, ProgressReporter
 from ..recipe import TreeflareRecipe, site_path
 from .controller import ICDTA4FLController
@@ -47,7 +47,9 @@ class ICDTA4FLRecipe(TreeflareRecipe):
                                max_site_rows=max_site_rows)
         if min_clients is not None:  # None: every site must load its data (the controller's default)
             controller_args["min_clients"] = min_clients
-        job = FedJob(name=name, min_clients=min_clients or len(list(sites)))
+        # NVFlare schedules the job once this many sites are connected, and runs it without a site that fails to
+        # start: with min_clients None the protocol itself refuses to go on without a site whose data is missing
+        job = FedJob(name=name, min_clients=min_clients or DEFAULT_MIN_CLIENTS)
         job.to_server(ICDTA4FLController(**controller_args), id="icdta4fl_controller")
         job.to_server(ProgressReporter(), id=PROGRESS_ID)  # phase lines the command prints while FLARE runs
         self.data_root, self.binding = site_path(data_root), binding

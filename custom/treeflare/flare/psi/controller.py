@@ -58,7 +58,7 @@ from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 from ...data.intersection import DEFAULT_MIN_ROWS
 from ...files import write_json_atomic
 from ..progress import say
-from ..workflow import JobFailed, ResultWorkflow, no_reply_reason, poll_often, replies_of, wait_for_tasks
+from ..workflow import JobFailed, ResultWorkflow, collect, no_reply_reason, replies_of, wait_for_tasks
 from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_ITEMS, VERIFY_KEY,
                        PsiProtocolError, check_kinds, check_reply, check_result_reply, request, run_dir_of)
 
@@ -159,8 +159,7 @@ class _PsiPhase(ResultWorkflow):
 
     def ask(self, name: str, fl_ctx, abort_signal, data: dict | None = None) -> tuple[dict, dict]:
         task = Task(name=name, data=Shareable({"request": data or request(self.kinds)}), timeout=self.task_timeout)
-        self.broadcast_and_wait(task, fl_ctx, targets=self.sites, min_responses=len(self.sites),
-                                abort_signal=abort_signal)
+        collect(self, task, fl_ctx, self.sites, abort_signal)
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed(f"aborted during the PSI phase ({name})")
         replies, problems = replies_of(task, self.sites)
@@ -241,11 +240,11 @@ class PromptBroadcastAndWait(BroadcastAndWait):
     def broadcast_and_wait(self, task_name, task_input, fl_ctx, targets=None, task_props=None, min_responses=1,
                            abort_signal=None):
         task = self._task(task_name, task_input, task_props)
-        self.controller.broadcast_and_wait(task, fl_ctx, targets, min_responses, 0, abort_signal)
-        if abort_signal is not None and abort_signal.triggered:
-            return self.results
         names = [t if isinstance(t, str) else t.name for t in targets] if targets else \
             [c.name for c in fl_ctx.get_engine().get_clients()]
+        collect(self.controller, task, fl_ctx, names, abort_signal)
+        if abort_signal is not None and abort_signal.triggered:
+            return self.results
         for site in names:
             self._check(site, task, self.label(task_name, task_input))
         return self.results
@@ -350,15 +349,11 @@ class MeteredDhPSIController(DhPSIController):
     def __init__(self, sites: list | None = None, kinds=("train", "test"), min_rows: int = DEFAULT_MIN_ROWS,
                  task_timeout: int = 600, task_check_period: float = TASK_CHECK_PERIOD):
         super().__init__()
-        self._task_check_period = float(task_check_period)
+        self.task_check_period = float(task_check_period)  # how often this workflow's own waits look
         self.sites = [str(s) for s in sites or []]
         self.kinds = check_kinds(list(kinds))
         self.min_rows = check_min_rows(min_rows)
         self.task_timeout = int(task_timeout)
-
-    def set_communicator(self, communicator):
-        super().set_communicator(communicator)
-        poll_often(self, communicator)
 
     def start_controller(self, fl_ctx):
         from nvflare.app_common.psi.dh_psi import dh_psi_workflow
@@ -460,7 +455,6 @@ class MeteredDhPSIController(DhPSIController):
         try:
             task = Task(name=TASK_DISCARD, data=Shareable({"request": request(self.kinds)}),
                         timeout=min(self.task_timeout, 60))
-            self.broadcast_and_wait(task, fl_ctx, targets=targets, min_responses=len(targets),
-                                    abort_signal=abort_signal)
+            collect(self, task, fl_ctx, targets, abort_signal)
         except Exception as exc:  # noqa: BLE001 -- the job fails anyway; the reason above is the one to report
             self.log_warning(fl_ctx, f"PSI: the sites could not be asked to delete their intersection: {exc}")

@@ -65,9 +65,9 @@ class VerticalController(ResultWorkflow):
               rows happens in one step, so keep it generous).
             max_rounds: a bound on the number of protocol steps (a runaway active site is stopped).
             job_info: facts copied into the result (dataset, ...).
-            task_check_period: how often the server looks for finished tasks (the protocol is a
-              long chain of short message exchanges, so poll often); :class:`ResultWorkflow` makes the
-              communicator use it (``workflow.poll_often``: NVFlare 2.9 alone would keep 0.2 s).
+            task_check_period: NVFlare's Controller setting (its communicator's own checks; NVFlare 2.9 keeps
+              0.2 s whatever it says). The protocol is a long chain of short message exchanges, so this workflow
+              waits for each reply itself (``workflow.wait_for_tasks``), looking every 5 ms.
             mode: "train", or "predict": a prediction run of a trained model, in which every site loads its own
               model part and new rows (see ``executor``); the server routes the same way.
         """
