@@ -210,9 +210,10 @@ class PromptBroadcastAndWait(BroadcastAndWait):
     controller's ``task_timeout`` (NVFlare's have none: a site whose link is gone kept the job running for good),
     and a site that does not answer ends the phase naming the site and the DH-PSI step (:class:`PsiSiteFailed`),
     its partners' tasks cancelled; a multicast (10 of the 13 task rounds of a 3-party DH-PSI) waits for its own
-    tasks only, looked at every ``TASK_CHECK_PERIOD`` seconds, not every 0.5 s (its default: each such round took
-    at least that long, however small the sets), ended by its own deadline (``DEADLINE_GRACE_S`` past the timeout)
-    should NVFlare's task monitor not end a task; and no debug ``print("task_name", ...)`` to stdout per result.
+    tasks only, looked at every ``task_check_period`` seconds of its controller (``TASK_CHECK_PERIOD``), not every
+    0.5 s (its default: each such round took at least that long, however small the sets), ended by its own deadline
+    (``DEADLINE_GRACE_S`` past the timeout) should NVFlare's task monitor not end a task; and no debug
+    ``print("task_name", ...)`` to stdout per result.
     Installed in the server process by :class:`MeteredDhPSIController` as the name NVFlare's workflow module uses."""
 
     def __init__(self, fl_ctx, controller):
@@ -249,8 +250,9 @@ class PromptBroadcastAndWait(BroadcastAndWait):
             self._check(site, task, self.label(task_name, task_input))
         return self.results
 
-    def multicasts_and_wait(self, task_name, task_inputs, fl_ctx, abort_signal=None,
-                            task_check_period=TASK_CHECK_PERIOD):
+    def multicasts_and_wait(self, task_name, task_inputs, fl_ctx, abort_signal=None, task_check_period=None):
+        # NVFlare's workflow passes no period: the controller's (MeteredDhPSIController's task_check_period)
+        task_check_period = task_check_period or getattr(self.controller, "task_check_period", TASK_CHECK_PERIOD)
         tasks = {site: self._task(task_name, data) for site, data in task_inputs.items()}
         for site, task in tasks.items():
             self.controller.send(task=task, fl_ctx=fl_ctx, targets=[site])
@@ -349,7 +351,8 @@ class MeteredDhPSIController(DhPSIController):
     def __init__(self, sites: list | None = None, kinds=("train", "test"), min_rows: int = DEFAULT_MIN_ROWS,
                  task_timeout: int = 600, task_check_period: float = TASK_CHECK_PERIOD):
         super().__init__()
-        self.task_check_period = float(task_check_period)  # how often this workflow's own waits look
+        # how often the DH-PSI multicasts look (PromptBroadcastAndWait)
+        self.task_check_period = float(task_check_period)
         self.sites = [str(s) for s in sites or []]
         self.kinds = check_kinds(list(kinds))
         self.min_rows = check_min_rows(min_rows)
