@@ -56,8 +56,8 @@ class GlobalTree(ClassCodesClassifier):
     def __init__(self, tree: Tree, classes, feature_names=None, category_names=None, info=None,
                  data_schema=None, encoding=None):
         """``data_schema`` (a ``Schema``, or its dict, read into a ``Schema``) and ``encoding`` ("one_hot" or
-        "category_codes", ``trees.learners``; a learner's name means its encoding) let the model take raw rows (a pandas DataFrame named as in the schema) as well as encoded
-        arrays."""
+        "category_codes", ``trees.learners``; a learner's name means its encoding) let the model take raw rows (a
+        pandas DataFrame named as in the schema) as well as encoded arrays."""
         self.tree = tree
         self.classes = classes
         self.feature_names = feature_names

@@ -32,13 +32,11 @@ class Learner:
     indices into the global class list, ``feature_kinds`` per column ("numeric" or "categorical"),
     ``n_categories`` per column (None for numeric), ``params`` the job's local parameters with their defaults.
     ``multiway``: a categorical column may split into one branch per category (bounds an honest tree's size).
-    ``criterion``: the impurity it grows by when the job names none.
     """
 
     name: str
     encoding: str
     fit: Callable[..., Tree]
-    criterion: str
     multiway: bool
 
 
@@ -82,5 +80,5 @@ def _fit_id3(X, y, *, n_classes, feature_kinds, n_categories, params) -> Tree:
                    min_gain=params["min_gain"], n_bins=params["n_bins"])
 
 
-register_learner(Learner("cart", ONE_HOT, _fit_cart, criterion="gini", multiway=False))
-register_learner(Learner("id3", CATEGORY_CODES, _fit_id3, criterion="entropy", multiway=True))
+register_learner(Learner("cart", ONE_HOT, _fit_cart, multiway=False))
+register_learner(Learner("id3", CATEGORY_CODES, _fit_id3, multiway=True))
