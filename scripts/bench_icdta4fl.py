@@ -39,7 +39,7 @@ import numpy as np
 
 from treeflare.data import load_dataset, prepare_federation
 from treeflare.flare.icdta4fl.inprocess import run_in_process
-from treeflare.icdta4fl import pipeline, refine
+from treeflare.icdta4fl import grow, pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space, threshold_bounds
 from bench_common import bench_settings, write_bench_block
 from treeflare.trees import Tree
@@ -92,7 +92,13 @@ def run_one(table, dataset, kind, alpha, algorithm, n_sites, seed) -> dict:
     # the job's own protocol (server and sites), every message through FLARE's serializer
     out = run_in_process(sites, algorithm=algorithm, classes=classes, schema=fed.schema,
                          local_params={"max_depth": MAX_DEPTH}, X_global_test=Xg, y_global_test=yg,
-                         refine_rounds=ROUNDS)
+                         refine_rounds=ROUNDS, refine_from="one_round")
+    # the job's default: growth from the root (its default rounds), the same local trees and filter
+    grown = run_in_process(sites, algorithm=algorithm, classes=classes, schema=fed.schema,
+                           local_params={"max_depth": MAX_DEPTH}, X_global_test=Xg, y_global_test=yg,
+                           refine_rounds=None)
+    gtree, ginfo = grown["refined"]["tree"], grown["result"]["refinement"]
+    gpred = gtree.predict(Xg)
     local = out["local_on_global_test"]
     X_all = np.vstack([s["X_train"] for s in sites])
     y_all = np.concatenate([s["y_train"] for s in sites])
@@ -119,6 +125,10 @@ def run_one(table, dataset, kind, alpha, algorithm, n_sites, seed) -> dict:
         "final_outcomes": refine.n_outcomes(out["refined"]["tree"]), "final_depth": out["refined"]["tree"].depth,
         "refine_values": hist[0]["n_values"], "aggregate_s": stats["time_s"]["total"],
         "refine1_s": hist[0]["seconds"],
+        "root_acc": float(np.mean(gpred == yg)), "root_f1": pipeline.macro_f1(yg, gpred),
+        "root_leaves": refine.n_outcomes(gtree), "root_depth": gtree.depth, "root_max_depth": ginfo["max_depth"],
+        "root_adopted": int(bool(ginfo.get("rounds_done"))), "root_rounds": ginfo["cost"]["rounds"],
+        "root_mb_per_site": ginfo["cost"]["bytes_per_site"] / 1e6, "root_s": ginfo["cost"]["seconds"],
     }
 
 
@@ -130,9 +140,13 @@ def summarise(rows) -> list[dict]:
     for (ds, part, alg, n), rs in cells.items():
         c = {"dataset": ds, "partition": part, "algorithm": alg, "n_sites": n, "n_seeds": len(rs)}
         for f in rs[0]:
-            if f.endswith(("_acc", "_f1", "_leaves", "_depth")) or f in ("n_selected", "refine1_s", "aggregate_s"):
+            if f.endswith(("_acc", "_f1", "_leaves", "_depth")) or f in ("n_selected", "refine1_s", "aggregate_s",
+                                                                          "root_s", "root_mb_per_site", "root_adopted"):
                 c[f] = float(np.mean([r[f] for r in rs]))
         c["beat_best"] = sum(r["refined1_acc"] >= r["best_local_acc"] for r in rs)
+        c["root_beat_best"] = sum(r["root_acc"] >= r["best_local_acc"] for r in rs)
+        c["root_size_ok"] = all(r["root_leaves"] <= r["max_leaves"] and r["root_depth"] <= r["root_max_depth"]
+                                for r in rs)
         c["fallbacks"] = sum(r["start"] == "best local" for r in rs)
         c["size_ok"] = all(r[f"refined{k}_leaves"] <= r["max_leaves"] and r[f"refined{k}_depth"] <= r["max_depth"]
                            for r in rs for k in range(1, ROUNDS + 1)) and \
@@ -142,16 +156,19 @@ def summarise(rows) -> list[dict]:
     return out
 
 
-def targets(summary, rows) -> dict:
-    beat = sum(r["refined1_acc"] >= r["best_local_acc"] for r in rows)
+def targets(summary, rows, arm="root") -> dict:
+    """The targets for one arm: "root" (the job's default, growth from the root) or "refined1" (one round of the
+    one-round tree, the default before issue 35)."""
+    beat = sum(r[f"{arm}_acc"] >= r["best_local_acc"] for r in rows)
     iq = [c for c in summary if c["partition"] in ("iid", "quantity")]
     ref = [c for c in summary if c["reference"] is not None]
+    size = "root_size_ok" if arm == "root" else "size_ok"
     return {
         "BEST runs": (beat, len(rows), beat >= 0.8 * len(rows)),
-        "BEST mean (iid+quantity cells)": (sum(c["refined1_acc"] >= c["best_local_acc"] for c in iq), len(iq), None),
-        "REF cells": (sum(c["refined1_acc"] >= c["reference"] for c in ref), len(ref), None),
-        "SIZE cells": (sum(c["size_ok"] for c in summary), len(summary), None),
-        "F1 cells": (sum(c["refined1_f1"] >= c["mean_local_f1"] for c in summary), len(summary), None),
+        "BEST mean (iid+quantity cells)": (sum(c[f"{arm}_acc"] >= c["best_local_acc"] for c in iq), len(iq), None),
+        "REF cells": (sum(c[f"{arm}_acc"] >= c["reference"] for c in ref), len(ref), None),
+        "SIZE cells": (sum(c[size] for c in summary), len(summary), None),
+        "F1 cells": (sum(c[f"{arm}_f1"] >= c["mean_local_f1"] for c in summary), len(summary), None),
     }
 
 
@@ -261,33 +278,40 @@ def markdown(summary, rows, settings) -> str:
              "mean over seeds. Local trees depth 5, filter percentile 75, the job's default budget: leaves <= "
              f"{pipeline.DEFAULT_MAX_LEAVES} (`pipeline.DEFAULT_MAX_LEAVES`), depth <= the largest selected local "
              "tree's depth (at least the median local tree's) + 2. `one` = the "
-             "paper's one-round tree; `r1`..`r3` = after 1-3 refinement rounds (the job's default is 1); `beat` = "
-             "runs where r1 >= the best local tree; `fb` = runs that started from the best local tree (capped or "
-             "worse merge). Marks: **BEST** mean below the best local tree (IID/quantity cells), **REF** below the "
-             "authors' reference, **F1** below mean local, **SIZE** over budget (any round's leaves or depth, or the "
-             "returned tree's outcomes, a one-vs-rest node counting two).", "",
-             "| dataset | partition | alg | sites | one | r1 | r2 | r3 | best local | mean local | centralized | "
-             "reference | r1 F1 | mean-local F1 | beat | fb | leaves r1 (max) | depth r1 (max) | marks |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "paper's one-round tree; `root` = the job's default since issue 35: growth from the root on masked "
+             f"sums ({grow.DEFAULT_ROUNDS['root']} rounds, depth budget the rounds), adopted only where the sites' "
+             "validation rows score it at least as well as the start; `r1`..`r3` = after 1-3 refinement rounds of "
+             "the one-round tree (`--refine-from one_round`, the default before); `beat` = runs where root (r1) >= "
+             "the best local tree; `fb` = runs whose r1 started from the best local tree (capped or worse merge). "
+             "Marks, for the job's default (root): **BEST** mean below the best local tree (IID/quantity cells), "
+             "**REF** below the authors' reference, **F1** below mean local, **SIZE** over budget (leaves as outcomes, "
+             "a one-vs-rest node counting two, or depth).", "",
+             "| dataset | partition | alg | sites | one | root | r1 | r2 | r3 | best local | mean local | centralized | "
+             "reference | root F1 | r1 F1 | mean-local F1 | beat root (r1) | fb | leaves root (r1; max) | "
+             "depth root (max) | marks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in summary:
         marks = []
-        if c["partition"] in ("iid", "quantity") and c["refined1_acc"] < c["best_local_acc"]:
-            marks.append(f"**BEST {100 * (c['refined1_acc'] - c['best_local_acc']):+.1f}**")
-        if c["reference"] is not None and c["refined1_acc"] < c["reference"]:
-            marks.append(f"**REF {100 * (c['refined1_acc'] - c['reference']):+.1f}**")
-        if c["refined1_f1"] < c["mean_local_f1"]:
-            marks.append(f"**F1 {100 * (c['refined1_f1'] - c['mean_local_f1']):+.1f}**")
-        if not c["size_ok"]:
+        if c["partition"] in ("iid", "quantity") and c["root_acc"] < c["best_local_acc"]:
+            marks.append(f"**BEST {100 * (c['root_acc'] - c['best_local_acc']):+.1f}**")
+        if c["reference"] is not None and c["root_acc"] < c["reference"]:
+            marks.append(f"**REF {100 * (c['root_acc'] - c['reference']):+.1f}**")
+        if c["root_f1"] < c["mean_local_f1"]:
+            marks.append(f"**F1 {100 * (c['root_f1'] - c['mean_local_f1']):+.1f}**")
+        if not c["root_size_ok"]:
             marks.append("**SIZE**")
         ref = "" if c["reference"] is None else pct(c["reference"])
         lines.append(f"| {c['dataset']} | {c['partition']} | {c['algorithm']} | {c['n_sites']} | "
-                     f"{pct(c['one_round_acc'])} | **{pct(c['refined1_acc'])}** | {pct(c['refined2_acc'])} | "
+                     f"{pct(c['one_round_acc'])} | **{pct(c['root_acc'])}** | {pct(c['refined1_acc'])} | "
+                     f"{pct(c['refined2_acc'])} | "
                      f"{pct(c['refined3_acc'])} | {pct(c['best_local_acc'])} | {pct(c['mean_local_acc'])} | "
-                     f"{pct(c['central_acc'])} | {ref} | {pct(c['refined1_f1'])} | {pct(c['mean_local_f1'])} | "
-                     f"{c['beat_best']}/{c['n_seeds']} | {c['fallbacks']} | {c['refined1_leaves']:.0f} "
-                     f"({c['max_leaves']:.0f}) | {c['refined1_depth']:.1f} ({c['max_depth']:.0f}) | "
-                     f"{' '.join(marks) or 'ok'} |")
-    lines += ["", "Targets: " + "; ".join(f"{k} {a}/{b}" for k, (a, b, _) in targets(summary, rows).items()) + "."]
+                     f"{pct(c['central_acc'])} | {ref} | {pct(c['root_f1'])} | {pct(c['refined1_f1'])} | "
+                     f"{pct(c['mean_local_f1'])} | {c['root_beat_best']}/{c['n_seeds']} ({c['beat_best']}) | "
+                     f"{c['fallbacks']} | {c['root_leaves']:.0f} ({c['refined1_leaves']:.0f}; {c['max_leaves']:.0f}) | "
+                     f"{c['root_depth']:.1f} ({c['root_max_depth']:.0f}) | {' '.join(marks) or 'ok'} |")
+    for arm, name in (("root", "the job's default (root)"), ("refined1", "r1, one round of the one-round tree")):
+        lines += ["", f"Targets, {name}: " + "; ".join(f"{k} {a}/{b}" for k, (a, b, _) in
+                                                      targets(summary, rows, arm).items()) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -327,7 +351,8 @@ def main(argv=None):
                             continue
                         rows.append(row)
                         print(f"{dataset} {kind} {algorithm} {n_sites} s{seed}: one {row['one_round_acc']:.4f} "
-                              f"r1 {row['refined1_acc']:.4f} r3 {row['refined3_acc']:.4f} best {row['best_local_acc']:.4f} "
+                              f"root {row['root_acc']:.4f} r1 {row['refined1_acc']:.4f} r3 {row['refined3_acc']:.4f} "
+                              f"best {row['best_local_acc']:.4f} "
                               f"central {row['central_acc']:.4f} start {row['start']}", flush=True)
     settings = bench_settings(seeds=seeds, elapsed_s=round(time.perf_counter() - t0),
                               command="python scripts/bench_icdta4fl.py" + (" --quick" if args.quick else ""))

@@ -3,8 +3,10 @@
 
 Grid: the embedded data sets (and higgs_subset) x {IID, label skew 0.5} x 5 sites x seeds x {cart, id3} x leaf budgets (``--sizes``).
 Per run, on the server's global test set: the global tree the job builds with ``--max-leaves L`` (the one-round
-tree and the refinement rounds, ``--rounds``, default the job's 1; each run is the job's own protocol, server and
-sites, in one process with every message through FLARE's serializer, masked sums and checks included) beside
+tree, then the refinement: by default the job's growth from the root on masked sums, ``--from one_round`` the
+refinement of the one-round tree; ``--rounds``, default the job's for that start; each run is the job's own protocol,
+server and sites, in one process with every message through FLARE's serializer, masked sums and checks included)
+beside
 
 * a centralized CART (scikit-learn, on the union of the sites' training rows, one-hot) with ``max_leaf_nodes=L``
   and the global tree's depth budget: the best a greedy tree of that size does, the limit;
@@ -35,7 +37,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from treeflare.data import load_dataset, prepare_federation
 from treeflare.flare.icdta4fl.inprocess import run_in_process
-from treeflare.icdta4fl import pipeline, refine
+from treeflare.icdta4fl import grow, pipeline, refine
 from treeflare.icdta4fl.encoding import encode
 from bench_common import bench_settings, write_bench_block
 from treeflare.trees import Tree
@@ -45,7 +47,7 @@ PARTITIONS = [("iid", None), ("label", 0.5)]
 ALGORITHMS = ["cart", "id3"]
 SIZES = [8, 16, 32, 64]
 N_SITES = 5
-ROUNDS = 1            # the job's default --refine-rounds
+ROUNDS = None         # the job's default --refine-rounds for the start (grow.DEFAULT_ROUNDS)
 LOCAL_DEPTH = 5       # the job's default --max-depth
 GAP = 0.005           # the target: within 0.5 accuracy points of the same-size centralized CART
 XGB = {"rounds": 100, "max_depth": 6, "eta": 0.3}
@@ -79,7 +81,7 @@ def xgboost_scores(fed) -> tuple[float, float]:
 TRUSTING: dict = {}
 
 
-def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dict]:
+def run_federation(table, dataset, kind, alpha, seed, sizes, rounds, grow_from=None) -> list[dict]:
     """Every learner and budget on one federation; the baselines are computed once per federation."""
     fed = prepare_federation(table, n_sites=N_SITES, kind=kind, alpha=alpha, seed=seed)
     classes = list(fed.schema.classes)
@@ -107,14 +109,18 @@ def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dic
             # the job's own protocol at this budget, every message through FLARE's serializer
             out = run_in_process(sites, algorithm=algorithm, classes=classes, schema=fed.schema,
                                  local_params={"max_depth": LOCAL_DEPTH}, aggregate_params={"max_leaves": leaves},
-                                 X_global_test=Xg, y_global_test=yg, refine_rounds=rounds, **TRUSTING)
+                                 X_global_test=Xg, y_global_test=yg, refine_rounds=rounds, refine_from=grow_from,
+                                 **TRUSTING)
             model, stats = out["model"], out["stats"]
             trees = [Tree.from_dict(t) for t in out["trees"]]
             local = out["local_on_global_test"]
             one_acc, one_f1 = _scores(yg, model.tree_.predict(Xg))
-            tree = out["refined"]["tree"] if rounds else model.tree_
+            refined = out["result"].get("refinement") or {}
+            tree = out["refined"]["tree"] if rounds != 0 else model.tree_
             g_acc, g_f1 = _scores(yg, tree.predict(Xg))
-            c_acc, c_f1, c_leaves = central(leaves, stats["max_depth"])
+            depth = refined.get("max_depth", stats["max_depth"])  # the global tree's depth budget
+            c_acc, c_f1, c_leaves = central(leaves, depth)
+            cost = refined.get("cost") or {}
             rows.append({"dataset": dataset, "partition": kind, "algorithm": algorithm, "seed": seed,
                          "budget": leaves, "global_acc": g_acc, "global_f1": g_f1, "global_leaves": refine.n_outcomes(tree),
                          "global_depth": tree.depth, "one_round_acc": one_acc, "one_round_f1": one_f1,
@@ -122,7 +128,9 @@ def run_federation(table, dataset, kind, alpha, seed, sizes, rounds) -> list[dic
                          "best_local_acc": float(np.max(local["accuracy"])),
                          "best_local_f1": float(np.max(local["macro_f1"])),
                          "best_local_leaves": int(max(t.n_leaves for t in trees)),
-                         "xgboost_acc": xgb_acc, "xgboost_f1": xgb_f1, "max_depth": stats["max_depth"],
+                         "xgboost_acc": xgb_acc, "xgboost_f1": xgb_f1, "max_depth": depth,
+                         "refine_rounds": cost.get("rounds", 0), "refine_mb_per_site": cost.get("bytes_per_site", 0) / 1e6,
+                         "adopted": float(bool(refined.get("rounds_done"))),
                          "seconds": time.perf_counter() - t0})
             r = rows[-1]
             print(f"{dataset} {kind} {algorithm} s{seed} L{leaves}: global {g_acc:.4f} ({r['global_leaves']} leaves) "
@@ -139,7 +147,7 @@ def summarise(rows) -> list[dict]:
     for (ds, part, alg, leaves), rs in cells.items():
         c = {"dataset": ds, "partition": part, "algorithm": alg, "budget": leaves, "n_seeds": len(rs)}
         for f in rs[0]:
-            if f.endswith(("_acc", "_f1", "_leaves", "_depth")):
+            if f.endswith(("_acc", "_f1", "_leaves", "_depth", "_per_site", "rounds", "adopted")):
                 c[f] = float(np.mean([r[f] for r in rs]))
         c["gap"] = c["global_acc"] - c["central_cart_acc"]
         c["met"] = bool(c["gap"] >= -GAP)
@@ -162,7 +170,7 @@ def readme_summary(summary, settings) -> str:
                      f"{pct(mean('cart', 'xgboost_acc'))} |")
     datasets = sorted({c["dataset"] for c in summary})
     lines += ["", f"Accuracy in %, mean over {len(datasets)} data sets ({', '.join(datasets)}) x IID and label skew "
-              f"0.5, {N_SITES} sites, seeds {settings['seeds']}, {settings['rounds']} refinement round; in process, "
+              f"0.5, {N_SITES} sites, seeds {settings['seeds']}, {_refinement_text(settings)}; in process, "
               f"load average {settings['loadavg'][0]} at {settings['time']} (commit {settings['commit']}). Written by "
               "`scripts/bench_icdta4fl_front.py`; per data set, the table and the misses: "
               "[docs/icdta4fl.md](docs/icdta4fl.md#the-size-budget); accuracy against leaves per data set: "
@@ -174,24 +182,29 @@ def markdown(summary, settings) -> str:
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     met = sum(c["met"] for c in summary)
     lines = [f"Settings: {json.dumps(settings)}. In process, {N_SITES} sites, local trees depth {LOCAL_DEPTH}, filter "
-             f"percentile 75, {settings['rounds']} refinement round(s), the job's own protocol with "
+             f"percentile 75, {_refinement_text(settings)}, the job's own protocol with "
              "masked sums, depth budget the job's default; scores in % on the server's global test set, mean over "
              "seeds. `global` = the job's tree with `--max-leaves L`; `central CART` = scikit-learn on the union "
              "(one-hot) with `max_leaf_nodes=L` and the same depth (the limit of a greedy tree that size); `best "
              "local` = the best local tree (unbudgeted, its leaves beside it); `XGBoost` = centralized, "
              f"{XGB['rounds']} rounds, depth {XGB['max_depth']} (the non-interpretable ceiling). `gap` = global - "
-             f"central CART accuracy; the target is gap >= -{100 * GAP:.1f} (**MISS** where not).", "",
+             f"central CART accuracy; the target is gap >= -{100 * GAP:.1f} (**MISS** where not). `rounds` and `MB/site` = "
+             "the refinement's rounds and the masked values each site sent over them (8 bytes each); `adopted` = the "
+             "share of seeds whose refined tree the sites adopted (else the start stayed).", "",
              "| dataset | partition | alg | L | global acc | global F1 | leaves | depth | central CART acc | "
-             "central CART F1 | gap | best local acc (leaves) | XGBoost acc | XGBoost F1 | target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "central CART F1 | gap | best local acc (leaves) | XGBoost acc | XGBoost F1 | rounds | MB/site | adopted "
+             "| target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in summary:
         lines.append(f"| {c['dataset']} | {c['partition']} | {c['algorithm']} | {c['budget']} | "
                      f"{pct(c['global_acc'])} | {pct(c['global_f1'])} | {c['global_leaves']:.1f} | "
                      f"{c['global_depth']:.1f} | {pct(c['central_cart_acc'])} | {pct(c['central_cart_f1'])} | "
                      f"{100 * c['gap']:+.2f} | {pct(c['best_local_acc'])} ({c['best_local_leaves']:.0f}) | "
-                     f"{pct(c['xgboost_acc'])} | {pct(c['xgboost_f1'])} | {'ok' if c['met'] else '**MISS**'} |")
+                     f"{pct(c['xgboost_acc'])} | {pct(c['xgboost_f1'])} | {c['refine_rounds']:.0f} | "
+                     f"{c['refine_mb_per_site']:.2f} | {c['adopted']:.1f} | {'ok' if c['met'] else '**MISS**'} |")
     lines += ["", f"Target (global within {100 * GAP:.1f} accuracy points of the same-size centralized CART): met in "
-              f"{met}/{len(summary)} cells."]
+              f"{met}/{len(summary)} cells; mean gap {100 * np.mean([c['gap'] for c in summary]):+.2f} points "
+              f"(the stretch target: +0.50), median {100 * np.median([c['gap'] for c in summary]):+.2f}."]
     for alg in ALGORITHMS:
         missed = [c for c in summary if c["algorithm"] == alg and not c["met"]]
         n_alg = sum(c["algorithm"] == alg for c in summary)
@@ -211,6 +224,15 @@ def markdown(summary, settings) -> str:
             row.append(f"{np.median(gains):+.2f}" if gains else "")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _refinement_text(settings) -> str:
+    if not settings["rounds"]:
+        return "no refinement (the paper's one-round tree)"
+    if settings["grow_from"] == "root":
+        return (f"growth from the root on masked sums, {settings['rounds']} rounds (a level each; depth budget the "
+                "rounds)")
+    return f"{settings['rounds']} refinement round(s) of the one-round tree"
 
 
 def plot_front(summary, dataset, path) -> None:
@@ -251,7 +273,9 @@ def main(argv=None):
     ap.add_argument("--sizes", type=int, nargs="*", default=SIZES)
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
     ap.add_argument("--datasets", nargs="*", default=None)
-    ap.add_argument("--rounds", type=int, default=ROUNDS, help="refinement rounds (default 1, the job's)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="refinement rounds (default: the job's for the start)")
+    ap.add_argument("--from", dest="grow_from", choices=["root", "one_round"], default=None,
+                    help="where the refinement grows from (default: the job's, the root)")
     ap.add_argument("--out", default=str(ROOT / "scripts" / "results"))
     ap.add_argument("--no-docs", action="store_true", help="do not write the docs block (exploratory runs)")
     ap.add_argument("--trusting", action="store_true",
@@ -267,17 +291,20 @@ def main(argv=None):
     stem = "icdta4fl_front_quick" if args.quick else "icdta4fl_front"
     stem += "_trusting" if args.trusting else ""
     TRUSTING.update({"score": "mean", "refine_adopt": "pooled"} if args.trusting else {})
+    grow_from = args.grow_from or grow.DEFAULT_GROW_FROM
+    rounds = grow.DEFAULT_ROUNDS[grow_from] if args.rounds is None else args.rounds
     t0 = time.perf_counter()
     rows = []
     for dataset in datasets:
         table = load_dataset(dataset)
         for kind, alpha in partitions:
             for seed in seeds:
-                rows += run_federation(table, dataset, kind, alpha, seed, sizes, args.rounds)
+                rows += run_federation(table, dataset, kind, alpha, seed, sizes, rounds, grow_from)
     command = "python scripts/bench_icdta4fl_front.py" + (" --quick" if args.quick else
                                                           " --sizes " + " ".join(map(str, sizes)))
     command += " --trusting --no-docs" if args.trusting else ""
-    settings = bench_settings(seeds=seeds, rounds=args.rounds, elapsed_s=round(time.perf_counter() - t0),
+    command += "".join(f" --{k} {v}" for k, v in (("from", args.grow_from), ("rounds", args.rounds)) if v is not None)
+    settings = bench_settings(seeds=seeds, rounds=rounds, grow_from=grow_from, elapsed_s=round(time.perf_counter() - t0),
                               command=command)
     summary = summarise(rows)
     text = markdown(summary, settings)

@@ -53,7 +53,7 @@ def embedded(dataset: str, algorithm: str, refine_rounds: int = 0):
                          feature_kinds=kinds,
                          feature_names=names, n_categories=n_cat,
                          category_names=category_names(table.schema, algorithm), local_params={"max_depth": 4},
-                         refine_rounds=refine_rounds)
+                         refine_rounds=refine_rounds, refine_from="one_round" if refine_rounds else None)
     model = out["model"]
     if refine_rounds:  # the job's global tree after refinement: the refined tree under the one-round model's names
         model = GlobalTree(out["refined"]["tree"], table.schema.classes, names, category_names(table.schema, algorithm))

@@ -306,7 +306,7 @@ ARG_RULES = {
     "refine_rounds": _integer(0, MAX_REFINE_ROUNDS), "refine_epsilon": _number(0, above=True),
 }
 OPTIONAL_ARGS = {"global_max_depth", "max_leaves", "criterion", "trees", "refine_epsilon", "min_category_rows",
-                 "min_clients"}
+                 "min_clients", "refine_rounds"}
 OPTION_NAMES = {"reg_lambda": "--lambda"}
 
 

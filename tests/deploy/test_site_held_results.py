@@ -43,7 +43,7 @@ def _icdta4fl_server_result() -> dict:
 
 def _icdta4fl_args(**kw):
     defaults = dict(algorithm="cart", max_depth=4, criterion=None, statistic="percentile", percentile=75.0,
-                    max_leaves=None, global_max_depth=None, refine_rounds=1, refine_epsilon=None,
+                    max_leaves=None, global_max_depth=None, refine_rounds=1, refine_from="one_round", refine_epsilon=None,
                     refine_objective="accuracy", env="poc")
     return argparse.Namespace(**{**defaults, **kw})
 

@@ -64,7 +64,7 @@ def federation(request):
     sites = _sites(fed, algorithm)
     test = (encode(fed.server_test, algorithm), fed.server_test.y_codes())
     honest = run_in_process(sites, algorithm=algorithm, classes=list(fed.schema.classes), schema=fed.schema,
-                            X_global_test=test[0], y_global_test=test[1], refine_rounds=1)
+                            X_global_test=test[0], y_global_test=test[1], refine_rounds=1, refine_from="one_round")
     return _Run({"fed": fed, "algorithm": algorithm, "sites": sites, "test": test, "name": "-".join(request.param),
                  "one_round": honest["result"]["one_round"]["accuracy"]})
 
@@ -230,7 +230,7 @@ def test_one_hostile_site_of_four_never_costs_more_than_a_point_nor_drops_an_hon
     with mock.patch.object(refine, "add_noise", _seeded_noise):  # seeded: every run of the search repeats exactly
         out = run_in_process(sites, algorithm=algorithm, classes=list(fed.schema.classes), schema=fed.schema,
                              X_global_test=federation["test"][0], y_global_test=federation["test"][1],
-                             refine_rounds=2, refine_epsilon=epsilon,
+                             refine_rounds=2, refine_from="one_round", refine_epsilon=epsilon,
                              handlers={HOSTILE: _Watching(hostile, seen, record)}, record=record)
     result = out["result"]
     assert not set(result["dropped_sites"]) - {HOSTILE}, result["dropped_sites"]
@@ -425,7 +425,7 @@ def test_a_hostile_server_never_reads_less_than_a_sum_of_three_client_sites(car_
     sites = {n: SiteProtocol(n, ArrayLoader(s["X_train"], s["y_train"], s["X_test"], s["y_test"]), job_id=job,
                              identity=identities[n]) for n, s in zip(["site-1", "site-2", "site-3", "site-4"],
                                                                      sites_arrays)}
-    server = ICDTA4FLServer(fed.schema, "cart", local_params={"max_depth": 4}, refine_params={"rounds": 2})
+    server = ICDTA4FLServer(fed.schema, "cart", local_params={"max_depth": 4}, refine_params={"rounds": 2, "grow_from": "one_round"})
     hostile = HostileServer(plan, held, job)
     result = server.initial_result()
     steps = server.run(result, list(sites))

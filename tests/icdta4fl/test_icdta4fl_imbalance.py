@@ -107,7 +107,7 @@ def test_objective_is_checked_and_reaches_every_round():
     minority, first_round = {}, {}
     for objective in refine.OBJECTIVES:
         out = run_in_process(sites, algorithm="cart", classes=["0", "1"], local_params={"max_depth": 3},
-                                      X_global_test=Xg, y_global_test=yg, refine_rounds=2,
+                                      X_global_test=Xg, y_global_test=yg, refine_rounds=2, refine_from="one_round",
                                       refine_objective=objective)
         history, adoption = out["refined"]["history"], out["refined"]["adoption"]
         # the job's protocol: a round that is not adopted ends the rounds (the next would grow the same tree)
@@ -186,7 +186,7 @@ def test_the_controller_grows_both_trees_and_scores_them_in_one_task(tmp_path):
     run = InProcessRun(root, fed.site_names)
     controller = ICDTA4FLController(schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 4},
                                     min_clients=2, server_test=str(root / "server" / "test.csv"),
-                                    refine_params={"rounds": 2, "objective": "auto"})
+                                    refine_params={"rounds": 2, "grow_from": "one_round", "objective": "auto"})
     result = run.run(controller, tmp_path / "run")
     assert result["status"] == "completed", result.get("error")
     info = result["refinement"]

@@ -127,7 +127,7 @@ def car_federation(tmp_path_factory):
 def _controller(fed, root, **refine_params):
     return ICDTA4FLController(schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 4},
                               min_clients=2, server_test=str(root / "server" / "test.csv"),
-                              refine_params=refine_params)
+                              refine_params={"grow_from": "one_round", **refine_params})
 
 
 def _ctx(site, job="job"):
@@ -327,11 +327,11 @@ def test_with_kits_a_substituted_key_stops_the_round_and_the_previous_tree_stays
     assert honest["refinement"]["key_authentication"].startswith("certificates")
 
     class SwappingServer(ICDTA4FLServer):
-        def _refine_round(self, result, r, tree, candidates, budget, contributors, records, *args, **kw):
+        def _count_round(self, result, r, tree, candidates, plan, contributors, records, *args, **kw):
             forged = secagg.MaskingKeys("site-2", "job").record()  # the server knows this key's secret
             records = {**records, "site-2": dict(records["site-2"], public_key=forged["public_key"])}
-            return (yield from super()._refine_round(result, r, tree, candidates, budget, contributors, records,
-                                                     *args, **kw))
+            return (yield from super()._count_round(result, r, tree, candidates, plan, contributors, records,
+                                                    *args, **kw))
 
     c = _controller(fed, root)
     c.protocol = SwappingServer(fed.schema, "cart", local_params={"max_depth": 4}, min_clients=2)
@@ -580,7 +580,7 @@ def test_in_process_refinement_applies_the_same_adopt_check(nursery):
     algorithm = "cart" if all(k == "numeric" for k in nursery["kinds"]) else "id3"
     sites = [{"X_train": X, "y_train": y, "X_test": Xt, "y_test": yt} for X, y, Xt, yt in nursery["sites"]]
     args = dict(algorithm=algorithm, classes=list(fed.schema.classes), schema=fed.schema,
-                local_params={"max_depth": 4}, refine_rounds=2, refine_epsilon=5.0,
+                local_params={"max_depth": 4}, refine_rounds=2, refine_from="one_round", refine_epsilon=5.0,
                 X_global_test=encode(fed.server_test, algorithm), y_global_test=fed.server_test.y_codes())
     honest = run_in_process(sites, **args)
     assert honest["refined"]["adoption"][0]["adopted"] is True, honest["refined"]
@@ -609,7 +609,7 @@ def test_credit_case_no_longer_collapses_to_two_leaves(tmp_path):
     def run(rounds):
         c = ICDTA4FLController(schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 5},
                                selection={"statistic": "percentile", "q": 25}, min_clients=2,
-                               server_test=str(root / "server" / "test.csv"), refine_params={"rounds": rounds})
+                               server_test=str(root / "server" / "test.csv"), refine_params={"rounds": rounds, "grow_from": "one_round"})
         return InProcessRun(root, fed.site_names).run(c, tmp_path / f"run{rounds}")
 
     refined = run(1)

@@ -43,7 +43,7 @@ def id3_run():
     test = _sites(1, n=2000, seed=7)[0]
     out = run_in_process(sites, algorithm="id3", classes=CLASSES, feature_kinds=KINDS, n_categories=[None, 12, 6],
                          local_params={"max_depth": 5, "n_bins": 8}, X_global_test=test["X_test"],
-                         y_global_test=test["y_test"], refine_rounds=2)
+                         y_global_test=test["y_test"], refine_rounds=2, refine_from="one_round")
     return sites, test, out
 
 

@@ -61,11 +61,10 @@ def test_a_server_listing_its_own_and_an_admins_certificate_unmasks_nobody(prod,
     class Listing(ICDTA4FLServer):
         answers = []
 
-        def _refine_round(self, result, r, tree, candidates, budget, contributors, records, trained, info):
+        def _count_round(self, result, r, tree, candidates, plan, contributors, records, trained):
             forged = [secagg.MaskingKeys(n, "job", _holder(prod, n, *files.get(n, ("client.crt", "client.key")),
                                                            root_ca)).record() for n in intruders]
             keys = [records["site-1"], *([records["site-2"]] if len(intruders) == 1 else []), *forged]
-            plan = refine.plan_round(tree, candidates, budget["max_depth"])
             task = {"tree": tree.to_dict(), "candidates": candidates.to_dict(), "plan": plan.to_dict(), "round": r,
                     "epsilon": None, "keys": keys}
             replies = yield Ask(REFINE_COUNTS, task, ("site-1",), "masked counts")
@@ -187,7 +186,7 @@ def test_a_site_announcing_another_sites_key_keeps_both_out_and_drops_nobody(car
         return reply
 
     out = run_in_process(_sites(fed), algorithm="cart", classes=list(fed.schema.classes), schema=fed.schema,
-                         refine_rounds=1, handlers={"site-4": copying}, record=record)
+                         refine_rounds=1, refine_from="one_round", handlers={"site-4": copying}, record=record)
     info = out["result"]["refinement"]
     assert info["excluded_sites"] == {"site-1": "announces the same public key as site-4",
                                       "site-4": "announces the same public key as site-1"}, info
@@ -206,7 +205,7 @@ def test_a_class_only_one_site_holds_is_that_sites_count_in_the_sum():
             y[X[:, 1] > 1.0] = 2  # class "c": at site-1 alone
         sites.append({"X_train": X[:240], "y_train": y[:240], "X_test": X[240:], "y_test": y[240:]})
     record = []
-    out = run_in_process(sites, algorithm="cart", classes=["a", "b", "c"], refine_rounds=1, record=record, q=0)
+    out = run_in_process(sites, algorithm="cart", classes=["a", "b", "c"], refine_rounds=1, refine_from="one_round", record=record, q=0)
     assert out["result"]["refinement"]["status"] != "skipped"
     task = next(m for d, s, n, m in record if d == "to_site" and s == "site-1" and n == REFINE_COUNTS)
     masked = [m["masked"] for d, s, n, m in record if d == "to_server" and n == REFINE_COUNTS]

@@ -47,7 +47,7 @@ def _run(job, tmp, fed, root, *, server_test: bool):
     """One in-process run: the report dict as read back from report.json, the workspace, the peer-score replies."""
     controller = ICDTA4FLController(
         schema=fed.schema.to_dict(), algorithm="cart", local_params={"max_depth": 4}, min_clients=2,
-        server_test=str(root / "server" / "test.csv") if server_test else "", refine_params={"rounds": 1},
+        server_test=str(root / "server" / "test.csv") if server_test else "", refine_params={"rounds": 1, "grow_from": "one_round"},
         job_info={"dataset": "car", "partition": fed.summary["partition"]})
     ws = tmp / ("ws" if server_test else "ws_site_held")
     run = InProcessRun(root, fed.site_names)

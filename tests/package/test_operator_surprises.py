@@ -220,7 +220,7 @@ def test_every_leaf_count_shown_is_the_final_trees(car_run, tmp_path):
     from treeflare.icdta4fl.simplify import collapse_same_class
 
     fed, _ = car_run
-    server = ICDTA4FLServer(fed.schema, "cart", local_params={"max_depth": 5}, refine_params={"rounds": 1})
+    server = ICDTA4FLServer(fed.schema, "cart", local_params={"max_depth": 5}, refine_params={"rounds": 1, "grow_from": "one_round"})
     protocols = {name: SiteProtocol(name, ArrayLoader(encode(s.train, "cart"), s.train.y_codes(),
                                                       encode(s.test, "cart"), s.test.y_codes()), job_id="job")
                  for name, s in fed.sites.items()}

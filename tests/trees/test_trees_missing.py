@@ -184,7 +184,7 @@ def test_sites_with_missing_cells_are_kept_and_nan_rows_predicted(algorithm):
     assert np.isnan(sites[0]["X_train"]).any() and not np.isnan(sites[1]["X_train"]).any()
     out = run_in_process(sites, algorithm=algorithm, classes=["a", "b", "c"], feature_kinds=["numeric"] * 4,
                          feature_names=["x0", "x1", "x2", "x3"], q=0, local_params={"max_depth": 4},
-                         X_global_test=test["X_test"], y_global_test=test["y_test"], refine_rounds=2)
+                         X_global_test=test["X_test"], y_global_test=test["y_test"], refine_rounds=2, refine_from="one_round")
     bounds = [(-FLOAT32_MAX, FLOAT32_MAX)] * 4
     for payload in out["trees"]:  # what a site checks before sending, and the server on receipt
         validate_tree_dict(json.loads(json.dumps(payload, allow_nan=False)), threshold_bounds=bounds)

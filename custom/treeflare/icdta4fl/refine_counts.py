@@ -87,7 +87,8 @@ class SplitCandidates:
                 "n_codes": [None if k is None else int(k) for k in self.n_codes]}
 
     @classmethod
-    def from_dict(cls, payload, *, feature_kinds) -> "SplitCandidates":
+    def from_dict(cls, payload, *, feature_kinds, max_thresholds: int = MAX_THRESHOLDS_PER_FEATURE
+                  ) -> "SplitCandidates":
         if not isinstance(payload, dict):
             raise PayloadError("candidates", f"expected a dict, got {type(payload).__name__}")
         d = len(feature_kinds)
@@ -103,7 +104,7 @@ class SplitCandidates:
             else:
                 if codes[j] is not None:
                     raise PayloadError(f"candidates.n_codes[{j}]", "codes on a numeric feature")
-                values = check_list(thr[j], f"candidates.thresholds[{j}]", max_len=MAX_THRESHOLDS_PER_FEATURE)
+                values = check_list(thr[j], f"candidates.thresholds[{j}]", max_len=max_thresholds)
                 values = np.array([check_number(v, f"candidates.thresholds[{j}][{i}]") for i, v in enumerate(values)])
                 if np.any(np.diff(values) <= 0):
                     raise PayloadError(f"candidates.thresholds[{j}]", "must be strictly increasing")

@@ -216,16 +216,18 @@ def _refinement(report) -> str:
     if not r:
         return _section("refinement", "Refinement", _note("no refinement rounds (--refine-rounds 0): the global tree "
                                                           "is the paper's one-round tree"))
-    summary = _table(["field", "value"], [[k, r.get(k)] for k in ("status", "start", "rounds_requested", "rounds_done",
-                                                          "objective", "epsilon", "aggregation", "key_authentication")
-                                if k in r])
+    summary = _table(["field", "value"], [[k, r.get(k)] for k in ("status", "grow_from", "start", "rounds_requested",
+                                                          "rounds_done", "max_leaves", "max_depth", "objective",
+                                                          "epsilon", "aggregation", "key_authentication")
+                                if k in r] + [[f"cost: {k}", v] for k, v in (r.get("cost") or {}).items()])
     keys = ("round", "sites", "n_leaves_before", "n_leaves", "depth", "leaves_split", "n_leaves_grown", "max_leaves",
             "train_errors_before", "train_errors_after", "bytes_per_site", "accuracy", "seconds")
-    history = r.get("history") or []
+    # every round with its cost (growth from the root: the steps, then the last round's tree), else the adopted ones
+    history = r.get("rounds") or r.get("history") or []
     parts = [summary]
     if history:
-        parts.append("<p>Rounds (leaves as the tree is shown, same-class splits collapsed; the round grows the "
-                     "uncollapsed tree, whose leaves the budget bounds):</p>"
+        parts.append("<p>Rounds (the last round's leaves as the tree is shown, same-class splits collapsed; a round "
+                     "grows the uncollapsed tree, whose leaves the budget bounds):</p>"
                      + _table([_ROUND_LABELS.get(k, k.replace("_", " ")) for k in keys],
                               [[h.get(k) for k in keys] for h in history]))
     if r.get("adoption"):

@@ -37,7 +37,7 @@ import numpy as np
 from ..crypto import secagg
 from ..data import DataError, Schema
 from ..data.federation import natural_key
-from . import pipeline, refine
+from . import grow, pipeline, refine
 from .encoding import category_names, feature_space, threshold_bounds, tree_limits
 from .model import GlobalTree
 from .payloads import (MAX_SITE_ROWS, check_counts_reply, check_global_reply, check_key_reply, check_scores_reply,
@@ -50,7 +50,8 @@ __all__ = ["ICDTA4FLServer", "Ask", "Note", "ProtocolFailed", "DEFAULT_REFINE", 
            "DEFAULT_MIN_CLIENTS", "MIN_MASKING_SITES", "SITE_DATA_FAILED", "check_refine_params", "failure_reason",
            "robust_peer_scores"]
 
-DEFAULT_REFINE = {"rounds": 1, "epsilon": None, "objective": refine.DEFAULT_OBJECTIVE, "adopt": "robust"}
+DEFAULT_REFINE = {"rounds": None, "epsilon": None, "objective": refine.DEFAULT_OBJECTIVE, "adopt": "robust",
+                  "grow_from": grow.DEFAULT_GROW_FROM}
 # "robust": each site's change of validation score clipped to the others' range (no one site's word adopts a tree);
 # "pooled": the plain change pooled by every site's validation rows, the rule before issue 33, for a federation whose
 # sites all trust one another (it takes every site's word: SECURITY.md)
@@ -115,10 +116,17 @@ def check_refine_params(params: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown refinement parameters {sorted(unknown)}; known: {sorted(DEFAULT_REFINE)}")
     p = {**DEFAULT_REFINE, **params}
+    if p["grow_from"] not in grow.GROW_FROM:
+        raise ValueError(f"refinement grow_from must be one of {list(grow.GROW_FROM)}, got {p['grow_from']!r}")
+    if p["rounds"] is None:  # each start's own default (one round on the one-round tree; a level a round from the root)
+        p["rounds"] = grow.DEFAULT_ROUNDS[p["grow_from"]]
     rounds = p["rounds"]
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not 0 <= rounds <= refine.MAX_REFINE_ROUNDS:
         raise ValueError(f"refinement rounds must be an integer in [0, {refine.MAX_REFINE_ROUNDS}], "
                          f"got {p['rounds']!r}")
+    if p["grow_from"] == "root" and rounds == 1:
+        raise ValueError("growth from the root takes at least 2 refinement rounds (the grid round and the last "
+                         "round), or 0 for none")
     eps = p["epsilon"]
     if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1e6):
         raise ValueError(f"refinement epsilon must be a positive number, got {eps!r}")
@@ -197,6 +205,13 @@ class ICDTA4FLServer:
         # a bad budget fails here, before any task; a numeric leaf budget is announced to the sites with training
         self.leaf_budget = pipeline.check_aggregate_params(self.aggregation)["max_leaves"]
         self.category_names = category_names(self.schema, self.algorithm)
+        if self.refine["rounds"] and self.refine["grow_from"] == "root":
+            grid = grow.grid_candidates(self.kinds, self.n_categories, threshold_bounds(self.schema, self.algorithm))
+            n_values = int(grid.offsets[-1]) * len(self.schema.classes)
+            if n_values > refine.MAX_REFINE_VALUES:  # the sites would refuse the grid round: say so before any task
+                raise ValueError(f"growth from the root: the grid round would ask every site for {n_values} counts "
+                                 f"(the limit is {refine.MAX_REFINE_VALUES}: {len(self.names)} columns x "
+                                 f"{len(self.schema.classes)} classes); use --refine-from one_round")
 
     def initial_result(self) -> dict:
         return {"algorithm": self.algorithm, **self.job_info, "dropped_sites": {}}
@@ -221,7 +236,7 @@ class ICDTA4FLServer:
             # the rounds, the noise and the leaf budget are announced up front: a site answers each round number
             # once, none beyond them, only with this noise, on trees within the budget; each site answers with its
             # signed masking key
-            task["refine"] = {"rounds": rounds, "epsilon": self.refine["epsilon"]}
+            task["refine"] = {"rounds": rounds, "epsilon": self.refine["epsilon"], "grow_from": self.refine["grow_from"]}
             if isinstance(self.leaf_budget, int):
                 task["refine"]["max_leaves"] = self.leaf_budget
         trained = yield from self._ask(result, TRAIN, task, sites, lambda r, s: self._check_train(r, s, verify))
@@ -363,21 +378,40 @@ class ICDTA4FLServer:
                               f"of at least {MIN_MASKING_SITES} client sites: from fewer, the others' counts follow "
                               f"from the sum and its own")
             return model
-        candidates = refine.candidates_from_trees(trees, feature_kinds=self.kinds, n_categories=self.n_categories,
-                                                  bounds=threshold_bounds(self.schema, self.algorithm))
-        budget = {"max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"]}
+        root = self.refine["grow_from"] == "root"
+        bounds = threshold_bounds(self.schema, self.algorithm)
+        if root:  # the grid round's public lattice first; the growth rounds' thresholds come from its sum
+            candidates = grow.grid_candidates(self.kinds, self.n_categories, bounds)
+            tree = grow.root_tree(self.kinds, len(self.schema.classes), self.n_categories)
+            depth = grow.grow_depth(self.refine["rounds"], self.aggregation.get("max_depth"))
+        else:
+            candidates = refine.candidates_from_trees(trees, feature_kinds=self.kinds, n_categories=self.n_categories,
+                                                      bounds=bounds)
+            tree, depth = start, stats["max_depth"]
+        budget = {"max_leaves": stats["max_leaves"], "max_depth": depth}
+        info.update(grow_from=self.refine["grow_from"], max_leaves=budget["max_leaves"], max_depth=depth, rounds=[])
         weights = self._validation_weights(trained, sites, capped=self.refine["adopt"] == "robust")
-        tree = start
         info["status"] = "completed"
-        for r in range(1, self.refine["rounds"] + 1):
+        last = self.refine["rounds"]
+        for r in range(1, last + 1):
             t = time.perf_counter()
             left = [s for s in contributors if s in result["dropped_sites"]]
             if left:  # sites mask only with the first round's participants (a sum over fewer would be differenced)
                 info["status"] = f"stopped at round {r}: {', '.join(left)} left after round {r - 1}"
                 break
             try:
-                grown, entry = yield from self._refine_round(result, r, tree, candidates, budget, contributors,
-                                                             records, trained, info)
+                if root:
+                    tree, candidates, grown, entry = yield from self._growth_round(
+                        result, r, last, tree, candidates, budget, contributors, records, trained)
+                else:
+                    grown, entry = yield from self._refine_round(result, r, tree, candidates, budget, contributors,
+                                                                 records, trained)
+                info["rounds"].append(entry)
+                if grown is None:  # a growth round: its tree is a step, not a candidate; nothing to score
+                    entry["seconds"] = time.perf_counter() - t
+                    yield Note(f"refinement round {r}/{last}: grown to {entry['n_leaves']} leaves, depth "
+                               f"{entry['depth']} ({entry['seconds']:.1f} s)")
+                    continue
                 # every candidate tree ("auto": both objectives') scored in one task on the sites' validation rows
                 replies = yield from self._ask(
                     result, SCORE_TREES, {"trees": [g.to_dict() for g, _ in grown.values()]}, sites,
@@ -394,7 +428,8 @@ class ICDTA4FLServer:
             won, why = refine.adopt_refined(scored, previous, weights, objective,
                                             robust=self.refine["adopt"] == "robust")
             info["adoption"].append({"round": r, "adopted": won is not None, "objective": won, "why": why})
-            entry = {**entry, **grown[won or next(iter(grown))][1], "seconds": time.perf_counter() - t}
+            entry.update(grown[won or next(iter(grown))][1])
+            entry["seconds"] = time.perf_counter() - t
             # the leaves as the tree is shown (the summary, the picture): same-class splits collapsed; the rounds
             # grow from the uncollapsed tree, which is what the budget bounds (``n_leaves_grown``)
             shown = collapse_same_class(grown[won or next(iter(grown))][0])
@@ -410,20 +445,28 @@ class ICDTA4FLServer:
                 entry["accuracy"], entry["macro_f1"] = g["accuracy"][0], g["macro_f1"][0]
             info["history"].append(entry)
             acc_text = f", test accuracy {entry['accuracy']:.4f}" if "accuracy" in entry else ""
-            yield Note(f"refinement round {r}/{self.refine['rounds']}: {entry['n_leaves']} leaves"
+            yield Note(f"refinement round {r}/{last}: {entry['n_leaves']} leaves"
                        f"{_of_at_most(budget['max_leaves'])}, depth {entry['depth']}{acc_text} "
                        f"({entry['seconds']:.1f} s)")
-        info["rounds_done"] = len(info["history"])
-        timings["refinement"] = sum(h["seconds"] for h in info["history"])
+        adopted = [a for a in info["adoption"] if a["adopted"]]
+        # from the root the rounds build one tree, adopted at the last round or not at all
+        info["rounds_done"] = (last if adopted else 0) if root else len(info["history"])
+        info["cost"] = {"rounds": len(info["rounds"]),
+                        "bytes_per_site": int(sum(e["bytes_per_site"] for e in info["rounds"])),
+                        "seconds": float(sum(e.get("seconds", 0.0) for e in info["rounds"]))}
+        timings["refinement"] = info["cost"]["seconds"]
+        if root and not adopted:
+            tree = start  # the start (one-round or best local tree) stays; the grown tree was only a step
         # collapsed once, at the end: a split whose children predict alike is what the next round grows from
         return GlobalTree(collapse_same_class(tree), list(self.schema.classes), self.names, self.category_names,
                           info={"refinement_rounds": info["rounds_done"], "start": info["start"]},
                           data_schema=self.schema, encoding=self.algorithm)
 
-    def _refine_round(self, result, r, tree, candidates, budget, contributors, records, trained, info):
-        """One round: every listed site's masked counts, summed; the sum must hold exactly the declared rows, and
-        every value of it must be in range. Returns objective -> (grown tree, its stats) and the round's entry."""
-        plan = refine.plan_round(tree, candidates, budget["max_depth"])
+    def _count_round(self, result, r, tree, candidates, plan, contributors, records, trained):
+        """One round's counts: every listed site's masked count vector for ``tree`` on ``candidates`` as ``plan``
+        says, summed; the sum must hold exactly the declared rows, and every value of it must be in range.
+        Returns the summed counts (without the last value, the rows that stop at an internal node) and the round's
+        entry (its cost)."""
         eps = self.refine["epsilon"]
         n_values = plan.n_values + 1  # and the rows that stop at an internal node
         task = {"tree": tree.to_dict(), "candidates": candidates.to_dict(), "plan": plan.to_dict(), "round": r,
@@ -440,8 +483,9 @@ class ICDTA4FLServer:
                                f"unreadable") from None
         checked = {replies[s]["keys_checked"] for s in contributors}
         if checked != {"certificates"}:
-            info["key_authentication"] = ("none: keys unauthenticated (no startup kits, as in the simulator); a "
-                                          "deviating server could substitute keys and unmask a site")
+            result["refinement"]["key_authentication"] = (
+                "none: keys unauthenticated (no startup kits, as in the simulator); a deviating server could "
+                "substitute keys and unmask a site")
         values = secagg.sum_masked([replies[s]["masked"] for s in contributors]).astype(np.float64)
         declared = sum(trained[s]["n_train"] for s in contributors)
         per_value = 0.0
@@ -453,14 +497,47 @@ class ICDTA4FLServer:
             raise _RoundFailed(f"the summed counts are refused: {exc}") from None
         if eps is None and not histograms_agree(values[:-1], plan, candidates):
             raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
-        t_counts = time.perf_counter() - t
-        objective = self.refine["objective"]  # "auto": both trees from the one sum (no further release)
-        grown = {o: refine.refine_tree(tree, candidates, plan, values[:-1], **budget, objective=o, collapse=False)
-                 for o in (refine.GROWN if objective == "auto" else (objective,))}
         entry = {"round": r, "sites": len(contributors), "n_values": n_values, "bytes_per_site": 8 * n_values,
-                 "site_mask_s_max": max(replies[s]["mask_s"] for s in contributors), "counts_s": t_counts,
+                 "site_mask_s_max": max(replies[s]["mask_s"] for s in contributors),
+                 "counts_s": time.perf_counter() - t,
                  "rows": float(feature_totals(values[:-1], plan, candidates)[0] + values[-1])}
+        return values[:-1], entry
+
+    def _refine_round(self, result, r, tree, candidates, budget, contributors, records, trained):
+        """A round on the one-round tree: the sums, then the best tree one round can reach within the budget.
+        Returns objective -> (grown tree, its stats) and the round's entry."""
+        plan = refine.plan_round(tree, candidates, budget["max_depth"])
+        values, entry = yield from self._count_round(result, r, tree, candidates, plan, contributors, records, trained)
+        objective = self.refine["objective"]  # "auto": both trees from the one sum (no further release)
+        grown = {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False)
+                 for o in (refine.GROWN if objective == "auto" else (objective,))}
         return grown, entry
+
+    def _growth_round(self, result, r, last, tree, candidates, budget, contributors, records, trained):
+        """A round of growth from the root (``grow``): round 1 counts the root on the public lattice and fixes the
+        thresholds of the rounds after it; every round but the last splits the tree's leaves one level; the last is
+        ``refine_tree`` within the budget. Returns the tree and candidates the next round counts on, objective ->
+        (tree, stats) after the last round (None before), and the round's entry."""
+        max_grown = None if budget["max_leaves"] is None else grow.GROWN_LEAVES_FACTOR * budget["max_leaves"]
+        if r == 1:
+            plan = refine.RefinePlan((0,), (), tree.n_classes, int(candidates.offsets[-1]))
+        elif r < last:
+            plan = grow.plan_growth(tree, candidates, budget["max_depth"])
+        else:
+            plan = refine.plan_round(tree, candidates, budget["max_depth"], max_values=grow.GROWTH_ROUND_VALUES)
+        values, entry = yield from self._count_round(result, r, tree, candidates, plan, contributors, records, trained)
+        if r == last:
+            objective = self.refine["objective"]
+            grown = {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False)
+                     for o in (refine.GROWN if objective == "auto" else (objective,))}
+            return tree, candidates, grown, entry
+        next_candidates = candidates
+        if r == 1:  # the growth rounds' thresholds: the pooled quantiles of the grid round's sum
+            next_candidates = grow.quantile_candidates(candidates, values.reshape(-1, tree.n_classes))
+        grown_tree, stats = grow.grow_round(tree, candidates, plan, values, max_depth=budget["max_depth"],
+                                            min_child_share=refine.MIN_CHILD_SHARE, max_grown=max_grown)
+        entry.update(stats)
+        return grown_tree, next_candidates, None, entry
 
     # -- helpers ------------------------------------------------------------------------------------
     def _ask(self, result, name, data, sites, check, required=None, phase=None):

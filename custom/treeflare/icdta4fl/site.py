@@ -25,7 +25,7 @@ from ..crypto import secagg
 from ..data import DataError, Schema
 from ..trees.tree import NUMERIC, Tree
 from ..trees.validate import PayloadError, check_int, check_number
-from . import pipeline, refine
+from . import grow, pipeline, refine
 from .encoding import feature_space, threshold_bounds
 from .payloads import feature_totals
 from .tasks import MIN_MASKING_SITES, REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
@@ -70,6 +70,8 @@ class SiteProtocol:
         self._peer_trees = None  # the trees of peer scoring (their owners' own, signed): the candidates' only source
         self._own_digest = None
         self._refine_max_leaves = None  # the leaf budget announced with training, when a number
+        self._grow_from = "one_round"
+        self._counted = None  # (tree, candidates) this site counted on in its last round
 
     def handle(self, task: str, data) -> dict:
         """The reply (a plain dict) to one task; raises ``PayloadError``/``DataError``/``SecAggError`` to refuse."""
@@ -112,6 +114,10 @@ class SiteProtocol:
             self._refine_epsilon = None if eps is None else check_number(eps, "refine.epsilon")
             leaves = setup.get("max_leaves")
             self._refine_max_leaves = None if leaves is None else check_int(leaves, "refine.max_leaves", lo=1)
+            grow_from = setup.get("grow_from", "one_round")  # a server before issue 35 refines the one-round tree
+            if grow_from not in grow.GROW_FROM:
+                raise PayloadError("refine.grow_from", f"must be one of {list(grow.GROW_FROM)}")
+            self._grow_from = grow_from
             self._masking = secagg.MaskingKeys(self.site, self.job_id, self.identity)
             reply["refine_key"] = self._masking.record()
         return reply
@@ -198,14 +204,19 @@ class SiteProtocol:
             raise PayloadError("keys", "differ from the participants of this run's first round")
         X, y, kinds = self._train_data
         tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds)
-        if pipeline.tree_digest(tree) not in self._scored:
-            # a tree nobody scored could be a probe cut around a handful of this site's rows
-            raise PayloadError("tree", "is not a tree this site scored in this run")
-        candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds)
-        if candidates.to_dict() != self._own_candidates().to_dict():
-            # thresholds chosen by the server alone could isolate rows; these come from trees every site was sent
-            raise PayloadError("candidates", "differ from those of the trees this site scored and the schema")
-        self._check_counted_tree(tree, candidates)
+        if self._grow_from == "root":
+            candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds,
+                                                          max_thresholds=len(grow.lattice()))
+            self._check_growth_tree(tree, candidates, round_no)
+        else:
+            if pipeline.tree_digest(tree) not in self._scored:
+                # a tree nobody scored could be a probe cut around a handful of this site's rows
+                raise PayloadError("tree", "is not a tree this site scored in this run")
+            candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds)
+            if candidates.to_dict() != self._own_candidates().to_dict():
+                # thresholds chosen by the server alone could isolate rows; these come from trees every site was sent
+                raise PayloadError("candidates", "differ from those of the trees this site scored and the schema")
+            self._check_counted_tree(tree, candidates)
         plan = refine.RefinePlan.from_dict(task["plan"], tree=tree, candidates=candidates)
         counts = self._counts(tree, candidates, plan, X, y)
         if epsilon is not None:
@@ -217,6 +228,7 @@ class SiteProtocol:
         masked = keys.mask(counts, peers, round_no, context=hashlib.sha256(question.encode()).digest())
         self._answered_rounds.add(round_no)
         self._participants = peers
+        self._counted = (tree, candidates)
         return {"masked": masked, "round": round_no, "mask_s": time.perf_counter() - t,
                 "keys_checked": "certificates" if identity is not None else "none"}
 
@@ -240,6 +252,38 @@ class SiteProtocol:
                 raise PayloadError("tree", f"node {int(v)} splits where no site's tree nor candidate does")
         if self._refine_max_leaves is not None and tree.n_leaves > self._refine_max_leaves:
             raise PayloadError("tree", f"{tree.n_leaves} leaves, over the {self._refine_max_leaves} announced")
+
+    def _check_growth_tree(self, tree, candidates, round_no) -> None:
+        """Growth from the root (``grow``): round 1 counts a single leaf on the public lattice (this site's own
+        ``grow.grid_candidates``); every later round counts the tree this site counted on in the round before, with
+        leaves split once on that round's candidates (``grow.extends``), on thresholds that are lattice points, the
+        same every round after the first; and never more leaves than the growth allows for the announced budget."""
+        _, kinds, n_categories = feature_space(self._schema, self._algorithm)
+        grid = grow.grid_candidates(kinds, n_categories, threshold_bounds(self._schema, self._algorithm))
+        if self._counted is None:
+            if round_no != 1 or tree.n_nodes != 1:
+                raise PayloadError("tree", "growth from the root starts with a single leaf in round 1")
+            if candidates.to_dict() != grid.to_dict():
+                raise PayloadError("candidates", "the grid round counts on the public lattice only")
+            return
+        before, before_candidates = self._counted
+        if self._refine_max_leaves is not None and tree.n_leaves > grow.GROWN_LEAVES_FACTOR * self._refine_max_leaves:
+            raise PayloadError("tree", f"{tree.n_leaves} leaves, over {grow.GROWN_LEAVES_FACTOR} x the "
+                                       f"{self._refine_max_leaves} announced")
+        if not grow.extends(tree, before, before_candidates):
+            # a tree cut anywhere else could be a probe around a handful of this site's rows
+            raise PayloadError("tree", "is not the tree of the round before with leaves split once on its candidates")
+        lattice = grow.lattice()
+        for j, (points, allowed) in enumerate(zip(candidates.thresholds, grid.thresholds)):
+            if allowed is None or len(allowed) < 64:
+                same = (points is None and allowed is None) or (points is not None and allowed is not None
+                                                                and np.array_equal(points, allowed))
+                if not same or candidates.n_codes[j] != grid.n_codes[j]:
+                    raise PayloadError(f"candidates[{j}]", "a code column's cells are the schema's")
+            elif len(points) > grow.MAX_GRID_THRESHOLDS or not np.all(np.isin(points, lattice)):
+                raise PayloadError(f"candidates.thresholds[{j}]", f"at most {grow.MAX_GRID_THRESHOLDS} lattice points")
+        if before_candidates.to_dict() != grid.to_dict() and candidates.to_dict() != before_candidates.to_dict():
+            raise PayloadError("candidates", "differ from the round before (they are fixed after the grid round)")
 
     def _own_candidates(self):
         if self._peer_trees is None:

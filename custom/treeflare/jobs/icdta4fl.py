@@ -1,7 +1,8 @@
 """ICDTA4FL on NVFlare: local ID3/CART trees, peer evaluation, filtering, rule aggregation into one
 interpretable global tree (the paper's single round), then refinement rounds on class counts summed over
-every site, pairwise-masked so that the server reads only the sum (--refine-rounds, default 1; 0 = the
-paper's method alone).
+every site, pairwise-masked so that the server reads only the sum: by default a tree grown from the root, a level
+a round, on a grid of thresholds found from the sums (--refine-from root, 8 rounds), kept only if the sites'
+validation rows score it at least as well as the one-round tree (--refine-rounds 0 = the paper's method alone).
 
     treeflare icdta4fl --algorithm cart --dataset nursery --sites 5 --workspace /tmp/icdta4fl
 
@@ -28,7 +29,7 @@ from treeflare.cli import (add_data_args, add_partition_args, add_schema_args, c
                            prepare_from_args, schema_source)
 from treeflare.data import Schema, read_site, read_site_csv, site_name, write_federation
 from treeflare.flare.progress import add_progress_args, printer_for
-from treeflare.icdta4fl import pipeline, refine
+from treeflare.icdta4fl import grow, pipeline, refine
 from treeflare.icdta4fl.encoding import encode, feature_space
 from treeflare.icdta4fl.report_html import write_report_html
 from treeflare.icdta4fl.server import DEFAULT_MAX_ROWS_RATIO
@@ -74,11 +75,17 @@ def build_parser() -> Parser:
                         f"person reads, docs/icdta4fl.md#the-size-budget; the paper's method: --refine-rounds 0 with "
                         f"a large --max-leaves)")
     g.add_argument("--global-max-depth", type=int, default=None,
-                   help="global tree depth budget (default: --max-depth + 2)")
+                   help="global tree depth budget (default: the refinement rounds when it grows from the root, a "
+                        "level a round; else the selected local trees' depth + 2)")
     r = p.add_argument_group("refinement (protected counts)")
-    r.add_argument("--refine-rounds", type=int, default=1, metavar="R",
-                   help="rounds grown on class counts summed over all sites (default 1; 0 = the paper's one-round "
-                        "method only)")
+    r.add_argument("--refine-from", choices=list(grow.GROW_FROM), default=grow.DEFAULT_GROW_FROM,
+                   help="root (default): grow a tree from the root on the summed counts, a level a round, on "
+                        "thresholds found from the sums (the tree a centralized CART would grow, then pruned to the "
+                        "budget); one_round: refine the paper's one-round tree (or the best local tree)")
+    r.add_argument("--refine-rounds", type=int, default=None, metavar="R",
+                   help=f"rounds on class counts summed over all sites (default "
+                        f"{grow.DEFAULT_ROUNDS['root']} from the root, {grow.DEFAULT_ROUNDS['one_round']} for "
+                        f"one_round; 0 = the paper's one-round method only)")
     r.add_argument("--refine-epsilon", type=float, default=None, metavar="E",
                    help="differential privacy: each site adds discrete Laplace noise to its counts, epsilon E per "
                         "round (default: no noise)")
@@ -131,7 +138,7 @@ def build_job(args, fed_summary: dict, data_root: Path | None, sites: list[str])
         min_clients=args.min_clients, task_timeout=args.task_timeout,
         server_test=str(server_test) if server_test and server_test.is_file() else "",
         job_info={"dataset": fed_summary["dataset"], "partition": fed_summary["partition"]},
-        refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon,
+        refine_params={"rounds": args.refine_rounds, "epsilon": args.refine_epsilon, "grow_from": args.refine_from,
                        "objective": args.refine_objective, "adopt": args.refine_adopt},
         data_root=str(data_root) if data_root else "", binding=args.binding, name=JOB_NAME)
 
@@ -181,7 +188,8 @@ def build_report(args, server: dict, fed_summary: dict, centralized: dict | None
         "aggregation": server["aggregation"],
         "params": {"max_depth": args.max_depth, "criterion": args.criterion, "statistic": args.statistic,
                    "percentile": args.percentile, "max_leaves": args.max_leaves,
-                   "global_max_depth": args.global_max_depth, "refine_rounds": args.refine_rounds,
+                   "global_max_depth": args.global_max_depth, "refine_from": args.refine_from,
+                   "refine_rounds": (server.get("refinement") or {}).get("rounds_requested", args.refine_rounds),
                    "refine_epsilon": args.refine_epsilon, "refine_objective": args.refine_objective, "env": args.env},
         "timings_s": {**server["timings_s"], **timings},
     }

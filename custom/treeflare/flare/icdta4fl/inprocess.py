@@ -26,7 +26,7 @@ def fobs_wire(message: dict) -> dict:
 def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_names=None, n_categories=None,
                    category_names=None, local_params=None, statistic="percentile", q=75.0, score="clipped_mean",
                    aggregate_params=None, X_global_test=None, y_global_test=None, refine_rounds=0,
-                   refine_objective=None, refine_epsilon=None, refine_adopt=None, schema=None, min_clients=1,
+                   refine_objective=None, refine_epsilon=None, refine_adopt=None, refine_from=None, schema=None, min_clients=1,
                    wire=fobs_wire,
                    record=None, handlers=None, identities=None, job_id="in-process", allowed_sites=None) -> dict:
     """The job's protocol over ``sites`` (dicts of encoded ``X_train, y_train, X_test, y_test``, named site-1, ...).
@@ -42,7 +42,10 @@ def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_nam
     if schema is None:
         schema = schema_for_arrays(classes=classes, feature_kinds=kinds, feature_names=feature_names,
                                    n_categories=n_categories, category_names=category_names)
-    refine_params = {"rounds": int(refine_rounds)}
+    # refine_rounds None: the start's default rounds (``grow.DEFAULT_ROUNDS``); 0: no refinement
+    refine_params = {} if refine_rounds is None else {"rounds": int(refine_rounds)}
+    if refine_from is not None:
+        refine_params["grow_from"] = refine_from
     if refine_objective is not None:
         refine_params["objective"] = refine_objective
     if refine_epsilon is not None:
@@ -74,7 +77,7 @@ def run_in_process(sites, *, algorithm, classes, feature_kinds=None, feature_nam
         out["global"] = {k: result["one_round"][k] for k in ("accuracy", "macro_f1")}
         base = result["baselines"]["local_on_global_test"]
         out["local_on_global_test"] = {m: [base[s][m] for s in order] for m in ("accuracy", "macro_f1")}
-    if refine_rounds:
+    if refine_rounds is None or refine_rounds:
         info = result["refinement"]
         start = info.get("start_site")
         out["refined"] = {"tree": model.tree_, "start": "one_round" if start is None else order.index(start),
