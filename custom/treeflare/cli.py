@@ -335,6 +335,9 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     sites, min_clients = getattr(args, "sites", None), getattr(args, "min_clients", None)
     if sites is not None and min_clients is not None and min_clients > sites:
         raise DataError(f"--min-clients {min_clients} is more than --sites {sites}: the job could never go on")
+    if getattr(args, "refine_from", None) == "root" and getattr(args, "refine_rounds", None) == 1:
+        raise DataError("--refine-rounds 1 cannot grow from the root (round 1 is the grid round, the last prunes to "
+                        "the budget): give 2 or more, 0 for none, or --refine-from one_round")
     _check_overlap_args(args)
     return args
 

@@ -302,3 +302,15 @@ def test_a_deviating_server_gets_no_counts_and_the_start_stays(round_no, change,
     # each site refused, said why, and the job went on with the start tree (the one-round tree or best local tree)
     assert sorted(result["dropped_sites"]) == ["site-1", "site-2", "site-3", "site-4"]
     assert all(refusal in r for r in result["dropped_sites"].values()) and result["global"]["accuracy"] > 0.5
+
+
+def test_the_command_refuses_one_round_of_growth_before_writing_anything(tmp_path):
+    from treeflare.data import DataError
+    from treeflare.jobs.icdta4fl import parse_args
+
+    base = ["--dataset", "car", "--sites", "3", "--workspace", str(tmp_path / "ws")]
+    with pytest.raises(DataError, match="--refine-rounds 1 cannot grow from the root"):
+        parse_args(base + ["--refine-rounds", "1"])
+    assert parse_args(base + ["--refine-rounds", "1", "--refine-from", "one_round"]).refine_rounds == 1
+    assert parse_args(base).refine_rounds is None and parse_args(base).refine_from == "root"
+    assert not (tmp_path / "ws").exists()

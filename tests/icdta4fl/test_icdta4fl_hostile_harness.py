@@ -217,6 +217,20 @@ def _phase_plan():
 @seed(20261205)  # the same examples wherever this file lives (derandomize alone seeds from where the test is)
 @given(plan=_phase_plan(), epsilon=st.sampled_from([None, None, 5.0]))
 def test_one_hostile_site_of_four_never_costs_more_than_a_point_nor_drops_an_honest_site(federation, plan, epsilon):
+    _hostile_site_run(federation, plan, epsilon, {"refine_rounds": 2, "refine_from": "one_round"})
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@seed(20261205)
+@given(plan=_phase_plan(), epsilon=st.sampled_from([None, None, 5.0]))
+def test_one_hostile_site_of_four_cannot_make_growth_from_the_root_cost_a_point(federation, plan, epsilon):
+    """The same search against the job's default refinement (growth from the root, every round's counts forged at
+    once): the sums a hostile site poisons grow a tree the adopt check keeps out."""
+    _hostile_site_run(federation, plan, epsilon, {"refine_rounds": None})
+
+
+def _hostile_site_run(federation, plan, epsilon, refinement):
     fed, algorithm, sites = federation["fed"], federation["algorithm"], federation["sites"]
     s4 = sites[3]
     seen = {}
@@ -230,7 +244,7 @@ def test_one_hostile_site_of_four_never_costs_more_than_a_point_nor_drops_an_hon
     with mock.patch.object(refine, "add_noise", _seeded_noise):  # seeded: every run of the search repeats exactly
         out = run_in_process(sites, algorithm=algorithm, classes=list(fed.schema.classes), schema=fed.schema,
                              X_global_test=federation["test"][0], y_global_test=federation["test"][1],
-                             refine_rounds=2, refine_from="one_round", refine_epsilon=epsilon,
+                             **refinement, refine_epsilon=epsilon,
                              handlers={HOSTILE: _Watching(hostile, seen, record)}, record=record)
     result = out["result"]
     assert not set(result["dropped_sites"]) - {HOSTILE}, result["dropped_sites"]
