@@ -32,12 +32,12 @@ from treeflare.crypto import secagg
 from treeflare.data import load_dataset, prepare_federation
 from treeflare.flare.icdta4fl.inprocess import fobs_wire, run_in_process
 from treeflare.icdta4fl.driver import SITE_PUBLIC_ERRORS
-from treeflare.icdta4fl import pipeline, refine
+from treeflare.icdta4fl import grow, pipeline, refine
 from treeflare.icdta4fl.encoding import encode, threshold_bounds
 from treeflare.icdta4fl.server import Ask, ICDTA4FLServer, Note, ProtocolFailed
 from treeflare.icdta4fl.site import ArrayLoader, SiteProtocol
 from treeflare.icdta4fl.tasks import REFINE_COUNTS, SCORE_GLOBAL, SCORE_TREES, TRAIN
-from treeflare.trees.tree import Tree
+from treeflare.trees.tree import NUMERIC, Tree
 
 HOSTILE = "site-4"
 # How far below the honest one-round tree one hostile site may take the final tree. 1 point (the promise), except car
@@ -422,24 +422,29 @@ def _probe(tree: dict) -> dict:
 
 def _numeric_thresholds(tree) -> set:
     t = tree if isinstance(tree, Tree) else Tree.from_dict(tree)
-    return {(int(t.feature[v]), float(x)) for v in np.flatnonzero(t.kind == "numeric") for x in t.split_points[v]}
+    return {(int(t.feature[v]), float(x)) for v in np.flatnonzero(t.kind == NUMERIC) for x in t.split_points[v]}
 
 
 def _masked_with(site: SiteProtocol) -> dict:
     return dict(site._participants or {})
 
 
+@pytest.mark.parametrize("grow_from", ["one_round", "root"])
 @SEARCH
 @given(plan=st.fixed_dictionaries({"keys": st.lists(st.sampled_from(KEY_OPS), min_size=1, max_size=2),
                                    "task": st.sampled_from(TASK_OPS), "scores": st.sampled_from(SCORE_TASK_OPS),
                                    "train": st.sampled_from(["honest", "honest", "again"])}))
-def test_a_hostile_server_never_reads_less_than_a_sum_of_three_client_sites(car_with_kits, plan):
+def test_a_hostile_server_never_reads_less_than_a_sum_of_three_client_sites(car_with_kits, plan, grow_from):
+    """Both refinements: the one-round tree's (2 rounds) and growth from the root (the job's default rounds), where
+    a tree to count on must split on lattice points only (``grow``)."""
     fed, sites_arrays, (identities, held) = car_with_kits["fed"], car_with_kits["sites"], car_with_kits["kits"]
     job = "job-hostile"
     sites = {n: SiteProtocol(n, ArrayLoader(s["X_train"], s["y_train"], s["X_test"], s["y_test"]), job_id=job,
                              identity=identities[n]) for n, s in zip(["site-1", "site-2", "site-3", "site-4"],
                                                                      sites_arrays)}
-    server = ICDTA4FLServer(fed.schema, "cart", local_params={"max_depth": 4}, refine_params={"rounds": 2, "grow_from": "one_round"})
+    rounds = 2 if grow_from == "one_round" else grow.DEFAULT_ROUNDS["root"]
+    server = ICDTA4FLServer(fed.schema, "cart", local_params={"max_depth": 4},
+                            refine_params={"rounds": rounds, "grow_from": grow_from})
     hostile = HostileServer(plan, held, job)
     result = server.initial_result()
     steps = server.run(result, list(sites))
@@ -489,14 +494,19 @@ def test_a_hostile_server_never_reads_less_than_a_sum_of_three_client_sites(car_
                         [Tree.from_dict(local_trees[n]) for n in sorted(local_trees)], feature_kinds=server.kinds,
                         n_categories=server.n_categories, bounds=threshold_bounds(fed.schema, "cart"))
                     known |= {(j, float(x)) for j, t in enumerate(candidates.thresholds) if t is not None for x in t}
-                    assert _numeric_thresholds(data["tree"]) <= known, plan
+                    if grow_from == "root":  # from the root: every cut a lattice point (or a code column's)
+                        lattice = set(grow.lattice().tolist()) | {k + 0.5 for k in range(64)}
+                        assert all(x in lattice for _, x in _numeric_thresholds(data["tree"])), plan
+                    else:
+                        assert _numeric_thresholds(data["tree"]) <= known, plan
     if plan["keys"] == ["honest"] and plan["task"] == "honest" and plan["scores"] == "honest" and \
             plan["train"] == "honest":
-        assert all(answered_counts[n] == [1, 2] for n in sites), answered_counts  # the search reaches the rounds
+        # the search reaches the rounds
+        assert all(answered_counts[n] == list(range(1, rounds + 1)) for n in sites), answered_counts
     for name in sites:
-        rounds = answered_counts[name]
-        assert len(rounds) == len(set(rounds)) and all(1 <= r <= 2 for r in rounds), (name, rounds)
-        assert scorings[name] <= 2 + 1 + 2, (name, scorings[name])
+        answered = answered_counts[name]
+        assert len(answered) == len(set(answered)) and all(1 <= r <= rounds for r in answered), (name, answered)
+        assert scorings[name] <= 2 + 1 + rounds, (name, scorings[name])
 
 
 @pytest.fixture(scope="module")

@@ -528,14 +528,15 @@ class ICDTA4FLServer:
         values, entry = yield from self._count_round(result, r, tree, candidates, plan, contributors, records, trained)
         if r == last:
             objective = self.refine["objective"]
-            grown = {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False)
+            grown = {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False,
+                                           min_child_share=grow.GROW_MIN_CHILD_SHARE)
                      for o in (refine.GROWN if objective == "auto" else (objective,))}
             return tree, candidates, grown, entry
         next_candidates = candidates
         if r == 1:  # the growth rounds' thresholds: the pooled quantiles of the grid round's sum
             next_candidates = grow.quantile_candidates(candidates, values.reshape(-1, tree.n_classes))
         grown_tree, stats = grow.grow_round(tree, candidates, plan, values, max_depth=budget["max_depth"],
-                                            min_child_share=refine.MIN_CHILD_SHARE, max_grown=max_grown)
+                                            min_child_share=grow.GROW_MIN_CHILD_SHARE, max_grown=max_grown)
         entry.update(stats)
         return grown_tree, next_candidates, None, entry
 
