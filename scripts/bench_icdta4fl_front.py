@@ -77,7 +77,7 @@ def xgboost_scores(fed) -> tuple[float, float]:
     return _scores(test.y, pred)
 
 
-# the job's options the run uses beyond its defaults (--trusting)
+# the job's options the run uses beyond its defaults (--trusting, --objective)
 TRUSTING: dict = {}
 
 
@@ -276,6 +276,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="refinement rounds (default: the job's for the start)")
     ap.add_argument("--from", dest="grow_from", choices=["root", "one_round"], default=None,
                     help="where the refinement grows from (default: the job's, the root)")
+    ap.add_argument("--objective", choices=list(refine.OBJECTIVES), default=None,
+                    help="the refinement's objective (default: the job's)")
     ap.add_argument("--out", default=str(ROOT / "scripts" / "results"))
     ap.add_argument("--no-docs", action="store_true", help="do not write the docs block (exploratory runs)")
     ap.add_argument("--trusting", action="store_true",
@@ -290,7 +292,12 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     stem = "icdta4fl_front_quick" if args.quick else "icdta4fl_front"
     stem += "_trusting" if args.trusting else ""
+    # an arm beside the job's defaults gets its own files and writes no docs block
+    arm = [f"{k}-{v}" for k, v in (("from", args.grow_from), ("rounds", args.rounds), ("objective", args.objective))
+           if v is not None]
+    stem += "".join(f"_{a}" for a in arm)
     TRUSTING.update({"score": "mean", "refine_adopt": "pooled"} if args.trusting else {})
+    TRUSTING.update({"refine_objective": args.objective} if args.objective else {})
     grow_from = args.grow_from or grow.DEFAULT_GROW_FROM
     rounds = grow.DEFAULT_ROUNDS[grow_from] if args.rounds is None else args.rounds
     t0 = time.perf_counter()
@@ -303,7 +310,8 @@ def main(argv=None):
     command = "python scripts/bench_icdta4fl_front.py" + (" --quick" if args.quick else
                                                           " --sizes " + " ".join(map(str, sizes)))
     command += " --trusting --no-docs" if args.trusting else ""
-    command += "".join(f" --{k} {v}" for k, v in (("from", args.grow_from), ("rounds", args.rounds)) if v is not None)
+    command += "".join(f" --{k} {v}" for k, v in (("from", args.grow_from), ("rounds", args.rounds),
+                                                  ("objective", args.objective)) if v is not None)
     settings = bench_settings(seeds=seeds, rounds=rounds, grow_from=grow_from, elapsed_s=round(time.perf_counter() - t0),
                               command=command)
     summary = summarise(rows)
@@ -316,7 +324,7 @@ def main(argv=None):
             writer.writerows(data)
     for dataset in datasets:
         plot_front(summary, dataset, out / f"{stem}_{dataset}.png")
-    if not (args.quick or args.no_docs or args.trusting):
+    if not (args.quick or args.no_docs or args.trusting or arm):
         write_bench_block(ROOT / BENCH_BLOCKS["icdta4fl_front"], "icdta4fl_front", text)
         write_bench_block(ROOT / BENCH_BLOCKS["icdta4fl_front_summary"], "icdta4fl_front_summary",
                           readme_summary(summary, settings))
