@@ -185,13 +185,13 @@ def test_the_job_grows_from_the_root_within_budget_and_drops_no_honest_site(algo
     assert not np.isnan(tree.predict_proba(np.full((1, 3), np.nan))).any()
 
 
-def _tampered_run(round_no, change, max_leaves=8):
+def _tampered_run(round_no, change, max_leaves=8, wire=None):
     """The job's protocol in process, with the server's REFINE_COUNTS task of ``round_no`` changed by ``change`` (the
     same change for every site: a deviating server, consistent across sites so that the masks would cancel)."""
     sites, test = _federation(seed=5)
     record = []
 
-    def wire(message):
+    def tamper(message):
         message = fobs_wire(message)
         if isinstance(message, dict) and "plan" in message and message.get("round") == round_no:
             message = copy.deepcopy(message)
@@ -200,7 +200,7 @@ def _tampered_run(round_no, change, max_leaves=8):
 
     out = run_in_process(sites, algorithm="cart", classes=["no", "yes"], q=0, local_params={"max_depth": 3},
                          aggregate_params={"max_leaves": max_leaves}, X_global_test=test["X_test"],
-                         y_global_test=test["y_test"], refine_rounds=None, wire=wire, record=record)
+                         y_global_test=test["y_test"], refine_rounds=None, wire=wire or tamper, record=record)
     errors = [m if isinstance(m, str) else str(m.get("error", m)) for d, s, t, m in record
               if d == "to_server" and t == REFINE_COUNTS and not (isinstance(m, dict) and "masked" in m)]
     return out["result"], errors
@@ -237,24 +237,145 @@ def _moved_candidates(message):
     message["candidates"]["thresholds"][0] = [float(v) for v in grow.lattice()[::97]][:len(t) or 1]
 
 
-def _double_leaves(message):
-    """Every leaf split once more on a candidate: a tree that extends the last, over the leaves growth allows."""
-    d = message["tree"]
-    nodes = d["nodes"]
-    t = message["candidates"]["thresholds"][0][0]
-    for v in [i for i, n in enumerate(nodes) if n["kind"] == "leaf"]:
-        nodes[v] = {**nodes[v], "kind": "numeric", "feature": 0, "thresholds": [t], "missing": 0,
-                    "children": [len(nodes), len(nodes) + 1]}
-        nodes += [{"kind": "leaf", "counts": [0.0, 0.0]}, {"kind": "leaf", "counts": [0.0, 0.0]}]
-    leaves = [int(v) for v in np.flatnonzero(Tree.from_dict(d).kind == LEAF)]
-    message["plan"] = {"split_leaves": [], "count_leaves": leaves}
+class _DoublingServer:
+    """A wire that keeps each round's counts task and, in ``round_no``, sends the tree counted in the round before with
+    every leaf split once on that round's candidates: a tree ``grow.extends`` accepts, with more leaves than growth
+    allows."""
+
+    def __init__(self, round_no):
+        self.round_no, self.before, self.made = round_no, {}, None
+
+    def __call__(self, message):
+        message = fobs_wire(message)
+        if not (isinstance(message, dict) and "plan" in message):
+            return message
+        if message["round"] != self.round_no:
+            self.before[message["round"]] = message
+            return message
+        prev = self.before[self.round_no - 1]
+        tree = Tree.from_dict(prev["tree"])
+        cands = refine.SplitCandidates.from_dict(prev["candidates"], feature_kinds=tree.feature_kinds,
+                                                 max_thresholds=len(grow.lattice()))
+        d = tree.to_dict()
+        nodes = d["nodes"]
+        t = float(cands.thresholds[0][len(cands.thresholds[0]) // 2])
+        for v in [i for i, n in enumerate(nodes) if n["kind"] == "leaf"]:
+            nodes[v] = {**nodes[v], "kind": "numeric", "feature": 0, "thresholds": [t], "missing": 0,
+                        "children": [len(nodes), len(nodes) + 1]}
+            nodes += [{"kind": "leaf", "counts": [0.0, 0.0]}, {"kind": "leaf", "counts": [0.0, 0.0]}]
+        self.made = (Tree.from_dict(d), tree, cands)
+        message = copy.deepcopy(message)
+        message["tree"] = d
+        message["plan"] = {"split_leaves": [], "count_leaves": [int(v) for v in
+                                                                np.flatnonzero(self.made[0].kind == LEAF)]}
+        return message
 
 
 def test_a_server_asking_for_more_leaves_than_growth_allows_gets_nothing():
-    """Budget 2: the sites count on trees of at most 4 x 2 leaves (``grow.GROWN_LEAVES_FACTOR``), whoever asks."""
-    result, errors = _tampered_run(4, _double_leaves, max_leaves=2)
+    """Budget 2: the sites count on trees of at most 4 x 2 leaves (``grow.GROWN_LEAVES_FACTOR``), whoever asks, even
+    for a tree that extends the last one as growth does."""
+    sites, test = _federation(seed=5)
+    wire, record = _DoublingServer(round_no=6), []
+    out = run_in_process(sites, algorithm="cart", classes=["no", "yes"], q=0, local_params={"max_depth": 3},
+                         aggregate_params={"max_leaves": 2}, X_global_test=test["X_test"],
+                         y_global_test=test["y_test"], refine_rounds=None, wire=wire, record=record)
+    made, before, cands = wire.made
+    assert grow.extends(made, before, cands) and made.n_leaves > 8  # the question is a growth step, too large
+    errors = [str(m) for d, s, t, m in record if d == "to_server" and t == REFINE_COUNTS
+              and not (isinstance(m, dict) and "masked" in m)]
     assert len(errors) == 4 and all("over 4 x the 2 announced" in e for e in errors), errors
-    assert result["refinement"]["rounds_done"] == 0
+    assert out["result"]["refinement"]["rounds_done"] == 0
+
+
+def test_extends_takes_only_the_splits_growth_makes():
+    """One level, binary, on the candidates: a split into many codes, a column split again below itself, three
+    children, two levels at once or a threshold off the candidates are refused."""
+    kinds = ["numeric", "categorical"]
+    cands = refine.SplitCandidates((np.array([0.5, 1.5]), None), (None, 6))
+    leaf = lambda: {"kind": "leaf", "counts": [1.0, 1.0]}  # noqa: E731
+    base = Tree.from_dict({"schema": "treeflare.tree", "version": 2, "n_features": 2, "n_classes": 2,
+                           "feature_kinds": kinds, "n_categories": [None, 6],
+                           "nodes": [{"kind": "categorical", "feature": 1, "values": [2], "children": [1],
+                                      "counts": [2.0, 2.0]}, leaf()]})
+
+    def grown(node):
+        d = base.to_dict()
+        d["nodes"][1] = {**node, "counts": [1.0, 1.0], "children": [2 + i for i in range(len(node["children"]))]}
+        d["nodes"] += [leaf() for _ in node["children"]]
+        return Tree.from_dict(d)
+
+    assert grow.extends(grown({"kind": "numeric", "feature": 0, "thresholds": [0.5], "children": [0, 0]}), base, cands)
+    refused = {
+        "off candidates": {"kind": "numeric", "feature": 0, "thresholds": [0.7], "children": [0, 0]},
+        "three children": {"kind": "numeric", "feature": 0, "thresholds": [0.5, 1.5], "children": [0, 0, 0]},
+        "many codes": {"kind": "categorical", "feature": 1, "values": [0, 1, 3], "children": [0, 0, 0]},
+        "column used above": {"kind": "categorical", "feature": 1, "values": [2], "children": [0]},
+    }
+    for why, node in refused.items():
+        assert not grow.extends(grown(node), base, cands), why
+    assert grow.extends(base, grow.root_tree(kinds, 2, [None, 6]), cands)  # one code against the rest: one level
+    two = grown({"kind": "numeric", "feature": 0, "thresholds": [0.5], "children": [0, 0]})
+    assert not grow.extends(two, grow.root_tree(kinds, 2, [None, 6]), cands)  # two levels at once
+
+
+def test_growth_refuses_a_budget_it_cannot_bound_and_noise_it_would_drown_in():
+    from treeflare.icdta4fl.server import ICDTA4FLServer
+    from treeflare.icdta4fl.driver import schema_for_arrays
+
+    schema = schema_for_arrays(classes=["a", "b"], feature_kinds=["numeric"])
+    for budget in ("auto", None, grow.MAX_LEAF_BUDGET + 1):
+        with pytest.raises(ValueError, match="needs a leaf budget of at most"):
+            ICDTA4FLServer(schema, "cart", aggregation={"max_leaves": budget})
+        ICDTA4FLServer(schema, "cart", aggregation={"max_leaves": budget}, refine_params={"grow_from": "one_round"})
+    with pytest.raises(ValueError, match="does not take --refine-epsilon"):
+        ICDTA4FLServer(schema, "cart", refine_params={"epsilon": 1.0})
+
+
+def test_a_site_counts_on_no_growth_without_an_announced_budget():
+    """A server that leaves the budget out of the training task (so that no bound holds) gets no growth counts."""
+    def wire(message):
+        message = fobs_wire(message)
+        if isinstance(message, dict) and isinstance(message.get("refine"), dict):
+            message = copy.deepcopy(message)
+            message["refine"].pop("max_leaves", None)
+        return message
+
+    result, errors = _tampered_run(0, lambda m: None, wire=wire)
+    assert result["refinement"]["status"].startswith("stopped at round 2"), result["refinement"]["status"]
+    assert len(errors) == 4 and all("needs a leaf budget announced" in e for e in errors), errors
+
+
+def test_no_leaf_a_site_sees_holds_fewer_than_five_rows_and_counting_trees_carry_no_counts():
+    """Every split of growth leaves at least ``GROW_MIN_CHILD_ROWS`` pooled rows on each side; the trees the sites
+    count on carry the splits only (a leaf's pooled counts, less a site's own, would be the others' rows there)."""
+    sites, test = _federation(seed=11, n=120)
+    rng = np.random.default_rng(0)
+    for site in sites:  # noisy labels: greedy growth would cut leaves down to single rows
+        flip = rng.random(len(site["y_train"])) < 0.3
+        site["y_train"] = np.where(flip, 1 - site["y_train"], site["y_train"])
+    record = []
+    out = run_in_process(sites, algorithm="cart", classes=["no", "yes"], q=0, local_params={"max_depth": 3},
+                         aggregate_params={"max_leaves": 32}, X_global_test=test["X_test"],
+                         y_global_test=test["y_test"], refine_rounds=None, record=record)
+    X = np.vstack([s["X_train"] for s in sites])
+    counted = [Tree.from_dict(m["tree"]) for d, s, t, m in record if d == "to_site" and t == REFINE_COUNTS]
+    assert counted and all(not t.counts.any() for t in counted)
+    final = out["refined"]["tree"]
+    for tree in counted[-1:] + ([final] if out["result"]["refinement"]["rounds_done"] else []):
+        rows = np.bincount(tree.apply(X), minlength=tree.n_nodes)
+        leaves = np.flatnonzero(tree.kind == LEAF)
+        assert rows[leaves].min() >= 5, rows[leaves]  # the promise in SECURITY.md, not the constant
+
+
+def test_growth_ends_early_when_nothing_is_left_to_split():
+    sites, test = _federation(seed=3)
+    out = run_in_process(sites, algorithm="cart", classes=["no", "yes"], q=0, local_params={"max_depth": 3},
+                         aggregate_params={"max_leaves": 8, "max_depth": 2}, X_global_test=test["X_test"],
+                         y_global_test=test["y_test"], refine_rounds=None)
+    info = out["result"]["refinement"]
+    # round 1 splits the root, round 2 the level below, round 3 (of 8) is the last: nothing above depth 2 is left
+    assert [e["round"] for e in info["rounds"]] == [1, 2, 3] and info["cost"]["rounds"] == 3, info["rounds"]
+    assert info["max_depth"] == 2 and out["refined"]["tree"].depth <= 2
 
 
 def test_the_server_reads_only_the_sum_of_every_round():

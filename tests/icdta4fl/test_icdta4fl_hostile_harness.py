@@ -223,11 +223,11 @@ def test_one_hostile_site_of_four_never_costs_more_than_a_point_nor_drops_an_hon
 @settings(max_examples=10, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @seed(20261205)
-@given(plan=_phase_plan(), epsilon=st.sampled_from([None, None, 5.0]))
-def test_one_hostile_site_of_four_cannot_make_growth_from_the_root_cost_a_point(federation, plan, epsilon):
+@given(plan=_phase_plan())
+def test_one_hostile_site_of_four_cannot_make_growth_from_the_root_cost_a_point(federation, plan):
     """The same search against the job's default refinement (growth from the root, every round's counts forged at
-    once): the sums a hostile site poisons grow a tree the adopt check keeps out."""
-    _hostile_site_run(federation, plan, epsilon, {"refine_rounds": None})
+    once; it takes no noise): the sums a hostile site poisons grow a tree the adopt check keeps out."""
+    _hostile_site_run(federation, plan, None, {"refine_rounds": None})
 
 
 def _hostile_site_run(federation, plan, epsilon, refinement):
@@ -506,7 +506,8 @@ def test_a_hostile_server_never_reads_less_than_a_sum_of_three_client_sites(car_
     for name in sites:
         answered = answered_counts[name]
         assert len(answered) == len(set(answered)) and all(1 <= r <= rounds for r in answered), (name, answered)
-        assert scorings[name] <= 2 + 1 + rounds, (name, scorings[name])
+        # peer scoring, the start check, a check a round (from the root: of the last round only), the final tree
+        assert scorings[name] <= 2 + 1 + (1 if grow_from == "root" else rounds), (name, scorings[name])
 
 
 @pytest.fixture(scope="module")

@@ -132,7 +132,8 @@ def test_one_site_forging_counts_rows_and_validation_weight_together_does_not_wi
     if ratio is None:
         assert "site-4" not in result["dropped_sites"] and info["rounds_done"] == 0, info
         why = info["adoption"][0]["why"]
-        assert not info["adoption"][0]["adopted"] and "(site-4 clipped)" in why, why
+        clipped = why.split("clipped to the others' range")[1].split("clipped)")[0]
+        assert not info["adoption"][0]["adopted"] and "site-4" in clipped, why
     else:
         assert "n_train: " in result["dropped_sites"]["site-4"] and "max_rows_ratio" in result["dropped_sites"]["site-4"]
         assert info["status"] == "completed"  # the three others refine without it

@@ -70,21 +70,27 @@ def test_report_content(car_run):
     assert set(b) == {"centralized", "mean_local", "best_local"}
     assert b["best_local"]["macro_f1"] >= b["mean_local"]["macro_f1"]
     assert abs(b["centralized"]["accuracy"] - g["accuracy"]) < 0.15
-    # the default refinement round ran on the 3 sites' masked counts, and the paper's tree is kept beside it
+    # the default refinement (growth from the root) ran on the 3 sites' masked counts, and the paper's tree is kept
+    # beside it
     r = report["refinement"]
-    assert r["status"] == "completed" and r["rounds_done"] == 1 and r["adoption"][0]["adopted"]
-    assert r["history"][0]["sites"] == 3 and r["history"][0]["bytes_per_site"] > 0
+    assert r["status"] == "completed" and r["grow_from"] == "root" and r["adoption"][-1]["adopted"]
+    assert 2 <= r["rounds_done"] == len(r["rounds"]) <= r["rounds_requested"] == 8
+    assert all(e["sites"] == 3 and e["bytes_per_site"] > 0 for e in r["rounds"])
+    assert r["cost"]["bytes_per_site"] == sum(e["bytes_per_site"] for e in r["rounds"])
     assert r["key_authentication"].startswith("none: keys unauthenticated")  # the simulator has no startup kits
     one = report["one_round"]
     assert one["n_leaves"] >= 1 and 0.7 < one["accuracy"] <= 1
     assert g["accuracy"] >= one["accuracy"] - 0.02  # more data behind every leaf; held-out noise aside
-    assert g["n_leaves"] <= report["aggregation"]["max_leaves"] and g["depth"] <= report["aggregation"]["max_depth"]
+    # the depth budget of growth from the root is its rounds (the one-round tree's is the aggregation's)
+    assert g["n_leaves"] <= report["aggregation"]["max_leaves"] and g["depth"] <= r["max_depth"] == 8
     assert report["aggregation"]["max_leaves"] == DEFAULT_MAX_LEAVES  # the pipeline's one default reaches the job
-    assert "global (ICDTA4FL, refined 1 round)" in proc.stdout and "one-round tree (the paper's)" in proc.stdout
+    assert f"global (ICDTA4FL, grown from the root in {r['rounds_done']} rounds)" in proc.stdout
+    assert "one-round tree (the paper's)" in proc.stdout
     assert str(ws / "report.json") in proc.stdout
     # progress lines, printed while FLARE ran (--progress: stdout is not a terminal here), before the table
     for line in ("local training: 3/3 sites replied", "peer scoring: 3/3 sites replied", "aggregation: ",
-                 "refinement round 1: masked counts: 3/3 sites replied", "refinement round 1/1: "):
+                 "refinement round 1: masked counts: 3/3 sites replied", "refinement round 1/8: grown to 2 leaves",
+                 f"refinement round {r['rounds_done']}/8: "):
         assert line in proc.stdout, line
     assert proc.stdout.index("local training: 3/3") < proc.stdout.index("model (global test set)")
 

@@ -34,7 +34,8 @@ from .refine_counts import RefinePlan, SplitCandidates
 __all__ = ["lattice", "is_free_numeric", "grid_candidates", "quantile_candidates", "root_tree", "grow_round",
            "plan_growth", "extends", "LATTICE_PER_DECADE", "DEFAULT_GRID_THRESHOLDS", "MAX_GRID_THRESHOLDS",
            "GROWTH_ROUND_VALUES", "GROWN_LEAVES_FACTOR", "GROW_FROM", "DEFAULT_GROW_FROM", "DEFAULT_ROUNDS",
-           "grow_depth", "GROW_MIN_CHILD_SHARE"]
+           "grow_depth", "GROW_MIN_CHILD_ROWS", "MAX_LEAF_BUDGET", "structure_only", "can_grow",
+           "max_counted_leaves"]
 
 # where the refinement grows from: the root, on the sums alone; or the one-round tree (the paper's, then refined)
 GROW_FROM = ("root", "one_round")
@@ -50,11 +51,15 @@ MAX_GRID_THRESHOLDS = 255
 GROWTH_ROUND_VALUES = 400_000
 # the grown tree may hold this many times the leaf budget before the last round prunes it back
 GROWN_LEAVES_FACTOR = 4
-# a child of a grown split needs this share of the pooled rows: none, as scikit-learn's CART (min_samples_leaf=1).
-# On the front's data (5 seeds, IID and label skew, in process, no adopt check) 0.2% (the one-round refinement's
-# MIN_CHILD_SHARE) stopped adult and default_credit_card at 21-45 of 64 leaves, 0.1-0.3 points lower, and car at 64
-# leaves 0.9 points lower; at 16 leaves the two were within 0.2 points
-GROW_MIN_CHILD_SHARE = 0.0
+# a child of a grown split holds at least this many of the pooled training rows: every tree a site counts on, and the
+# global tree every site receives, has no leaf describing fewer people (the minimum cell of statistical disclosure
+# control); no share of the rows on top (scikit-learn's CART has min_samples_leaf=1: on the front's data, 5 seeds,
+# IID and label skew, no adopt check, a 0.2% share stopped adult and default_credit_card at 21-45 of 64 leaves, 0.1-0.3
+# points lower, and car at 64 leaves 0.9 points lower)
+GROW_MIN_CHILD_ROWS = 5
+# the largest leaf budget growth from the root takes; a site never counts on more than 4 x this many leaves,
+# whatever a server announces
+MAX_LEAF_BUDGET = 256
 
 
 def grow_depth(rounds: int, max_depth) -> int:
@@ -149,7 +154,8 @@ def plan_growth(tree: Tree, candidates: SplitCandidates, max_depth=None, *, min_
 
 
 def grow_round(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summed, *, max_depth=None,
-               min_child: float = 1.0, min_child_share: float = 0.0, max_grown=None) -> tuple[Tree, dict]:
+               min_child: float = GROW_MIN_CHILD_ROWS, min_child_share: float = 0.0, max_grown=None
+               ) -> tuple[Tree, dict]:
     """Relabel ``tree`` with the summed counts and split every histogram leaf by its best Gini split.
 
     Binary splits only (a threshold with the missing rows sent where they score better, or one code against the
@@ -234,8 +240,11 @@ def _renumber(nodes: _Nodes) -> Tree:
 
 
 def extends(tree: Tree, before: Tree, candidates: SplitCandidates) -> bool:
-    """Whether ``tree`` is ``before`` with some leaves split once on ``candidates`` (the same internal nodes, in the
-    same places; a new split's children are leaves): what a site counts on in a growth round."""
+    """Whether ``tree`` is ``before`` with some leaves split once as growth splits them (``grow_round``): the same
+    internal nodes in the same places, and each new split binary on ``candidates``: one threshold (or none: the
+    missing-only child), or one or two category codes of a column not split on above it, each with a leaf child.
+    What a site counts on in a growth round."""
+    used = _categorical_used(before)
     stack = [(0, 0)]
     while stack:
         v, w = stack.pop()
@@ -249,13 +258,37 @@ def extends(tree: Tree, before: Tree, candidates: SplitCandidates) -> bool:
             continue
         if tree.kind[v] == LEAF:
             continue
-        if any(tree.kind[c] != LEAF for c in tree.children[v]):
+        kids = tree.children[v]
+        if len(kids) != 2 and not (tree.kind[v] == CATEGORICAL and len(kids) == 1):
+            return False  # growth splits in two (one code against the rest: one child)
+        if any(tree.kind[c] != LEAF for c in kids):
             return False
         j, points = int(tree.feature[v]), tree.split_points[v]
         if tree.kind[v] == NUMERIC:
             allowed = candidates.thresholds[j]
             if allowed is None or not np.all(np.isin(points, allowed)) or len(points) > 1:
                 return False
-        elif candidates.n_codes[j] is None:
-            return False
+        else:
+            codes = candidates.n_codes[j]
+            if codes is None or used[w, j] or len(points) != len(kids) or not np.all((points >= 0) & (points < codes)):
+                return False
     return True
+
+
+def structure_only(tree: Tree) -> Tree:
+    """The tree a site counts on, without the server's counts: the splits are all a site needs to count, and a
+    leaf's pooled counts would tell a site, less its own, the other sites' rows there."""
+    return Tree(tree.feature_kinds, tree.n_classes, tree.kind, tree.feature, tree.split_points, tree.children,
+                np.zeros_like(tree.counts), tree.n_categories, missing=tree.missing)
+
+
+def can_grow(tree: Tree, candidates: SplitCandidates, max_depth=None) -> bool:
+    """Whether a growth round has a leaf to split (above the depth budget, rows of more than one class, room for two
+    children): otherwise the rounds go straight to the last."""
+    return bool(plan_growth(tree, candidates, max_depth, min_rows=2 * GROW_MIN_CHILD_ROWS).split_leaves)
+
+
+def max_counted_leaves(announced) -> int | None:
+    """The most leaves a site counts on in growth from the root: 4 x the announced leaf budget, never more than
+    4 x ``MAX_LEAF_BUDGET`` (None: nothing announced, which a site refuses)."""
+    return None if announced is None else GROWN_LEAVES_FACTOR * min(int(announced), MAX_LEAF_BUDGET)

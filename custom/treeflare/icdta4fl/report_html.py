@@ -253,8 +253,14 @@ def _budget(report) -> str:
     params = report.get("params") or {}
     g = report.get("global") or {}
     given = {"max_leaves": params.get("max_leaves"), "max_depth": params.get("global_max_depth")}
-    rows = [[f"{what} budget", agg.get(key), "given (--max-leaves)" if key == "max_leaves" and given[key] is not None
-             else "given (--global-max-depth)" if given[key] is not None else "default", g.get(got)]
+    refined = report.get("refinement") or {}
+    grown = refined.get("grow_from") == "root" and refined.get("max_depth") is not None
+    # growth from the root has its own depth budget (its rounds, a level each), which the final tree is held to
+    limits = {"max_leaves": agg.get("max_leaves"), "max_depth": refined["max_depth"] if grown else agg.get("max_depth")}
+    rows = [[f"{what} budget", limits[key], "given (--max-leaves)" if key == "max_leaves" and given[key] is not None
+             else "given (--global-max-depth)" if given[key] is not None
+             else "default (growth from the root: its rounds)" if key == "max_depth" and grown else "default",
+             g.get(got)]
             for key, what, got in (("max_leaves", "leaf", "n_leaves"), ("max_depth", "depth", "depth"))]
     rest = [[_AGGREGATION_LABELS.get(k, k), v] for k, v in _scalars(agg) if k not in ("max_leaves", "max_depth")]
     return _section("budget", "Size budget",

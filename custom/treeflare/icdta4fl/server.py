@@ -206,6 +206,17 @@ class ICDTA4FLServer:
         self.leaf_budget = pipeline.check_aggregate_params(self.aggregation)["max_leaves"]
         self.category_names = category_names(self.schema, self.algorithm)
         if self.refine["rounds"] and self.refine["grow_from"] == "root":
+            budget = self.leaf_budget
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget > grow.MAX_LEAF_BUDGET:
+                # the sites count only on trees within 4 x an announced budget of at most MAX_LEAF_BUDGET leaves
+                raise ValueError(f"growth from the root needs a leaf budget of at most {grow.MAX_LEAF_BUDGET} leaves "
+                                 f"(--max-leaves), got {budget!r}; for a larger tree use --refine-from one_round or "
+                                 f"--refine-rounds 0")
+            if self.refine["epsilon"] is not None:
+                # measured: noise on 3,500 lattice cells a column puts the quantile thresholds and the root split
+                # outside the data, and the grown tree is never adopted, its 8 rounds of budget spent for nothing
+                raise ValueError("growth from the root does not take --refine-epsilon (the noise drowns the grid "
+                                 "round's lattice cells): use --refine-from one_round with it")
             grid = grow.grid_candidates(self.kinds, self.n_categories, threshold_bounds(self.schema, self.algorithm))
             n_values = int(grid.offsets[-1]) * len(self.schema.classes)
             if n_values > refine.MAX_REFINE_VALUES:  # the sites would refuse the grid round: say so before any task
@@ -401,12 +412,13 @@ class ICDTA4FLServer:
                 break
             try:
                 if root:
+                    # nothing left to split (the depth budget reached, every leaf pure or too small): the last round
+                    final = r == last or (r > 1 and not grow.can_grow(tree, candidates, budget["max_depth"]))
                     tree, candidates, grown, entry = yield from self._growth_round(
-                        result, r, last, tree, candidates, budget, contributors, records, trained)
+                        result, r, final, tree, candidates, budget, contributors, records, trained)
                 else:
                     grown, entry = yield from self._refine_round(result, r, tree, candidates, budget, contributors,
                                                                  records, trained)
-                info["rounds"].append(entry)
                 if grown is None:  # a growth round: its tree is a step, not a candidate; nothing to score
                     entry["seconds"] = time.perf_counter() - t
                     yield Note(f"refinement round {r}/{last}: grown to {entry['n_leaves']} leaves, depth "
@@ -448,9 +460,11 @@ class ICDTA4FLServer:
             yield Note(f"refinement round {r}/{last}: {entry['n_leaves']} leaves"
                        f"{_of_at_most(budget['max_leaves'])}, depth {entry['depth']}{acc_text} "
                        f"({entry['seconds']:.1f} s)")
+            if root:  # the last round was run (early, where nothing was left to split)
+                break
         adopted = [a for a in info["adoption"] if a["adopted"]]
         # from the root the rounds build one tree, adopted at the last round or not at all
-        info["rounds_done"] = (last if adopted else 0) if root else len(info["history"])
+        info["rounds_done"] = (len(info["rounds"]) if adopted else 0) if root else len(info["history"])
         info["cost"] = {"rounds": len(info["rounds"]),
                         "bytes_per_site": int(sum(e["bytes_per_site"] for e in info["rounds"])),
                         "seconds": float(sum(e.get("seconds", 0.0) for e in info["rounds"]))}
@@ -469,8 +483,12 @@ class ICDTA4FLServer:
         entry (its cost)."""
         eps = self.refine["epsilon"]
         n_values = plan.n_values + 1  # and the rows that stop at an internal node
-        task = {"tree": tree.to_dict(), "candidates": candidates.to_dict(), "plan": plan.to_dict(), "round": r,
+        # from the root a site counts on the splits alone (its check needs no more; the pooled counts stay here)
+        sent = grow.structure_only(tree) if self.refine["grow_from"] == "root" else tree
+        task = {"tree": sent.to_dict(), "candidates": candidates.to_dict(), "plan": plan.to_dict(), "round": r,
                 "epsilon": eps, "keys": [records[s] for s in contributors]}
+        entry = {"round": r, "sites": len(contributors), "n_values": n_values, "bytes_per_site": 8 * n_values}
+        result["refinement"]["rounds"].append(entry)  # every round asked, its cost too when it fails
         t = time.perf_counter()
         try:
             replies = yield from self._ask(result, REFINE_COUNTS, task, contributors,
@@ -478,6 +496,7 @@ class ICDTA4FLServer:
                                            required=len(contributors))
         except ProtocolFailed:
             missing = [s for s in contributors if s in result["dropped_sites"]]
+            entry["failed"] = True
             raise _RoundFailed(f"{', '.join(missing)} sent no valid masked counts; the masks cancel only in the sum "
                                f"over every listed site (no secret-sharing recovery, by design), so the sum is "
                                f"unreadable") from None
@@ -491,16 +510,16 @@ class ICDTA4FLServer:
         per_value = 0.0
         if eps is not None:  # every value of every site carries noise of at most `bound`
             per_value = float(len(contributors) * refine.noise_bound(eps, max(candidates.n_features, 1)))
+        entry.update(site_mask_s_max=max(replies[s]["mask_s"] for s in contributors))
         try:
             check_summed_rows(values, plan, candidates, declared_rows=declared, per_value_noise=per_value)
+            if eps is None and not histograms_agree(values[:-1], plan, candidates):
+                raise PayloadError("sum", "inconsistent (a site sent counts outside its declared range)")
         except PayloadError as exc:
+            entry["failed"] = True
             raise _RoundFailed(f"the summed counts are refused: {exc}") from None
-        if eps is None and not histograms_agree(values[:-1], plan, candidates):
-            raise _RoundFailed("the summed counts are inconsistent (a site sent counts outside its declared range)")
-        entry = {"round": r, "sites": len(contributors), "n_values": n_values, "bytes_per_site": 8 * n_values,
-                 "site_mask_s_max": max(replies[s]["mask_s"] for s in contributors),
-                 "counts_s": time.perf_counter() - t,
-                 "rows": float(feature_totals(values[:-1], plan, candidates)[0] + values[-1])}
+        entry.update(counts_s=time.perf_counter() - t,
+                     rows=float(feature_totals(values[:-1], plan, candidates)[0] + values[-1]))
         return values[:-1], entry
 
     def _refine_round(self, result, r, tree, candidates, budget, contributors, records, trained):
@@ -513,30 +532,35 @@ class ICDTA4FLServer:
                  for o in (refine.GROWN if objective == "auto" else (objective,))}
         return grown, entry
 
-    def _growth_round(self, result, r, last, tree, candidates, budget, contributors, records, trained):
+    def _growth_round(self, result, r, final, tree, candidates, budget, contributors, records, trained):
         """A round of growth from the root (``grow``): round 1 counts the root on the public lattice and fixes the
-        thresholds of the rounds after it; every round but the last splits the tree's leaves one level; the last is
-        ``refine_tree`` within the budget. Returns the tree and candidates the next round counts on, objective ->
-        (tree, stats) after the last round (None before), and the round's entry."""
-        max_grown = None if budget["max_leaves"] is None else grow.GROWN_LEAVES_FACTOR * budget["max_leaves"]
+        thresholds of the rounds after it; every round but the last (``final``) splits the tree's leaves one level;
+        the last is ``refine_tree`` within the budget. Returns the tree and candidates the next round counts on,
+        objective -> (tree, stats) after the last round (None before), and the round's entry."""
+        max_grown = grow.GROWN_LEAVES_FACTOR * budget["max_leaves"]
         if r == 1:
             plan = refine.RefinePlan((0,), (), tree.n_classes, int(candidates.offsets[-1]))
-        elif r < last:
-            plan = grow.plan_growth(tree, candidates, budget["max_depth"])
+        elif not final:
+            plan = grow.plan_growth(tree, candidates, budget["max_depth"], min_rows=2 * grow.GROW_MIN_CHILD_ROWS)
         else:
             plan = refine.plan_round(tree, candidates, budget["max_depth"], max_values=grow.GROWTH_ROUND_VALUES)
         values, entry = yield from self._count_round(result, r, tree, candidates, plan, contributors, records, trained)
-        if r == last:
+        if final:
             objective = self.refine["objective"]
             grown = {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False,
-                                           min_child_share=grow.GROW_MIN_CHILD_SHARE)
+                                           min_child=grow.GROW_MIN_CHILD_ROWS, min_child_share=0.0)
                      for o in (refine.GROWN if objective == "auto" else (objective,))}
             return tree, candidates, grown, entry
         next_candidates = candidates
         if r == 1:  # the growth rounds' thresholds: the pooled quantiles of the grid round's sum
             next_candidates = grow.quantile_candidates(candidates, values.reshape(-1, tree.n_classes))
+            # a column whose rows fill fewer than two lattice cells cannot be split (say, seconds since 1970)
+            flat = [self.names[j] for j, t in enumerate(next_candidates.thresholds)
+                    if t is not None and len(t) == 0 and len(candidates.thresholds[j]) >= 64]
+            if flat:
+                entry["columns_without_thresholds"] = flat
         grown_tree, stats = grow.grow_round(tree, candidates, plan, values, max_depth=budget["max_depth"],
-                                            min_child_share=grow.GROW_MIN_CHILD_SHARE, max_grown=max_grown)
+                                            max_grown=max_grown)
         entry.update(stats)
         return grown_tree, next_candidates, None, entry
 

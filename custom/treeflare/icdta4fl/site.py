@@ -126,10 +126,11 @@ class SiteProtocol:
     def _count_scoring(self, n_trees) -> None:
         """Scores are counts over this site's validation rows, so a server sending crafted trees could read the rows
         back region by region: a site scores only what the plan announced with the training task asks for (peer
-        scoring, the start check, one check per refinement round, the final tree), and after peer scoring at most
-        two trees a task (the 'auto' objective's pair)."""
+        scoring, the start check, one check per refinement round (growth from the root: one, of its last round), the
+        final tree), and after peer scoring at most two trees a task (the 'auto' objective's pair)."""
         self._require_test()
-        allowed = 2 + (1 + self._refine_rounds if self._refine_rounds else 0)
+        checks = 1 if self._grow_from == "root" else self._refine_rounds
+        allowed = 2 + (1 + checks if self._refine_rounds else 0)
         if self._scorings >= allowed:
             raise PayloadError("task", f"this run's plan asks for {allowed} scoring tasks; this site answered them all")
         if self._scorings and n_trees > 2:
@@ -203,7 +204,9 @@ class SiteProtocol:
             # a sum over another set of sites, differenced with the first, would give one site's counts
             raise PayloadError("keys", "differ from the participants of this run's first round")
         X, y, kinds = self._train_data
-        tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds)
+        # codes bounded by this site's own schema, not by what the payload declares
+        n_categories = feature_space(self._schema, self._algorithm)[2]
+        tree = Tree.from_dict(task["tree"], n_features=X.shape[1], feature_kinds=kinds, n_categories=n_categories)
         if self._grow_from == "root":
             candidates = refine.SplitCandidates.from_dict(task["candidates"], feature_kinds=kinds,
                                                           max_thresholds=len(grow.lattice()))
@@ -267,9 +270,13 @@ class SiteProtocol:
                 raise PayloadError("candidates", "the grid round counts on the public lattice only")
             return
         before, before_candidates = self._counted
-        if self._refine_max_leaves is not None and tree.n_leaves > grow.GROWN_LEAVES_FACTOR * self._refine_max_leaves:
+        most = grow.max_counted_leaves(self._refine_max_leaves)
+        if most is None:  # no budget announced: no bound on how finely the boxes could be cut
+            raise PayloadError("tree", "growth from the root needs a leaf budget announced with training")
+        if tree.n_leaves > most:
             raise PayloadError("tree", f"{tree.n_leaves} leaves, over {grow.GROWN_LEAVES_FACTOR} x the "
-                                       f"{self._refine_max_leaves} announced")
+                                       f"{min(self._refine_max_leaves, grow.MAX_LEAF_BUDGET)} announced (at most "
+                                       f"{grow.MAX_LEAF_BUDGET})")
         if not grow.extends(tree, before, before_candidates):
             # a tree cut anywhere else could be a probe around a handful of this site's rows
             raise PayloadError("tree", "is not the tree of the round before with leaves split once on its candidates")

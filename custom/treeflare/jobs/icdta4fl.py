@@ -218,6 +218,9 @@ def summary_rows(report: dict) -> tuple[str, list[list]]:
     refined = report.get("refinement")
     done = (refined or {}).get("rounds_done", 0)
     name = f"global (ICDTA4FL, refined {done} round{'s' * (done != 1)})" if refined else "global (ICDTA4FL)"
+    if refined and refined.get("grow_from") == "root":  # one tree built over the rounds, adopted or not
+        name = (f"global (ICDTA4FL, grown from the root in {done} rounds)" if done else
+                "global (ICDTA4FL, the start tree: the grown tree was not adopted)")
     g, one = report["global"], report.get("one_round")
     validation = report.get("validation")
     if g.get("accuracy") is None and validation:  # no global test set here: what the sites' own rows say
