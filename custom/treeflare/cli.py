@@ -335,9 +335,20 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     sites, min_clients = getattr(args, "sites", None), getattr(args, "min_clients", None)
     if sites is not None and min_clients is not None and min_clients > sites:
         raise DataError(f"--min-clients {min_clients} is more than --sites {sites}: the job could never go on")
-    if getattr(args, "refine_from", None) == "root" and getattr(args, "refine_rounds", None) == 1:
-        raise DataError("--refine-rounds 1 cannot grow from the root (round 1 is the grid round, the last prunes to "
-                        "the budget): give 2 or more, 0 for none, or --refine-from one_round")
+    if getattr(args, "refine_from", None) == "root" and getattr(args, "refine_rounds", None) != 0:
+        # what the server would refuse when the job starts, said before anything is written (icdta4fl/grow.py)
+        from .icdta4fl.grow import MAX_LEAF_BUDGET
+
+        if getattr(args, "refine_rounds", None) == 1:
+            raise DataError("--refine-rounds 1 cannot grow from the root (round 1 is the grid round, the last prunes "
+                            "to the budget): give 2 or more, 0 for none, or --refine-from one_round")
+        if (getattr(args, "max_leaves", None) or 0) > MAX_LEAF_BUDGET:
+            raise DataError(f"--max-leaves {args.max_leaves}: growth from the root takes at most {MAX_LEAF_BUDGET} "
+                            f"leaves (the sites bound every tree they count on by it); for a larger tree use "
+                            f"--refine-from one_round, or --refine-rounds 0 for the paper's method")
+        if getattr(args, "refine_epsilon", None) is not None:
+            raise DataError("--refine-epsilon: growth from the root takes no noise (it drowns the grid round's "
+                            "lattice cells); use it with --refine-from one_round")
     _check_overlap_args(args)
     return args
 

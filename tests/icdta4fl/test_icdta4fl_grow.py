@@ -425,7 +425,7 @@ def test_a_deviating_server_gets_no_counts_and_the_start_stays(round_no, change,
     assert all(refusal in r for r in result["dropped_sites"].values()) and result["global"]["accuracy"] > 0.5
 
 
-def test_the_command_refuses_one_round_of_growth_before_writing_anything(tmp_path):
+def test_the_command_refuses_what_growth_cannot_take_before_writing_anything(tmp_path):
     from treeflare.data import DataError
     from treeflare.jobs.icdta4fl import parse_args
 
@@ -434,4 +434,10 @@ def test_the_command_refuses_one_round_of_growth_before_writing_anything(tmp_pat
         parse_args(base + ["--refine-rounds", "1"])
     assert parse_args(base + ["--refine-rounds", "1", "--refine-from", "one_round"]).refine_rounds == 1
     assert parse_args(base).refine_rounds is None and parse_args(base).refine_from == "root"
+    with pytest.raises(DataError, match="growth from the root takes at most 256 leaves"):
+        parse_args(base + ["--max-leaves", "300"])
+    with pytest.raises(DataError, match="growth from the root takes no noise"):
+        parse_args(base + ["--refine-epsilon", "2"])
+    for fine in (["--max-leaves", "300", "--refine-rounds", "0"], ["--refine-epsilon", "2", "--refine-from", "one_round"]):
+        parse_args(base + fine)
     assert not (tmp_path / "ws").exists()

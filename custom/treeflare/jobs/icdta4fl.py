@@ -88,7 +88,7 @@ def build_parser() -> Parser:
                         f"one_round; 0 = the paper's one-round method only)")
     r.add_argument("--refine-epsilon", type=float, default=None, metavar="E",
                    help="differential privacy: each site adds discrete Laplace noise to its counts, epsilon E per "
-                        "round (default: no noise)")
+                        "round (default: no noise); with --refine-from one_round (growth from the root takes none)")
     r.add_argument("--refine-objective", choices=list(refine.OBJECTIVES), default=refine.DEFAULT_OBJECTIVE,
                    help="what the rounds minimise: misclassified training rows (accuracy, default: auto's macro-F1 "
                         "gain on imbalanced data costs accuracy, scripts/bench_icdta4fl_imbalanced.py), the same "
