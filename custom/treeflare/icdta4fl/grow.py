@@ -13,14 +13,17 @@ site (pairwise-masked, as every refinement round):
    the sum over all sites on a grid nobody chose is revealed.
 2. **Growth rounds** (``grow_round``): every leaf above the depth budget with rows of more than one class sends its
    histogram on those thresholds; the server splits each by its best Gini split (binary: a threshold, or one code
-   against the rest; a categorical column with two codes splits in two), the best first up to ``max_grown`` leaves.
+   against the rest; a categorical column with two codes splits in two), each side with at least
+   ``GROW_MIN_CHILD_ROWS`` pooled rows, the best first up to ``max_grown`` leaves; where no leaf can be split, the
+   next round is the last.
 3. **The last round** is ``refine.refine_tree``: one more level, then the knapsack keeps, within the leaf and depth
    budget, the subtree with the fewest training errors. A same-size best-first CART on those thresholds is one of
    the subtrees it chooses from (best-first order does not change which split a node gets), so on training rows the
    result is at least as good as that CART's whenever the grown tree holds it.
 
-Every tree a site counts on in rounds 2..R is the tree of the round before with some leaves split once, on the
-candidates (``extends``): a site checks that itself.
+Every tree a site counts on in rounds 2..R is the tree of the round before with some leaves split once as growth
+splits them, on the candidates (``extends``), and carries the splits only (``structure_only``): a site checks that
+itself, and its leaf count (``max_counted_leaves``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """ICDTA4FL's server, written once: a generator of tasks that the FLARE controller and the in-process driver both run.
 
 train -> every tree to every site -> peer scores -> filter -> aggregate (the paper's one-round tree)
--> [refinement: the one-round tree scored by the sites; the better of it and the best selected local tree
-    is grown on class counts summed over all sites, pairwise-masked so that the server learns only the sums,
-    and adopted only if the sites' validation rows score it at least as well, one site's word counting no more
-    than the others']
+-> [refinement: the one-round tree scored by the sites (the start: the better of it and the best selected local
+    tree); a tree grown from the root a level a round (the default, ``grow``), or the start grown further
+    (``refine_from="one_round"``), on class counts summed over all sites, pairwise-masked so that the server learns
+    only the sums, and adopted only if the sites' validation rows score it at least as well as the start, one site's
+    word counting no more than the others']
 -> global tree to every site -> global evaluation.
 
 ``ICDTA4FLServer.run`` yields an :class:`Ask` (a task for some sites; it is sent back a dict site -> the reply as
@@ -24,7 +25,7 @@ refined tree is adopted only if its pooled change of validation score is not neg
 clipped to the range of the others' (``refine.adopt_refined``).
 
 (Over 400 lines: one protocol's phases share the reply checks and the drop-a-site bookkeeping; the algorithms
-themselves live in ``pipeline``, ``refine`` and ``payloads``.)
+themselves live in ``pipeline``, ``refine``, ``grow`` and ``payloads``.)
 """
 
 from __future__ import annotations

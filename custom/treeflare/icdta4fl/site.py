@@ -7,7 +7,9 @@ whatever the server asks (a field in a task is the server's word, not a proof):
   scoring (scores are counts over the validation rows);
 - refinement counts: once per announced round, with the announced noise; for a tree this site has itself scored in
   this run (a local tree, the one-round tree or a refined tree), never an unseen probe; on the candidate splits it
-  computes itself from the trees it scored and the schema; masked with a key list it checks itself
+  computes itself from the trees it scored and the schema; growing from the root (``grow``), for a single leaf on
+  the public lattice in round 1, then only for the tree it counted on in the round before with leaves split once as
+  growth splits them, within 4 x the announced leaf budget, on lattice thresholds fixed after round 2; masked with a key list it checks itself
   (``crypto.secagg``: client-site certificates from its own ``rootCA.pem``, at least ``MIN_MASKING_SITES`` sites,
   among ``allowed_sites`` when the site knows the job's sites, its own key unchanged, the same list every round).
 """
