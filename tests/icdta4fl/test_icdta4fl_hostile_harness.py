@@ -437,7 +437,23 @@ def _masked_with(site: SiteProtocol) -> dict:
 def test_a_hostile_server_never_reads_less_than_a_sum_of_three_client_sites(car_with_kits, plan, grow_from):
     """Both refinements: the one-round tree's (2 rounds) and growth from the root (the job's default rounds), where
     a tree to count on must split on lattice points only (``grow``)."""
-    fed, sites_arrays, (identities, held) = car_with_kits["fed"], car_with_kits["sites"], car_with_kits["kits"]
+    _hostile_server_run(car_with_kits, plan, grow_from)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(plan=st.fixed_dictionaries({"keys": st.lists(st.sampled_from(KEY_OPS[:1] * 6 + KEY_OPS), min_size=1,
+                                                    max_size=1),
+                                   "task": st.sampled_from(TASK_OPS), "scores": st.just("honest"),
+                                   "train": st.just("honest")}))
+def test_a_hostile_server_gets_no_count_off_the_lattice_on_numeric_columns(numeric_with_kits, plan):
+    """Growth from the root on free numeric columns (higgs_subset), where the lattice checks bite: shifted candidates
+    and a moved split are refused, whatever else the server rewrites; car's code columns cannot show that."""
+    _hostile_server_run(numeric_with_kits, plan, "root")
+
+
+def _hostile_server_run(federation, plan, grow_from):
+    fed, sites_arrays, (identities, held) = federation["fed"], federation["sites"], federation["kits"]
     job = "job-hostile"
     sites = {n: SiteProtocol(n, ArrayLoader(s["X_train"], s["y_train"], s["X_test"], s["y_test"]), job_id=job,
                              identity=identities[n]) for n, s in zip(["site-1", "site-2", "site-3", "site-4"],
@@ -514,6 +530,14 @@ def test_a_hostile_server_never_reads_less_than_a_sum_of_three_client_sites(car_
 def car_with_kits(kits):
     fed = prepare_federation(load_dataset("car"), n_sites=4, kind="iid", seed=0)
     return _Run(fed=fed, sites=_sites(fed, "cart"), kits=kits, name="car-cart with kits")
+
+
+@pytest.fixture(scope="module")
+def numeric_with_kits(kits):
+    table = load_dataset("higgs_subset")
+    table = table.subset(np.arange(1600))  # 28 free numeric columns, 1,600 rows: a few seconds a search
+    fed = prepare_federation(table, n_sites=4, kind="iid", seed=0)
+    return _Run(fed=fed, sites=_sites(fed, "cart"), kits=kits, name="higgs_subset-cart with kits")
 
 
 def test_the_harness_finds_the_old_holes_when_the_checks_are_off(federation, monkeypatch):
