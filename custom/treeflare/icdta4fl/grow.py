@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
-from .refine import _PSEUDO, _categorical_used, _fill_counts, _Nodes, _split_options, _stop_mass, gini
+from .refine import _categorical_used, _fill_counts, _Nodes, _pseudo_counts, _split_options, _stop_mass, gini
 from .refine_counts import RefinePlan, SplitCandidates
 
 __all__ = ["lattice", "is_free_numeric", "grid_candidates", "quantile_candidates", "root_tree", "grow_round",
@@ -166,13 +166,7 @@ def grow_round(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summed
     the last round's knapsack, which prefers two leaves to one per code. Splits are made best first by the Gini
     decrease they bring (weighted by rows) while the tree holds at most ``max_grown`` leaves. Every new child's
     counts are exact (read off the histogram). Returns the grown tree (not collapsed) and stats."""
-    summed = np.clip(np.asarray(summed, dtype=np.float64), 0.0, None)
-    if summed.shape != (plan.n_values,):
-        raise ValueError(f"expected {plan.n_values} summed counts, got {summed.shape}")
-    C, cells = plan.n_classes, plan.n_cells
-    hist_size = len(plan.split_leaves) * cells * C
-    hists = summed[:hist_size].reshape(len(plan.split_leaves), cells, C)
-    leaf_counts = summed[hist_size:].reshape(len(plan.count_leaves), C)
+    hists, leaf_counts = plan.unpack(summed)
     stops = _stop_mass(tree)
     nodes = _Nodes(tree)
     first = slice(candidates.offsets[0], candidates.offsets[1])
@@ -213,12 +207,7 @@ def grow_round(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summed
         nodes.counts[leaf] = np.sum(groups, axis=0) + rest
         n_leaves += extra
         n_split += 1
-    for v in range(len(nodes.kind)):  # a child no row reaches predicts like its parent
-        if nodes.children[v] is not None:
-            parent = nodes.counts[v].sum()
-            for c in nodes.children[v]:
-                if nodes.counts[c].sum() <= 0 < parent:
-                    nodes.counts[c] = nodes.counts[v] / parent * _PSEUDO
+    _pseudo_counts(nodes)
     out = _renumber(nodes)
     return out, {"leaves_split": n_split, "n_leaves_before": int(tree.n_leaves), "n_leaves": int(out.n_leaves),
                  "depth": int(out.depth)}

@@ -277,7 +277,12 @@ def _fill_counts(nodes: _Nodes, keep_total: set, stops=None) -> None:
             if v in stops:
                 stop, old_kids = stops[v]
                 nodes.counts[v] = nodes.counts[v] + stop * (nodes.counts[v].sum() / old_kids if old_kids > 0 else 1.0)
-    for v in range(n):
+    _pseudo_counts(nodes)
+
+
+def _pseudo_counts(nodes: _Nodes) -> None:
+    """A child no training row reaches gets a pseudo-count of its parent's distribution (it predicts like it)."""
+    for v in range(len(nodes.kind)):
         if nodes.children[v] is None:
             continue
         parent_total = nodes.counts[v].sum()
@@ -305,13 +310,7 @@ def refine_tree(tree: Tree, candidates: SplitCandidates, plan: RefinePlan, summe
     """
     if objective not in GROWN:
         raise ValueError(f"refinement objective must be one of {GROWN}, got {objective!r}")
-    summed = np.clip(np.asarray(summed, dtype=np.float64), 0.0, None)
-    if summed.shape != (plan.n_values,):
-        raise ValueError(f"expected {plan.n_values} summed counts, got {summed.shape}")
-    C, cells = plan.n_classes, plan.n_cells
-    hist_size = len(plan.split_leaves) * cells * C
-    hists = summed[:hist_size].reshape(len(plan.split_leaves), cells, C)
-    leaf_counts = summed[hist_size:].reshape(len(plan.count_leaves), C)
+    hists, leaf_counts = plan.unpack(summed)
     if objective == "balanced":  # every leaf's rows once: its first feature's cells, or its plain counts
         weights = balanced_class_weights(hists[:, candidates.offsets[0]:candidates.offsets[1]].sum(axis=(0, 1))
                                          + leaf_counts.sum(axis=0))

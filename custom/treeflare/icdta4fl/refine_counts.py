@@ -167,6 +167,16 @@ class RefinePlan:
         return {"split_leaves": [int(v) for v in self.split_leaves],
                 "count_leaves": [int(v) for v in self.count_leaves]}
 
+    def unpack(self, summed) -> tuple[np.ndarray, np.ndarray]:
+        """A summed count vector as (histograms (split leaves, cells, classes), class counts (count leaves,
+        classes)); negative values (from noise) clipped to 0."""
+        summed = np.clip(np.asarray(summed, dtype=np.float64), 0.0, None)
+        if summed.shape != (self.n_values,):
+            raise ValueError(f"expected {self.n_values} summed counts, got {summed.shape}")
+        hist_size = len(self.split_leaves) * self.n_cells * self.n_classes
+        return (summed[:hist_size].reshape(len(self.split_leaves), self.n_cells, self.n_classes),
+                summed[hist_size:].reshape(len(self.count_leaves), self.n_classes))
+
     @classmethod
     def from_dict(cls, payload, *, tree: Tree, candidates: SplitCandidates) -> "RefinePlan":
         """The plan a server sent, checked against the tree it sent: every leaf exactly once."""

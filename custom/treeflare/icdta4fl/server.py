@@ -528,10 +528,14 @@ class ICDTA4FLServer:
         Returns objective -> (grown tree, its stats) and the round's entry."""
         plan = refine.plan_round(tree, candidates, budget["max_depth"])
         values, entry = yield from self._count_round(result, r, tree, candidates, plan, contributors, records, trained)
-        objective = self.refine["objective"]  # "auto": both trees from the one sum (no further release)
-        grown = {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False)
-                 for o in (refine.GROWN if objective == "auto" else (objective,))}
-        return grown, entry
+        return self._last_trees(tree, candidates, plan, values, budget), entry
+
+    def _last_trees(self, tree, candidates, plan, values, budget, **growth) -> dict:
+        """objective -> (the round's tree within the budget, its stats); "auto": both trees from the one sum (no
+        further release)."""
+        objective = self.refine["objective"]
+        return {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False, **growth)
+                for o in (refine.GROWN if objective == "auto" else (objective,))}
 
     def _growth_round(self, result, r, final, tree, candidates, budget, contributors, records, trained):
         """A round of growth from the root (``grow``): round 1 counts the root on the public lattice and fixes the
@@ -547,10 +551,8 @@ class ICDTA4FLServer:
             plan = refine.plan_round(tree, candidates, budget["max_depth"], max_values=grow.GROWTH_ROUND_VALUES)
         values, entry = yield from self._count_round(result, r, tree, candidates, plan, contributors, records, trained)
         if final:
-            objective = self.refine["objective"]
-            grown = {o: refine.refine_tree(tree, candidates, plan, values, **budget, objective=o, collapse=False,
-                                           min_child=grow.GROW_MIN_CHILD_ROWS, min_child_share=0.0)
-                     for o in (refine.GROWN if objective == "auto" else (objective,))}
+            grown = self._last_trees(tree, candidates, plan, values, budget, min_child=grow.GROW_MIN_CHILD_ROWS,
+                                     min_child_share=0.0)
             return tree, candidates, grown, entry
         next_candidates = candidates
         if r == 1:  # the growth rounds' thresholds: the pooled quantiles of the grid round's sum
