@@ -32,13 +32,13 @@ import numpy as np
 
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from .refine import _categorical_used, _fill_counts, _Nodes, _pseudo_counts, _split_options, _stop_mass, gini
-from .refine_counts import RefinePlan, SplitCandidates
+from .refine_counts import RefinePlan, SplitCandidates, is_code_column
 
 __all__ = ["lattice", "is_free_numeric", "grid_candidates", "quantile_candidates", "root_tree", "grow_round",
            "plan_growth", "extends", "LATTICE_PER_DECADE", "DEFAULT_GRID_THRESHOLDS", "MAX_GRID_THRESHOLDS",
            "GROWTH_ROUND_VALUES", "GROWN_LEAVES_FACTOR", "GROW_FROM", "DEFAULT_GROW_FROM", "DEFAULT_ROUNDS",
            "grow_depth", "GROW_MIN_CHILD_ROWS", "MAX_LEAF_BUDGET", "structure_only", "can_grow",
-           "max_counted_leaves"]
+           "max_counted_leaves", "on_lattice", "LATTICE_SIZE"]
 
 # where the refinement grows from: the root, on the sums alone; or the one-round tree (the paper's, then refined)
 GROW_FROM = ("root", "one_round")
@@ -83,9 +83,17 @@ def lattice() -> np.ndarray:
     return np.union1d(np.concatenate([-pos[::-1], [0.0], pos]), half)
 
 
+LATTICE_SIZE = len(lattice())
+
+
 def is_free_numeric(bound) -> bool:
     """A numeric column whose values the schema does not restrict to a few codes (``encoding.threshold_bounds``)."""
-    return bound is None or not (bound[0] == 0.0 and float(bound[1]).is_integer() and 1 <= bound[1] < 64)
+    return not is_code_column(bound)
+
+
+def on_lattice(thresholds) -> bool:
+    """Whether a column's grid-round thresholds are the lattice (a free numeric column), not codes or categories."""
+    return thresholds is not None and len(thresholds) == LATTICE_SIZE
 
 
 def grid_candidates(feature_kinds, n_categories, bounds) -> SplitCandidates:
@@ -118,7 +126,7 @@ def quantile_candidates(grid: SplitCandidates, root_hist: np.ndarray, k: int = D
     thresholds = []
     for j in range(grid.n_features):
         t = grid.thresholds[j]
-        if t is None or len(t) < 64:  # categorical, or a code column: as in the grid
+        if not on_lattice(t):  # categorical, or a code column: as in the grid
             thresholds.append(t)
             continue
         mass = root_hist[offsets[j]:offsets[j + 1] - 1].sum(axis=1)  # the lattice's cells, without missing

@@ -26,7 +26,7 @@ from ..trees.impurity import impurity
 from ..trees.tree import LEAF, NUMERIC, Tree
 from ..trees.validate import PayloadError, check_int, check_list, check_number
 
-__all__ = ["SplitCandidates", "candidates_from_trees", "RefinePlan", "plan_round", "count_vector", "add_noise",
+__all__ = ["SplitCandidates", "candidates_from_trees", "is_code_column", "RefinePlan", "plan_round", "count_vector", "add_noise",
            "noise_bound", "gini", "MAX_THRESHOLDS_PER_FEATURE", "MAX_REFINE_VALUES", "DEFAULT_ROUND_VALUES",
            "MAX_REFINE_ROUNDS"]
 
@@ -113,6 +113,12 @@ class SplitCandidates:
         return cls(tuple(out_t), tuple(out_k))
 
 
+def is_code_column(bound) -> bool:
+    """A numeric column whose schema range is a small set of codes (``bound`` (0, K-1) with K <= 64: ordinal codes,
+    one-hot 0/1 indicators; ``encoding.threshold_bounds``): split only between adjacent codes."""
+    return bound is not None and bound[0] == 0.0 and float(bound[1]).is_integer() and 1 <= bound[1] < 64
+
+
 def _spread(values: np.ndarray, k: int) -> np.ndarray:
     """At most k of the sorted values, evenly spaced in rank (always the outermost)."""
     if len(values) <= k:
@@ -142,7 +148,7 @@ def candidates_from_trees(trees, *, feature_kinds, n_categories, bounds,
             continue
         values = np.unique(np.concatenate(found[j])) if found[j] else np.empty(0)
         b = bounds[j] if bounds is not None else None
-        if b is not None and b[0] == 0.0 and float(b[1]).is_integer() and 1 <= b[1] < 64:
+        if is_code_column(b):
             values = np.arange(int(b[1])) + 0.5  # between adjacent codes: all a threshold can mean here
         thresholds.append(_spread(values[np.isfinite(values)], max_thresholds))
         codes.append(None)

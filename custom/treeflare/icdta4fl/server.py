@@ -559,7 +559,7 @@ class ICDTA4FLServer:
             next_candidates = grow.quantile_candidates(candidates, values.reshape(-1, tree.n_classes))
             # a column whose rows fill fewer than two lattice cells cannot be split (say, seconds since 1970)
             flat = [self.names[j] for j, t in enumerate(next_candidates.thresholds)
-                    if t is not None and len(t) == 0 and len(candidates.thresholds[j]) >= 64]
+                    if t is not None and len(t) == 0 and grow.on_lattice(candidates.thresholds[j])]
             if flat:
                 entry["columns_without_thresholds"] = flat
         grown_tree, stats = grow.grow_round(tree, candidates, plan, values, max_depth=budget["max_depth"],

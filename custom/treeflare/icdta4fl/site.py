@@ -282,14 +282,13 @@ class SiteProtocol:
         if not grow.extends(tree, before, before_candidates):
             # a tree cut anywhere else could be a probe around a handful of this site's rows
             raise PayloadError("tree", "is not the tree of the round before with leaves split once on its candidates")
-        lattice = grow.lattice()
         for j, (points, allowed) in enumerate(zip(candidates.thresholds, grid.thresholds)):
-            if allowed is None or len(allowed) < 64:
+            if not grow.on_lattice(allowed):  # a code or categorical column: the schema's cells
                 same = (points is None and allowed is None) or (points is not None and allowed is not None
                                                                 and np.array_equal(points, allowed))
                 if not same or candidates.n_codes[j] != grid.n_codes[j]:
                     raise PayloadError(f"candidates[{j}]", "a code column's cells are the schema's")
-            elif len(points) > grow.MAX_GRID_THRESHOLDS or not np.all(np.isin(points, lattice)):
+            elif len(points) > grow.MAX_GRID_THRESHOLDS or not np.all(np.isin(points, allowed)):  # lattice points
                 raise PayloadError(f"candidates.thresholds[{j}]", f"at most {grow.MAX_GRID_THRESHOLDS} lattice points")
         if before_candidates.to_dict() != grid.to_dict() and candidates.to_dict() != before_candidates.to_dict():
             raise PayloadError("candidates", "differ from the round before (they are fixed after the grid round)")
