@@ -218,8 +218,10 @@ class ICDTA4FLServer:
                 # outside the data, and the grown tree is never adopted, its 8 rounds of budget spent for nothing
                 raise ValueError("growth from the root does not take --refine-epsilon (the noise drowns the grid "
                                  "round's lattice cells): use --refine-from one_round with it")
-            grid = grow.grid_candidates(self.kinds, self.n_categories, threshold_bounds(self.schema, self.algorithm))
-            n_values = int(grid.offsets[-1]) * len(self.schema.classes)
+            # the grid round's cells, once: checked here, counted on in round 1
+            self.grid = grow.grid_candidates(self.kinds, self.n_categories, threshold_bounds(self.schema,
+                                                                                            self.algorithm))
+            n_values = int(self.grid.offsets[-1]) * len(self.schema.classes)
             if n_values > refine.MAX_REFINE_VALUES:  # the sites would refuse the grid round: say so before any task
                 raise ValueError(f"growth from the root: the grid round would ask every site for {n_values} counts "
                                  f"(the limit is {refine.MAX_REFINE_VALUES}: {len(self.names)} columns x "
@@ -391,14 +393,13 @@ class ICDTA4FLServer:
                               f"from the sum and its own")
             return model
         root = self.refine["grow_from"] == "root"
-        bounds = threshold_bounds(self.schema, self.algorithm)
         if root:  # the grid round's public lattice first; the growth rounds' thresholds come from its sum
-            candidates = grow.grid_candidates(self.kinds, self.n_categories, bounds)
+            candidates = self.grid
             tree = grow.root_tree(self.kinds, len(self.schema.classes), self.n_categories)
             depth = grow.grow_depth(self.refine["rounds"], self.aggregation.get("max_depth"))
         else:
             candidates = refine.candidates_from_trees(trees, feature_kinds=self.kinds, n_categories=self.n_categories,
-                                                      bounds=bounds)
+                                                      bounds=threshold_bounds(self.schema, self.algorithm))
             tree, depth = start, stats["max_depth"]
         budget = {"max_leaves": stats["max_leaves"], "max_depth": depth}
         info.update(grow_from=self.refine["grow_from"], max_leaves=budget["max_leaves"], max_depth=depth, rounds=[])

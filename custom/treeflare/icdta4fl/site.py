@@ -74,6 +74,7 @@ class SiteProtocol:
         self._refine_max_leaves = None  # the leaf budget announced with training, when a number
         self._grow_from = "one_round"
         self._counted = None  # (tree, candidates) this site counted on in its last round
+        self._grid = None  # growth from the root: the grid round's cells (grow.grid_candidates)
 
     def handle(self, task: str, data) -> dict:
         """The reply (a plain dict) to one task; raises ``PayloadError``/``DataError``/``SecAggError`` to refuse."""
@@ -263,8 +264,10 @@ class SiteProtocol:
         ``grow.grid_candidates``); every later round counts the tree this site counted on in the round before, with
         leaves split once on that round's candidates (``grow.extends``), on thresholds that are lattice points, the
         same every round after the first; and never more leaves than the growth allows for the announced budget."""
-        _, kinds, n_categories = feature_space(self._schema, self._algorithm)
-        grid = grow.grid_candidates(kinds, n_categories, threshold_bounds(self._schema, self._algorithm))
+        if self._grid is None:  # the public lattice's cells for this schema, the same every round
+            _, kinds, n_categories = feature_space(self._schema, self._algorithm)
+            self._grid = grow.grid_candidates(kinds, n_categories, threshold_bounds(self._schema, self._algorithm))
+        grid = self._grid
         if self._counted is None:
             if round_no != 1 or tree.n_nodes != 1:
                 raise PayloadError("tree", "growth from the root starts with a single leaf in round 1")
