@@ -75,10 +75,14 @@ def kill_token(token: str) -> int:
     return len(procs)
 
 
-def run_script(script: str, args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``python <script> <args>`` from the repo root; kill everything it started afterwards."""
+def run_script(script: str, args: list[str], tmp_path: Path, timeout: float = 300,
+               python_path: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python <script> <args>`` from the repo root; kill everything it started afterwards. ``python_path``:
+    a folder whose packages come first (another XGBoost, say)."""
     token = uuid.uuid4().hex
     env = isolated_env(tmp_path, token)
+    if python_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (python_path, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, str(REPO / script), *args]
     try:
         return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,

@@ -53,7 +53,7 @@ from treeflare.xgb import ENCRYPT_MESSAGE, XGBSetupError, check_federated_build,
 from treeflare.xgb.encoding import global_test
 from treeflare.xgb.eval_log import eval_metric_names, last_round_eval
 from treeflare.xgb.metrics import metric_diffs, score_booster
-from treeflare.xgb.model import save_with_schema
+from treeflare.xgb.model import save_document_with_schema, save_with_schema
 from treeflare.xgb.fedserver import DEFAULT_XGB_PORT, MAX_PORT, FederatedServerError, check_port
 from treeflare.xgb.params import DEFAULT_ETA, DEFAULT_MAX_DEPTH, DEFAULT_ROUNDS
 
@@ -71,6 +71,10 @@ def build_parser() -> Parser:
     add_schema_args(p)
     add_partition_args(p, sites=3)
     g = p.add_argument_group("XGBoost")
+    g.add_argument("--engine", choices=["xgboost", "treeflare"], default="xgboost",
+                   help="xgboost: XGBoost's federated communicator (needs its federated plugin, which XGBoost 3.4 "
+                        "removed); treeflare: our histogram boosting, where the server sees only the sum of the "
+                        "sites' histograms (pairwise masks), horizontal only, any XGBoost >= 2.0")
     g.add_argument("--mode", choices=["horizontal", "vertical"], default="horizontal",
                    help="horizontal: rows split among sites; vertical: columns split, site-1 holds the label")
     add_overlap_arg(g)  # --mode vertical only
@@ -122,6 +126,10 @@ def check_args(args) -> None:
     if args.encrypt:
         raise SystemExit(f"error: {ENCRYPT_MESSAGE}")
     shared_check_args(args)  # every numeric argument, as the other jobs check theirs (DataError: exit 2)
+    if args.engine == "treeflare":
+        check_engine_args(args)
+        shared_check_args(args)
+        return
     if args.mode == "vertical" and args.sites < 2:
         raise SystemExit("error: --mode vertical needs --sites >= 2 (site-1 holds the label, the others columns)")
     if args.psi_min_rows < 1:
@@ -150,7 +158,20 @@ def check_args(args) -> None:
     try:
         check_federated_build()
     except XGBSetupError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise SystemExit(f"error: --engine xgboost: {exc}; or train with --engine treeflare, which needs no "
+                         "plugin") from None
+
+
+def check_engine_args(args) -> None:
+    """--engine treeflare: horizontal only, at least 3 sites (a masked sum of two would show each its peer's)."""
+    from treeflare.xgb.engine.secure import MIN_SITES
+
+    if args.mode != "horizontal":
+        raise SystemExit("error: --engine treeflare trains horizontal federations only; vertical XGBoost needs "
+                         "--engine xgboost, or use `treeflare vertical` for encrypted vertical trees")
+    if args.sites < MIN_SITES:
+        raise SystemExit(f"error: --engine treeflare needs --sites >= {MIN_SITES}: the server learns only the sum "
+                         f"of the sites' histograms, and from a sum of two each site would read the other's")
 
 
 def parse_baselines(text: str) -> list[str]:
@@ -189,13 +210,28 @@ def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):
     from treeflare.flare.xgb.recipe import XGBHistogramRecipe
 
     vertical = args.mode == "vertical"
+    engine = None
+    if args.engine == "treeflare":
+        engine = {"params": engine_params(schema, args).to_dict(), "n_features": len(schema.feature_names),
+                  "feature_names": list(schema.feature_names), "task_timeout": args.task_timeout}
     return XGBHistogramRecipe(
         sites=sites, xgb_params=params, num_rounds=args.rounds, early_stopping_rounds=args.early_stopping_rounds,
         data_loader=lambda: data_loader(folder, schema, args, vertical), vertical=vertical,
         transport=args.transport, psi=psi_args(folder, schema, args) if vertical else None,
         direct={"port": args.xgb_port, "server_host": args.xgb_server_host, "train_timeout": args.xgb_train_timeout,
                 "heartbeat_timeout": args.xgb_heartbeat_timeout, "connect_timeout": args.xgb_connect_timeout},
-        messaging=args.messaging, name=JOB)
+        messaging=args.messaging, name=JOB, engine=engine)
+
+
+def engine_params(schema, args):
+    """--engine treeflare's parameters: XGBoost's defaults but for the command's rounds, depth, eta and early
+    stopping (binary:logistic for two classes, multi:softprob otherwise)."""
+    from treeflare.xgb.engine.params import BoostParams
+
+    k = len(schema.classes)
+    return BoostParams(objective="binary:logistic" if k == 2 else "multi:softprob", num_class=0 if k == 2 else k,
+                       rounds=args.rounds, max_depth=args.max_depth, eta=args.eta,
+                       early_stopping_rounds=args.early_stopping_rounds)
 
 
 def find_site_model(server_run_dir: Path, site: str = "site-1", name: str = "model.json") -> Path:
@@ -277,13 +313,21 @@ def run(args, table=None) -> dict:
         phases = [v for v in (psi.get("timings_s") or {}).values() if isinstance(v, (int, float))]
         timings["psi"] = sum(phases) if phases else None
     server = None
-    if args.transport == "direct":
+    if args.engine == "treeflare":
+        from treeflare.flare.xgb.engine_controller import MODEL_FILE as ENGINE_MODEL, RESULT_FILE as ENGINE_RESULT
+
+        server = read_server_result(server_run_dir, ENGINE_RESULT, workspace, JOB)
+        if server is None:
+            raise SystemExit(1)
+        model_src = Path(server_run_dir) / ENGINE_MODEL
+    elif args.transport == "direct":
         from treeflare.flare.xgb.controller import RESULT_FILE
 
         server = read_server_result(server_run_dir, RESULT_FILE, workspace, JOB)
         if server is None:  # the failed result is the report (status, error); the reason went to stderr
             raise SystemExit(1)
-    model_src = find_site_model(server_run_dir, sites[0])
+    if args.engine != "treeflare":
+        model_src = find_site_model(server_run_dir, sites[0])
     if server is not None:
         timings["flare_train"] = server["timings_s"].get("train")
         timings["flare_server_start"] = server["timings_s"].get("server_start")
@@ -291,8 +335,11 @@ def run(args, table=None) -> dict:
         timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
     model_path = workspace / "model.json"
     # the schema travels in the model (the direct transport's sites already put it there; NVFlare's recipes do not)
-    ranks = (server or {}).get("ranks") or job_ranks(sites)
-    save_with_schema(model_src, model_path, schema, args.mode, ranks)
+    ranks = (server or {}).get("ranks") or ({} if args.engine == "treeflare" else job_ranks(sites))
+    if args.engine == "treeflare":  # our document as written: XGBoost 2.0's layout, which every later one reads
+        save_document_with_schema(json.loads(Path(model_src).read_text()), model_path, schema, args.mode)
+    else:
+        save_with_schema(model_src, model_path, schema, args.mode, ranks)
     tb_src = Path(server_run_dir) / "tb_events"
     if tb_src.is_dir():
         shutil.copytree(tb_src, workspace / "tb_events", dirs_exist_ok=True)
@@ -319,8 +366,18 @@ def run(args, table=None) -> dict:
                                          "native column split has no intersection step")
     from treeflare.xgb import baselines as bl
 
+    if "native_distributed" in wanted and args.engine == "treeflare":
+        try:
+            check_federated_build()
+        except XGBSetupError:
+            wanted.remove("native_distributed")
+            skipped["native_distributed"] = "this XGBoost has no federated plugin"
     if "centralized" in wanted:
-        c = bl.centralized(fed_dir, params, args.rounds)
+        # the engine's reference: XGBoost's hist on the pooled rows, the same parameters and base score, category
+        # codes as numbers (as the engine splits them)
+        c = (bl.centralized(fed_dir, engine_params(schema, args).xgb_params(engine_base_score(model_path)),
+                            args.rounds, numeric=True)
+             if args.engine == "treeflare" else bl.centralized(fed_dir, params, args.rounds))
         baselines["centralized"] = c["metrics"]
         timings["centralized_train"] = c["train_s"]
         comparison["centralized"] = {"metric_diff": metric_diffs(global_metrics, c["metrics"]),
@@ -345,7 +402,7 @@ def run(args, table=None) -> dict:
                    **({"psi_min_rows": args.psi_min_rows} if vertical else {}),
                    **partition_params(args, split_here=fed_dir is not None), "n_classes": n_classes,
                    "classes": list(schema.classes),
-                   "xgb_params": params, "env": args.env, "transport": args.transport,
+                   "xgb_params": params, "env": args.env, "transport": args.transport, "engine": args.engine,
                    **({"xgb_port": args.xgb_port, "xgb_server_host": args.xgb_server_host or None}
                       if args.transport == "direct" else {"messaging": args.messaging})},
         "transport": _transport_report(args, server),
@@ -381,8 +438,19 @@ def partition_params(args, split_here: bool) -> dict:
     return {"partition": args.partition, **({"alpha": args.alpha} if args.partition != "iid" else {})}
 
 
+def engine_base_score(model_path) -> float:
+    """The base score the engine agreed (from the pooled labels), read back from its model."""
+    doc = json.loads(Path(model_path).read_text())
+    return float(str(doc["learner"]["learner_model_param"]["base_score"]).strip("[]"))
+
+
 def _transport_report(args, server: dict | None) -> dict:
     """How XGBoost's operations travelled, and what listened where (from the server's result for direct)."""
+    if args.engine == "treeflare":
+        return {"name": "flare tasks", "engine": "treeflare", "requests": server.get("requests"),
+                "values_summed": server.get("values_summed"), "rounds": server.get("rounds"),
+                "best_iteration": server.get("best_iteration"), "grad_bits": server.get("grad_bits"),
+                "validation_history": server.get("validation_history")}
     if server is None:
         return {"name": "flare", "messaging": args.messaging,
                 "listeners": "the sites need only NVFlare's FL port; the FL server also runs XGBoost's federated "
@@ -396,7 +464,8 @@ def _transport_report(args, server: dict | None) -> dict:
 def summary_table(report: dict) -> str:
     keys = metric_keys(report["params"]["n_classes"])
     g = report["global"] or {}  # none without a global test set (the sites hold the data)
-    rows = [[f"NVFlare {report['mode']} ({report['params']['transport']})", *[g.get(k) for k in keys]]]
+    how = "engine treeflare" if report["params"].get("engine") == "treeflare" else report["params"]["transport"]
+    rows = [[f"NVFlare {report['mode']} ({how})", *[g.get(k) for k in keys]]]
     for name, m in report["baselines"].items():
         if m:
             rows.append([name, *[m[k] for k in keys]])

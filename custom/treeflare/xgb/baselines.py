@@ -16,12 +16,17 @@ from .encoding import dmatrix, federation_schema, federation_sites, global_test,
 from .metrics import score_booster
 
 
-def centralized(root, params: dict, rounds: int) -> dict:
-    """Train on the union; return {"metrics", "train_s", "booster", "proba"}."""
+def centralized(root, params: dict, rounds: int, numeric: bool = False) -> dict:
+    """Train on the union; return {"metrics", "train_s", "booster", "proba"}. ``numeric``: category codes as
+    numbers (the treeflare engine's reference)."""
+    import dataclasses
+
     import xgboost as xgb
 
     train = union_train(root)
     test = global_test(root)
+    if numeric:
+        train, test = (dataclasses.replace(a, feature_types=["q"] * len(a.feature_types)) for a in (train, test))
     n_classes = len(federation_schema(root).classes)
     dtrain = dmatrix(train)
     t0 = time.perf_counter()

@@ -63,6 +63,18 @@ def save_with_schema(src, dst, schema: Schema, mode: str = "horizontal", ranks: 
     return write_text_atomic(dst, bytes(booster.save_raw("json")).decode())
 
 
+def save_document_with_schema(doc: dict, dst, schema: Schema, mode: str = "horizontal") -> Path:
+    """Write an XGBoost JSON document (the treeflare engine's, laid out for every XGBoost from 2.0) to ``dst`` with
+    the schema attached as :func:`attach_schema` does, without a round trip through the installed XGBoost (which
+    would rewrite it in its own version's layout)."""
+    from ..files import write_text_atomic
+
+    learner = doc["learner"]
+    learner["attributes"] = {**learner.get("attributes", {}),
+                             MODEL_ATTR: json.dumps(model_info(schema, mode), sort_keys=True)}
+    return write_text_atomic(dst, json.dumps(doc, allow_nan=False))
+
+
 def read_info(booster, where: str = "model") -> dict | None:
     """The stored info, checked; None when the model has no ``treeflare`` attribute."""
     text = booster.attr(MODEL_ATTR)

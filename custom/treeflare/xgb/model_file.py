@@ -10,8 +10,9 @@ difference between two parsers (a duplicate key, a number's spelling) can show X
 was checked.
 
 What is accepted is what the project's jobs write (XGBoost >= 2 JSON layout, ``gbtree``, single-target
-classifiers, no deleted nodes, no recorded DataFrame category encoding); anything else is refused with the field
-that is wrong, e.g. ``trees[0].left_children[0]: 0 is not a child of node 0 (expected -1 or 1..6)``.
+classifiers, and squared-error regression from the engine's writer ``engine/native_model.py``, no deleted nodes, no
+recorded DataFrame category encoding); anything else is refused with the field that is wrong, e.g.
+``trees[0].left_children[0]: 0 is not a child of node 0 (expected -1 or 1..6)``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import numpy as np
 
 from .ubjson import UBJSONError, decode_ubjson
 
-OBJECTIVES = ("binary:logistic", "multi:softprob")
+OBJECTIVES = ("binary:logistic", "multi:softprob")  # the classifiers XGBModel predicts with
+MODEL_OBJECTIVES = (*OBJECTIVES, "reg:squarederror")  # what a model file may hold
 # Refused before it is read: checking holds several times the file in Python objects. XGBoost's JSON takes ~65 bytes
 # a node, so this is 8 million nodes (1,000 rounds of 10 classes of 800-node trees; the jobs default to 50 rounds
 # of depth-6 trees: a few MB).
@@ -56,6 +58,9 @@ def load_checked_booster(path):
     path = Path(path)
     doc = read_model_document(path)
     check_model(doc, str(path))
+    if doc["learner"]["learner_model_param"]["base_score"].startswith("[") and _below_3_1(xgb.__version__):
+        raise ModelError(f"{path}: per-class base scores (XGBoost >= 3.1's models) would be read as 0.5 by XGBoost "
+                         f"{xgb.__version__}; predict with XGBoost >= 3.1")
     try:
         text = json.dumps(doc, allow_nan=False)
     except (ValueError, RecursionError) as exc:  # NaN or deep nesting in a field XGBoost does not read
@@ -66,6 +71,11 @@ def load_checked_booster(path):
     except xgb.core.XGBoostError as exc:
         raise ModelError(f"{path}: not an XGBoost model XGBoost can load ({_first_line(exc)})") from None
     return booster
+
+
+def _below_3_1(version: str) -> bool:
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in (version.split(".") + ["0"])[:2])
+    return (major, minor) < (3, 1)
 
 
 def _first_line(exc) -> str:
@@ -162,6 +172,13 @@ def _float_list(text: str, field: str) -> list[float]:
     return values
 
 
+def float32_text(value: float) -> str:
+    """A float32 as XGBoost writes it ("4E-1", "1.0800095E0"): 2.x read base_score with a float parser that keeps
+    its default 0.5, silently, for a mantissa of more than 9 digits (``repr`` of a double has up to 17)."""
+    mantissa, exp = np.format_float_scientific(np.float32(value), unique=True, trim="-", exp_digits=1).split("e")
+    return f"{mantissa}E{int(exp)}"
+
+
 def _ints(tree: dict, key: str, n: int, field: str) -> np.ndarray:
     values = _get(tree, key, list, field)
     if len(values) != n:
@@ -211,11 +228,12 @@ def _check_model(doc: dict) -> None:
         raise _Bad(f"{where}.num_target", "expected 1")
     objective = _get(learner, "objective", dict, "learner.objective")
     name = _get(objective, "name", str, "learner.objective.name")
-    if name not in OBJECTIVES:
-        raise _Bad("learner.objective.name", f"{name[:60]!r}; predictions are made for the job's classifiers "
-                                             f"({', '.join(OBJECTIVES)})")
+    if name not in MODEL_OBJECTIVES:
+        raise _Bad("learner.objective.name", f"{name[:60]!r}; the jobs' models are {', '.join(MODEL_OBJECTIVES)}")
     if name == "binary:logistic" and n_class not in (0, 1):
         raise _Bad(f"{where}.num_class", f"{n_class} classes for a binary:logistic objective")
+    if name == "reg:squarederror" and n_class != 0:
+        raise _Bad(f"{where}.num_class", f"{n_class} classes for a reg:squarederror objective (XGBoost writes 0)")
     if name == "multi:softprob":
         soft = _get(objective, "softmax_multiclass_param", dict, "learner.objective.softmax_multiclass_param")
         declared = _int_text(soft, "num_class", "learner.objective.softmax_multiclass_param.num_class", 2,
@@ -227,8 +245,9 @@ def _check_model(doc: dict) -> None:
     base = _float_list(text, f"{where}.base_score")
     if len(base) != groups and (len(base) != 1 or text.startswith("[")):
         raise _Bad(f"{where}.base_score", f"{len(base)} values for {groups} output(s)")
-    # XGBoost parses the text again: hand it the values as checked, in the spelling Python writes
-    param["base_score"] = f"[{','.join(map(repr, base))}]" if text.startswith("[") else repr(base[0])
+    # XGBoost parses the text again: hand it the values as checked, as float32 text; one number when all are equal,
+    # which 3.1+ give every class and 2.x/3.0 read (they take a list, 3.1+'s spelling, for their default 0.5)
+    param["base_score"] = float32_text(base[0]) if len(set(base)) == 1 else f"[{','.join(map(float32_text, base))}]"
     if name == "binary:logistic" and not all(0.0 < b < 1.0 for b in base):
         raise _Bad(f"{where}.base_score", "a binary:logistic base score is a probability, strictly between 0 and 1")
     types = _check_names(learner, n_features)

@@ -99,6 +99,14 @@ class TreeflareXGBDataLoader(XGBDataLoader, FLComponent):
                       len(tables[which]), which)
         return out
 
+    def arrays(self):
+        """(train, validation) as ``xgb.encoding.Arrays``: what ``--engine treeflare`` reads (no DMatrix)."""
+        try:
+            return self._load()
+        except DataError as exc:  # the full message stays in this site's log, the redacted form goes on
+            _log.error("%s: %s", self.client_id, exc)
+            raise DataError(exc.redacted(), problem=exc.problem, kind=exc.kind, **exc.location) from None
+
     def load_data(self):
         import xgboost as xgb
 

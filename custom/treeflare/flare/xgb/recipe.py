@@ -70,7 +70,7 @@ class XGBHistogramRecipe(TreeflareRecipe):
     def __init__(self, *, sites, xgb_params: dict, num_rounds: int, data_loader: Callable[[], object],
                  early_stopping_rounds: int = 0, vertical: bool = False, transport: str = "direct",
                  psi: dict | None = None, direct: dict | None = None, messaging: str = "direct",
-                 name: str = JOB_NAME):
+                 name: str = JOB_NAME, engine: dict | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if vertical and psi is None:
@@ -82,7 +82,11 @@ class XGBHistogramRecipe(TreeflareRecipe):
             from ..psi.job import add_psi
 
             add_psi(PerSiteApps(job, sites), sites, **psi)
-        if transport == "direct":
+        if engine is not None:  # --engine treeflare: our histogram boosting on masked sums, horizontal only
+            if vertical:
+                raise ValueError("the treeflare engine trains horizontal federations only")
+            self._engine(job, sites, data_loader, dict(engine))
+        elif transport == "direct":
             self._direct(job, sites, xgb_params, num_rounds, early_stopping_rounds, vertical, data_loader,
                          dict(direct or {}))
         else:
@@ -95,6 +99,17 @@ class XGBHistogramRecipe(TreeflareRecipe):
         job.to(ConvertToFedEvent(events_to_convert=["analytix_log_stats"], fed_event_prefix="fed."), site,
                id="event_to_fed")
         job.to(data_loader(), site, id=DATA_LOADER_ID)
+
+    def _engine(self, job, sites, data_loader, engine: dict) -> None:
+        """``engine``: the engine controller's arguments (params as ``BoostParams.to_dict()``, n_features,
+        feature_names, task_timeout)."""
+        from .engine_controller import ENGINE_TASK, XGBEngineController
+        from .engine_executor import XGBEngineExecutor
+
+        job.to_server(XGBEngineController(sites=sites, **engine), id="xgb_controller")
+        for site in sites:
+            job.to(XGBEngineExecutor(data_loader_id=DATA_LOADER_ID), site, id="xgb_executor", tasks=[ENGINE_TASK])
+            job.to(data_loader(), site, id=DATA_LOADER_ID)
 
     def _direct(self, job, sites, params, rounds, early_stopping, vertical, data_loader, direct) -> None:
         from .controller import XGBDirectController

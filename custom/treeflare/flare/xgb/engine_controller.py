@@ -1,0 +1,159 @@
+"""Server side of ``--engine treeflare``: the engine's server (``treeflare.xgb.engine.server``) driven over FLARE.
+
+The engine's setup request goes to every site as an ``xgb_engine`` task; every later one as an aux message of topic
+``treeflare.xgb_engine`` to all sites at once (NVFlare's cell messaging, mutual TLS where the kits have it; no poll
+interval between a level and the next). The replies
+are checked (a setup reply: its feature count and a well-formed key announcement; any other: one masked uint64
+vector, the same length at every site) and only their sum mod 2^64 reaches the engine. The key list the sites
+announced goes out with every later request; each site checks it itself. The server writes ``engine_result.json``
+(status, rounds, the pooled validation metric per round, requests, values summed, seconds) and ``model.json``
+(XGBoost's JSON, the schema added by the job script) in its run folder. A site that fails, times out or sends a
+malformed reply ends the job, naming the site and the request; a pooled sum that honest sites cannot give ends it too
+(the sum cannot say which site).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from nvflare.apis.controller_spec import Task
+from nvflare.apis.fl_constant import ReturnCode
+
+from ...crypto import secagg
+from ...files import write_json_atomic
+from ...xgb.engine.params import BoostParams
+from ...xgb.engine.server import EngineError, HistServer
+from ..progress import format_duration, say
+from ..workflow import JobFailed, ResultWorkflow, collect, replies_of
+
+ENGINE_TASK = "xgb_engine"
+# every request after the setup task goes as an aux message: pushed to the sites at once, where a task would wait for
+# each site's next poll (task_request_interval): one request per tree level makes that the cost of a round
+ENGINE_TOPIC = "treeflare.xgb_engine"
+RESULT_FILE = "engine_result.json"
+MODEL_FILE = "model.json"
+
+
+class XGBEngineController(ResultWorkflow):
+    JOB = "xgb_histogram"
+    RESULT_FILE = RESULT_FILE
+
+    def __init__(self, sites: list, params: dict, n_features: int, feature_names: list | None = None,
+                 task_timeout: int = 600):
+        super().__init__()
+        self.sites = list(sites)
+        self.params = dict(params)
+        self.n_features = int(n_features)
+        self.feature_names = list(feature_names) if feature_names else None
+        self.task_timeout = int(task_timeout)
+
+    def initial_result(self) -> dict:
+        return {**super().initial_result(), "engine": "treeflare", "sites": self.sites}
+
+    def run_workflow(self, result, run_dir, abort_signal, fl_ctx):
+        connected = {c.name for c in fl_ctx.get_engine().get_clients()}
+        missing = [s for s in self.sites if s not in connected]
+        if missing:
+            raise JobFailed(f"sites not connected: {missing}")
+        params = BoostParams.from_dict(self.params)
+        server = HistServer(params, self.n_features, self.feature_names)
+        gen = server.run()
+        req, seq, keys = next(gen), 0, None
+        t0 = time.perf_counter()
+        wait_s = 0.0
+        by_type: dict = {}  # request type -> [requests, seconds waiting for the sites' replies]
+        while True:
+            req = {**req, "seq": seq}
+            if req["type"] != "setup":
+                req["keys"] = keys
+            ts = time.perf_counter()
+            replies = self._ask(req, abort_signal, fl_ctx)
+            waited = time.perf_counter() - ts
+            wait_s += waited
+            by_type.setdefault(req["type"], [0, 0.0])
+            by_type[req["type"]][0] += 1
+            by_type[req["type"]][1] += waited
+            if req["type"] == "setup":
+                keys = [self._key(site, replies[site]) for site in self.sites]
+                answer = replies
+            else:
+                answer = self._sum(req, replies)
+                server.stats["values_summed"] += int(answer.size) * len(self.sites)
+            server.stats["requests"] += 1
+            if req["type"] == "round":
+                say(fl_ctx, f"round {req['round'] + 1}/{params.rounds}  elapsed {format_duration(time.perf_counter() - t0)}",
+                    done=req["round"] + 1, total=params.rounds)
+            seq += 1
+            try:
+                req = gen.send(answer)
+            except StopIteration as stop:
+                doc = stop.value
+                break
+            except EngineError as exc:
+                raise JobFailed(str(exc)) from None
+        (run_dir / MODEL_FILE).write_text(json.dumps(doc, allow_nan=False))
+        result.update(rounds=server.stats["rounds"], requests=server.stats["requests"],
+                      values_summed=server.stats["values_summed"], eval_metric=params.eval_metric,
+                      validation_history=server.history, best_iteration=server.best_iteration,
+                      n_train=server.n_train, n_valid=server.n_valid, grad_bits=server.grad_bits,
+                      bins=[max(len(c) - 1, 0) for c in server.cuts], model_file=MODEL_FILE)
+        result["timings_s"].update(train=time.perf_counter() - t0, waiting_for_sites=wait_s)
+        result["requests_by_type"] = {k: {"requests": n, "seconds": round(t, 3)} for k, (n, t) in by_type.items()}
+
+    def _ask(self, req: dict, abort_signal, fl_ctx) -> dict:
+        from nvflare.apis.shareable import Shareable
+
+        if abort_signal is not None and abort_signal.triggered:
+            raise JobFailed(f"aborted before request {req['seq']} ({req['type']})")
+        if req["type"] == "setup":
+            task = Task(name=ENGINE_TASK, data=Shareable({"request": req}), timeout=self.task_timeout)
+            collect(self, task, fl_ctx, self.sites, abort_signal)
+            if abort_signal is not None and abort_signal.triggered:
+                raise JobFailed(f"aborted during request {req['seq']} ({req['type']})")
+            replies, problems = replies_of(task, self.sites)
+        else:
+            answers = fl_ctx.get_engine().send_aux_request(targets=self.sites, topic=ENGINE_TOPIC,
+                                                           request=Shareable({"request": req}),
+                                                           timeout=float(self.task_timeout), fl_ctx=fl_ctx) or {}
+            replies, problems = {}, {}
+            for site in self.sites:
+                answer = answers.get(site)
+                if answer is None:
+                    problems[site] = f"no reply within {self.task_timeout} s"
+                elif answer.get_return_code() != ReturnCode.OK:
+                    problems[site] = f"{answer.get('error') or answer.get_return_code()}"[:2000]
+                else:
+                    replies[site] = answer.get("reply")
+        if problems:
+            site = sorted(problems)[0]
+            raise JobFailed(f"{site}: {req['type']} request {req['seq']} failed: {problems[site]}")
+        for site, reply in replies.items():
+            if not isinstance(reply, dict):
+                raise JobFailed(f"{site}: its reply to {req['type']} request {req['seq']} is not a dict")
+        return replies
+
+    def _key(self, site: str, reply: dict) -> dict:
+        if not isinstance(reply.get("n_features"), int) or reply["n_features"] != self.n_features:
+            raise JobFailed(f"{site}: setup reply without the job's feature count")
+        try:
+            secagg.check_key_record(reply.get("key"), site)
+        except secagg.SecAggError as exc:
+            raise JobFailed(f"{site}: {exc}") from None
+        return reply["key"]
+
+    def _sum(self, req: dict, replies: dict) -> np.ndarray:
+        size = None
+        vectors = []
+        for site in self.sites:
+            v, seq = replies[site].get("masked"), replies[site].get("seq")
+            if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.ndim != 1 or v.size > secagg.MAX_VALUES \
+                    or seq != req["seq"]:
+                raise JobFailed(f"{site}: its reply to {req['type']} request {req['seq']} is not one masked vector "
+                                "of this request")
+            if size is not None and v.size != size:
+                raise JobFailed(f"{site}: its masked vector holds {v.size} values, another site's {size}")
+            size = v.size
+            vectors.append(v)
+        return secagg.sum_masked(vectors)

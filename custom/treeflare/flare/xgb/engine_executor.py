@@ -1,0 +1,86 @@
+"""Site side of ``--engine treeflare``: the engine's site (``treeflare.xgb.engine.site``, masked by
+``engine.secure``) answering the server's ``xgb_engine`` tasks. The rows come from the job's data loader component
+(the site's own binding, as for ``--engine xgboost``); the site's identity (startup kit) and the job id come from its
+own context, never from a task. At the end the site keeps its copy of the model (``model.json`` in its run folder).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.shareable import Shareable, make_reply
+
+from ...data import DataError
+from ...data.errors import public_error
+from ...trees.validate import PayloadError
+from ...xgb.engine.secure import SecureSite
+from ...xgb.engine.site import HistSite
+from ..icdta4fl.executor import _job_id, site_identity
+from ..site_config import load_binding
+from ..site_executor import SiteExecutor
+from .engine_controller import ENGINE_TASK, ENGINE_TOPIC, MODEL_FILE
+
+PUBLIC_ERRORS = (PayloadError,)
+
+
+class XGBEngineExecutor(SiteExecutor):
+    PUBLIC_ERRORS = PUBLIC_ERRORS
+
+    def __init__(self, data_loader_id: str = "dataloader", data_root: str = "", binding: str = ""):
+        super().__init__()
+        self.data_loader_id = data_loader_id
+        self.data_root, self.binding = data_root, binding
+        self._site = None
+
+    def handlers(self) -> dict:
+        return {ENGINE_TASK: self._handle}
+
+    def handle_event(self, event_type: str, fl_ctx):
+        if event_type == EventType.START_RUN:  # the requests after setup come as aux messages
+            fl_ctx.get_engine().register_aux_message_handler(topic=ENGINE_TOPIC, message_handle_func=self._on_aux)
+
+    def _on_aux(self, topic: str, request: Shareable, fl_ctx) -> Shareable:
+        site = fl_ctx.get_identity_name()
+        try:
+            if self._site is None:
+                raise PayloadError("request", "asked before the setup task")
+            return self._handle(site, request, fl_ctx)
+        except Exception as exc:  # noqa: BLE001 -- a failure is a reply naming the request, never a crash
+            self.log_error(fl_ctx, f"{ENGINE_TOPIC} failed at {site}: {type(exc).__name__}: {exc}")
+            reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            reply["error"] = public_error(exc, passthrough=self.PUBLIC_ERRORS)
+            return reply
+
+    def _handle(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        req = task.get("request")
+        if self._site is None:
+            if not isinstance(req, dict) or req.get("type") != "setup":
+                raise PayloadError("request", "the first request of a run must be its setup")
+            self._site = self._make_site(site, fl_ctx)
+        out = self._site.handle(req)
+        if req.get("type") == "finish":
+            run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+            (run_dir / MODEL_FILE).write_text(json.dumps(self._site.site.model(), allow_nan=False))
+        reply = make_reply(ReturnCode.OK)
+        reply["reply"] = out
+        return reply
+
+    def _make_site(self, site: str, fl_ctx) -> SecureSite:
+        loader = fl_ctx.get_engine().get_component(self.data_loader_id)
+        if loader is None:
+            raise DataError(f"{site}: no data loader component {self.data_loader_id!r} in this job")
+        loader.initialize(client_id=site, rank=0)
+        train, valid = loader.arrays()
+        if train.y is None:
+            raise DataError(f"{site}: its training rows have no label column", site=site)
+        allowed = None
+        try:
+            binding = load_binding(site, fl_ctx, self.data_root, name=self.binding)
+            allowed = binding.refine_peers  # the operator's own list of the federation, never the server's word
+        except Exception:  # noqa: BLE001 - no binding of its own: any client site of the project
+            allowed = None
+        return SecureSite(HistSite(site, train.X, train.y, valid.X, valid.y), _job_id(fl_ctx),
+                          identity=site_identity(fl_ctx, site), allowed_sites=allowed)

@@ -1,0 +1,129 @@
+"""Global bin edges agreed on sums: each site counts its rows per cell of a public lattice, the server sees only the
+sum over the sites and picks each feature's cuts at the pooled quantiles (XGBoost's hist idea, with an exact pooled
+count instead of a sketch of each site's quantiles).
+
+The lattice: 0, +-10^(k/256) for magnitudes 1e-4 .. 1e12 (neighbours 0.9% apart), and every half-integer between
+-1000 and 1000, so an integer column keeps each of its values in a cell of its own: on integer data (pre-binned, or
+small counts and codes) every distinct value is a bin of its own whenever a feature has at most ``max_bin`` of them,
+as in XGBoost. What the sketch reveals: per feature, the pooled number of rows in each lattice cell.
+
+Cuts are lattice edges rounded to float32 (XGBoost compares float32 values with float32 split conditions), so a
+site's bin of a row is the side of every split the row takes at prediction time.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+PER_DECADE = 256
+DECADES = (-4, 12)
+HALF_INTEGERS = 1000
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+@functools.lru_cache(maxsize=1)
+def lattice() -> np.ndarray:
+    """The public cell edges, increasing, float32-exact (float64 array); cell i is [edge[i-1], edge[i])."""
+    k = np.arange(DECADES[0] * PER_DECADE, DECADES[1] * PER_DECADE + 1)
+    pos = (10.0 ** (k / PER_DECADE)).astype(np.float32).astype(np.float64)
+    half = np.arange(-HALF_INTEGERS, HALF_INTEGERS) + 0.5
+    edges = np.union1d(np.concatenate([-pos[::-1], [0.0], pos]), half)
+    edges.setflags(write=False)
+    return edges
+
+
+def n_cells() -> int:
+    return len(lattice()) + 1
+
+
+def cell_of(x) -> np.ndarray:
+    """Each value's lattice cell (0 .. n_cells-1), -1 for a missing one (NaN)."""
+    x = np.asarray(x, dtype=np.float32).astype(np.float64)
+    out = np.searchsorted(lattice(), x, side="right").astype(np.int64)
+    out[np.isnan(x)] = -1
+    return out
+
+
+def sketch_counts(X) -> np.ndarray:
+    """A site's rows per lattice cell, feature after feature (n_features * n_cells integers)."""
+    X = np.asarray(X)
+    m = n_cells()
+    out = np.zeros(X.shape[1] * m, dtype=np.int64)
+    for f in range(X.shape[1]):
+        cells = cell_of(X[:, f])
+        cells = cells[cells >= 0]
+        out[f * m:(f + 1) * m] = np.bincount(cells, minlength=m)
+    return out
+
+
+def _lower_edge(cell: int) -> float:
+    edges = lattice()
+    return -F32_MAX if cell == 0 else float(edges[cell - 1])
+
+
+def _upper_edge(cell: int) -> float:
+    edges = lattice()
+    return F32_MAX if cell >= len(edges) else float(edges[cell])
+
+
+def cuts_from_counts(counts, n_features: int, max_bin: int) -> list[list[float]]:
+    """Each feature's cut values from the pooled lattice counts: ``[c_0, .., c_m]`` for m bins, bin j holding the
+    values in [c_j, c_{j+1}). At most ``max_bin`` bins: one per occupied cell when they are that few, else cells
+    merged at the pooled quantiles. A feature with no value anywhere gets no bin (``[]``)."""
+    m = n_cells()
+    counts = np.asarray(counts, dtype=np.int64).reshape(n_features, m)
+    out = []
+    for f in range(n_features):
+        occupied = np.flatnonzero(counts[f] > 0)
+        if occupied.size == 0:
+            out.append([])
+            continue
+        if occupied.size > max_bin:  # bin boundaries where the pooled cumulative count passes k / max_bin
+            cum = np.cumsum(counts[f, occupied])
+            targets = cum[-1] * np.arange(1, max_bin) / max_bin
+            last = np.unique(np.searchsorted(cum, targets, side="left"))
+            starts = np.concatenate([[0], last[last < occupied.size - 1] + 1])
+        else:
+            starts = np.arange(occupied.size)
+        first_cells = occupied[starts]
+        cuts = [_lower_edge(int(occupied[0]))] + [_lower_edge(int(c)) for c in first_cells[1:]]
+        cuts.append(_upper_edge(int(occupied[-1])))
+        out.append(cuts)
+    return out
+
+
+def check_cuts(cuts, n_features: int, max_bin: int, error) -> list[np.ndarray]:
+    """A site's check of the server's cuts: per feature increasing lattice edges (or +-float32 max at the ends), at
+    most ``max_bin`` bins; returns them as float64 arrays."""
+    if not isinstance(cuts, list) or len(cuts) != n_features:
+        raise error("cuts", f"expected one list per feature ({n_features})")
+    edges = lattice()
+    allowed_ends = (-F32_MAX, F32_MAX)
+    out = []
+    for f, c in enumerate(cuts):
+        a = np.asarray(c, dtype=np.float64) if isinstance(c, (list, np.ndarray)) else None
+        if a is None or a.ndim != 1 or (a.size and a.size < 2) or a.size > max_bin + 1 or \
+                not np.all(np.isfinite(a)) or np.any(np.diff(a) <= 0):
+            raise error(f"cuts[{f}]", f"expected 2 to {max_bin + 1} increasing values, or none")
+        inner = [v for v in a if v not in allowed_ends]
+        if inner and not np.all(np.isin(inner, edges)):
+            raise error(f"cuts[{f}]", "holds a value that is not a lattice edge")
+        out.append(a)
+    return out
+
+
+def bin_matrix(X, cuts: list[np.ndarray]) -> np.ndarray:
+    """Each value's bin within its feature (int32), -1 for a missing value. A value outside the cuts (a row the sketch
+    did not count, e.g. a validation row) falls in the nearest end bin, as XGBoost's do."""
+    X = np.asarray(X, dtype=np.float32)
+    out = np.full(X.shape, -1, dtype=np.int32)
+    for f, c in enumerate(cuts):
+        x = X[:, f].astype(np.float64)
+        present = ~np.isnan(x)
+        if len(c) == 0:
+            continue
+        b = np.searchsorted(c[1:-1], x[present], side="right")
+        out[present, f] = b
+    return out

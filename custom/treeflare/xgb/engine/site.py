@@ -1,0 +1,269 @@
+"""One site's side of the engine: the sketch, then per boosting round its gradients (from the current model, by
+XGBoost itself) and per tree level its gradient/hessian histograms, as integers for the masked sum. Imports no
+NVFlare: the in-process driver and the FLARE executor both run it (``secure.SecureSite`` masks what it returns).
+
+A site answers what its own plan allows, whatever the server asks (a field of a request is the server's word):
+requests come in order (``seq``), each answered once; the plan (parameters, features) is fixed by the setup request;
+cuts must be lattice edges, at most ``max_bin`` bins a feature; a level splits only the nodes of the level before,
+each once, on a bin of the agreed cuts, and asks histograms only of the children it just made, at most one of each
+split, above ``max_depth``; trees arrive as a model this site checks (``model_file``) before XGBoost reads it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...data import DataError
+from ...trees.validate import PayloadError, check_int, check_number
+from . import bins, fixed_point, objectives
+from .native_model import model_bytes, model_document
+from .params import BoostParams
+
+__all__ = ["HistSite"]
+
+MAX_TREES_A_REQUEST = 10_000
+
+
+class HistSite:
+    """A site's rows (X float32 with NaN for missing; y class codes or targets) and its validation rows."""
+
+    def __init__(self, name: str, X, y, X_valid=None, y_valid=None):
+        self.name = str(name)
+        self.X = np.ascontiguousarray(X, dtype=np.float32)
+        self.y = np.asarray(y)
+        F = self.X.shape[1]
+        self.X_valid = np.empty((0, F), np.float32) if X_valid is None else np.asarray(X_valid, np.float32)
+        self.y_valid = np.empty(0) if y_valid is None else np.asarray(y_valid)
+        self.params: BoostParams | None = None
+        self._seq = -1
+        self._state = "new"
+        self.trees: list[dict] = []
+        self.tree_info: list[int] = []
+        self.iteration_indptr = [0]
+        self.round = -1
+
+    # -- the protocol ------------------------------------------------------------------------------
+    def handle(self, req) -> dict:
+        """The reply to one request: a plain dict; ``values`` (int64) for the requests whose answers are summed."""
+        if not isinstance(req, dict):
+            raise PayloadError("request", "expected a dict")
+        seq = check_int(req.get("seq"), "seq", lo=0)
+        if seq != self._seq + 1:
+            raise PayloadError("seq", f"request {seq} out of order: this site answered up to {self._seq}")
+        kind = req.get("type")
+        handler = {("new", "setup"): self._setup, ("setup", "sketch"): self._sketch,
+                   ("sketched", "round"): self._round, ("round", "round"): self._round,
+                   ("round", "level"): self._level, ("round", "finish"): self._finish}.get((self._state, kind))
+        if handler is None:
+            raise PayloadError("type", f"{str(kind)[:40]!r} is not a request this site answers now ({self._state})")
+        try:
+            reply = handler(req)
+        except KeyError as exc:
+            raise PayloadError(str(exc.args[0]) if exc.args else "request", "missing from the request") from None
+        self._seq = seq
+        return reply
+
+    def _setup(self, req) -> dict:
+        self.params = BoostParams.from_dict(req["params"])
+        n_features = check_int(req["n_features"], "n_features", lo=1)
+        if n_features != self.X.shape[1]:
+            raise PayloadError("n_features", f"{n_features} features asked; this site's rows have {self.X.shape[1]}")
+        self._check_labels()
+        self._state = "setup"
+        return {"n_features": n_features}
+
+    def _check_labels(self) -> None:
+        p = self.params
+        for what, y in (("training", self.y), ("validation", self.y_valid)):
+            y = np.asarray(y, dtype=np.float64)
+            if not np.all(np.isfinite(y)):
+                raise DataError(f"{self.name}: a {what} label is missing or not a number")
+            if p.objective != "reg:squarederror":
+                k = 2 if p.objective == "binary:logistic" else p.num_class
+                if np.any((y != np.round(y)) | (y < 0) | (y >= k)):
+                    raise DataError(f"{self.name}: a {what} label is not a class code 0..{k - 1}")
+        if len(self.y) != len(self.X) or len(self.y_valid) != len(self.X_valid):
+            raise DataError(f"{self.name}: rows and labels differ in number")
+
+    def _label_part(self, y) -> np.ndarray:
+        p = self.params
+        if p.objective == "binary:logistic":
+            return np.array([int(np.sum(y))], dtype=np.int64)
+        if p.objective == "multi:softprob":
+            return np.bincount(np.asarray(y, dtype=np.int64), minlength=p.num_class).astype(np.int64)
+        if np.max(np.abs(y), initial=0.0) * max(len(y), 1) > 2.0 ** (61 - fixed_point.LABEL_BITS):
+            raise DataError(f"{self.name}: labels too large for the label sum (at most 2^41 in all)")
+        cells = bins.cell_of(y)
+        return np.concatenate([[int(np.sum(fixed_point.encode(y, fixed_point.LABEL_BITS)))],
+                               np.bincount(cells, minlength=bins.n_cells())]).astype(np.int64)
+
+    def _sketch(self, req) -> dict:
+        self._state = "sketched"
+        values = np.concatenate([[len(self.y), len(self.y_valid)], self._label_part(self.y),
+                                 bins.sketch_counts(self.X)]).astype(np.int64)
+        return {"values": values}
+
+    # -- boosting rounds ---------------------------------------------------------------------------
+    def _start(self, req) -> None:
+        p = self.params
+        self.cuts = bins.check_cuts(req["cuts"], self.X.shape[1], p.max_bin, PayloadError)
+        self.ptr = np.concatenate([[0], np.cumsum([max(len(c) - 1, 0) for c in self.cuts])]).astype(np.int64)
+        self.binned = bins.bin_matrix(self.X, self.cuts)
+        self.base_score = check_number(req["base_score"], "base_score")
+        if p.objective == "binary:logistic" and not 0 < self.base_score < 1:
+            raise PayloadError("base_score", "must be in (0, 1) for binary:logistic")
+        self.grad_bits = check_int(req["grad_bits"], "grad_bits", lo=fixed_point.MIN_GRAD_BITS,
+                                   hi=fixed_point.MAX_GRAD_BITS)
+        self.eval_bits = check_int(req["eval_bits"], "eval_bits", lo=1, hi=fixed_point.EVAL_BITS)
+        self.g_bound = check_number(req["g_bound"], "g_bound", nonnegative=True)
+        self._dtrain = self._dvalid = None
+
+    def _round(self, req) -> dict:
+        p = self.params
+        r = check_int(req["round"], "round", lo=0, hi=p.rounds - 1)
+        if r != self.round + 1:
+            raise PayloadError("round", f"round {r} asked after round {self.round}")
+        if self._state == "sketched":
+            self._start(req)
+        self._add_trees(req["trees"], required=r > 0)
+        self.round = r
+        margins = self._margins(self.X)
+        g, h = objectives.gradients(p.objective, margins, self.y, p.groups)
+        if p.objective == "reg:squarederror" and np.any(np.abs(g) > self.g_bound):
+            raise DataError(f"{self.name}: a gradient is larger than the agreed bound {self.g_bound:g} (4 x the "
+                            "largest label + 1); labels far from the others' make the bound too small")
+        self.g_int = fixed_point.encode(g, self.grad_bits)
+        self.h_int = fixed_point.encode(h, self.grad_bits)
+        n = len(self.y)
+        self.pos = np.zeros((p.groups, n), dtype=np.int32)
+        self.n_nodes = [1] * p.groups
+        self.frontier = [{0} for _ in range(p.groups)]
+        self.depth = 0
+        self._state = "round"
+        eval_int = self._eval_int()
+        roots = [self._histograms(k, [0]) for k in range(p.groups)]
+        totals = [[n, int(self.g_int[:, k].sum()), int(self.h_int[:, k].sum())] for k in range(p.groups)]
+        return {"values": np.concatenate([[eval_int], np.ravel(totals), *roots]).astype(np.int64)}
+
+    def _eval_int(self) -> int:
+        p = self.params
+        if len(self.y_valid) == 0:
+            return 0
+        total = objectives.eval_sum(p.objective, self._margins(self.X_valid, valid=True), self.y_valid, p.groups)
+        return int(fixed_point.encode(total, self.eval_bits))
+
+    def _finish(self, req) -> dict:
+        self._add_trees(req["trees"], required=False)
+        self._state = "done"
+        return {"values": np.array([self._eval_int()], dtype=np.int64)}
+
+    def _add_trees(self, trees, required: bool) -> None:
+        """The trees of the round before, as the server built them (``required``: a round after the first; the last
+        request may have none left): appended to this site's model, which is checked as a model file before XGBoost
+        reads it."""
+        p = self.params
+        if not isinstance(trees, list) or len(trees) not in ((p.groups,) if required else (0, p.groups)):
+            raise PayloadError("trees", f"expected the {p.groups} tree(s) of the round before")
+        if not trees:
+            return
+        try:  # model_document runs the model-file validator (model_file.check_model) on what it writes
+            model_document(self.trees + list(trees), self.tree_info + list(range(p.groups)),
+                           n_features=self.X.shape[1], objective=p.objective, num_class=p.num_class,
+                           base_score=self.base_score)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise PayloadError("trees", str(exc)[:300]) from None
+        self.trees += list(trees)
+        self.tree_info += list(range(p.groups))
+        self.iteration_indptr.append(len(self.trees))
+        self._booster = None
+
+    def model(self) -> dict:
+        """This site's copy of the model (XGBoost's JSON document)."""
+        return model_document(self.trees, self.tree_info, n_features=self.X.shape[1],
+                              objective=self.params.objective, num_class=self.params.num_class,
+                              base_score=self.base_score)
+
+    def _margins(self, X, valid: bool = False) -> np.ndarray:
+        """The current model's margins for ``X`` (n x groups), by XGBoost from this site's model document."""
+        import xgboost as xgb
+
+        p = self.params
+        if not self.trees:
+            return np.full((len(X), p.groups), objectives.base_margin_of(p.objective, self.base_score), np.float32)
+        if getattr(self, "_booster", None) is None:
+            self._booster = xgb.Booster(model_file=bytearray(model_bytes(self.model())))
+        key = "_dvalid" if valid else "_dtrain"
+        if getattr(self, key, None) is None:
+            setattr(self, key, xgb.DMatrix(X, missing=np.nan, nthread=1))
+        out = self._booster.predict(getattr(self, key), output_margin=True)
+        return np.asarray(out, dtype=np.float32).reshape(len(X), p.groups)
+
+    # -- tree levels -------------------------------------------------------------------------------
+    def _level(self, req) -> dict:
+        p = self.params
+        if check_int(req["round"], "round") != self.round:
+            raise PayloadError("round", "is not this round")
+        depth = check_int(req["depth"], "depth", lo=1, hi=p.max_depth - 1)
+        if depth != self.depth + 1:
+            raise PayloadError("depth", f"level {depth} asked after level {self.depth}")
+        splits, builds = req["splits"], req["build"]
+        if not isinstance(splits, list) or not isinstance(builds, list) or not splits:
+            raise PayloadError("splits", "expected a list of splits and a list of nodes to build")
+        made = [set() for _ in range(p.groups)]
+        pairs = {}
+        frontier = [set() for _ in range(p.groups)]
+        for i, s in enumerate(splits):
+            if not isinstance(s, dict) or set(s) != {"group", "node", "feature", "bin", "default_left"}:
+                raise PayloadError(f"splits[{i}]", "expected group, node, feature, bin, default_left")
+            k = check_int(s["group"], f"splits[{i}].group", lo=0, hi=p.groups - 1)
+            node = check_int(s["node"], f"splits[{i}].node", lo=0)
+            if node not in self.frontier[k]:
+                raise PayloadError(f"splits[{i}].node", "is not a node of the level before, or was split already")
+            self.frontier[k].discard(node)
+            f = check_int(s["feature"], f"splits[{i}].feature", lo=0, hi=self.X.shape[1] - 1)
+            b = check_int(s["bin"], f"splits[{i}].bin", lo=-1, hi=int(self.ptr[f + 1] - self.ptr[f]) - 1)
+            if not isinstance(s["default_left"], bool):
+                raise PayloadError(f"splits[{i}].default_left", "expected true or false")
+            left, right = self.n_nodes[k], self.n_nodes[k] + 1  # XGBoost numbers children as it allocates them
+            self.n_nodes[k] += 2
+            rows = np.flatnonzero(self.pos[k] == node)
+            v = self.binned[rows, f]
+            go_left = np.where(v < 0, s["default_left"], v <= b)
+            self.pos[k, rows[go_left]] = left
+            self.pos[k, rows[~go_left]] = right
+            made[k].update((left, right))
+            frontier[k].update((left, right))
+            pairs[(k, left)] = pairs[(k, right)] = (k, node)
+        self.frontier = frontier
+        self.depth = depth
+        asked = set()
+        out = []
+        for i, b in enumerate(builds):
+            if not isinstance(b, dict) or set(b) != {"group", "node"}:
+                raise PayloadError(f"build[{i}]", "expected group and node")
+            k = check_int(b["group"], f"build[{i}].group", lo=0, hi=p.groups - 1)
+            node = check_int(b["node"], f"build[{i}].node", lo=0)
+            if node not in made[k] or pairs[(k, node)] in asked:
+                raise PayloadError(f"build[{i}]", "is not a child of this level's splits, or its sibling was asked")
+            asked.add(pairs[(k, node)])
+            out.append(self._histograms(k, [node]))
+        return {"values": np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)}
+
+    def _histograms(self, k: int, nodes: list) -> np.ndarray:
+        """Counts, gradient and hessian sums per bin (all features' bins, ``ptr`` apart) of the rows in ``nodes``
+        of tree ``k``, node after node: [C | G | H] each."""
+        B = int(self.ptr[-1])
+        slot = np.full(max(self.n_nodes[k], 1), -1, dtype=np.int64)
+        slot[nodes] = np.arange(len(nodes))
+        s = slot[self.pos[k]]
+        rows = np.flatnonzero(s >= 0)
+        v = self.binned[rows]
+        present = v >= 0
+        index = (s[rows][:, None] * B + self.ptr[:-1][None, :] + v)[present]
+        rep = np.broadcast_to(rows[:, None], v.shape)[present]
+        size = len(nodes) * B
+        c = np.bincount(index, minlength=size).astype(np.int64)
+        g = fixed_point.bincount_int(index, self.g_int[rep, k], size)
+        h = fixed_point.bincount_int(index, self.h_int[rep, k], size)
+        return np.concatenate([np.stack([c[j * B:(j + 1) * B], g[j * B:(j + 1) * B], h[j * B:(j + 1) * B]]).ravel()
+                               for j in range(len(nodes))])

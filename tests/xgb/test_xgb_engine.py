@@ -1,0 +1,298 @@
+"""The treeflare engine (``--engine treeflare``) in process: XGBoost's hist trees exactly, on masked sums only, with
+the sites' and the server's checks each tried by a hostile party. Pure: no NVFlare."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from treeflare.crypto import secagg
+from treeflare.data import DataError
+from treeflare.trees.validate import PayloadError
+from treeflare.xgb.engine import bins
+from treeflare.xgb.engine.driver import route, train
+from treeflare.xgb.engine.params import BoostParams
+from treeflare.xgb.engine.secure import SecureSite
+from treeflare.xgb.engine.server import EngineError, HistServer
+from treeflare.xgb.engine.site import HistSite
+
+xgb = pytest.importorskip("xgboost")
+
+OBJECTIVES = ("binary:logistic", "multi:softprob", "reg:squarederror")
+
+
+def prebinned(objective, n=1500, seed=0, missing=0.1):
+    """Integer features (XGBoost's cuts then equal ours), missing values, a label of each objective."""
+    rng = np.random.default_rng(seed)
+    X = rng.integers(0, 25, (n, 5)).astype(np.float32)
+    X[rng.random(X.shape) < missing] = np.nan
+    z = np.nan_to_num(X[:, 0]) + 0.5 * np.nan_to_num(X[:, 1]) - 0.3 * np.nan_to_num(X[:, 2]) + rng.normal(0, 3, n)
+    if objective == "binary:logistic":
+        y = (z > 12).astype(int)
+    elif objective == "multi:softprob":
+        y = np.digitize(z, [7, 12, 17])
+    else:
+        y = z.astype(np.float32)
+    return X, y
+
+
+def split(X, y, how, k=3):
+    if how == "iid":
+        return [(X[i::k], y[i::k]) for i in range(k)]
+    order = np.argsort(np.asarray(y, dtype=np.float64), kind="stable")  # label skew: sites hold label ranges
+    cuts = [0, len(y) // 5, len(y) // 2, len(y)]
+    return [(X[order[a:b]], np.asarray(y)[order[a:b]]) for a, b in zip(cuts, cuts[1:])]
+
+
+def booster(doc):
+    return xgb.Booster(model_file=bytearray(json.dumps(doc).encode()))
+
+
+def reference(parts, params, base_score, valid=None, **kw):
+    X = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    return xgb.train({**params.xgb_params(base_score), "nthread": 1}, xgb.DMatrix(X, label=y, missing=np.nan),
+                     params.rounds, **kw)
+
+
+def trees_of(doc):
+    return doc["learner"]["gradient_booster"]["model"]["trees"]
+
+
+EXTRA = {"binary:logistic": {"gamma": 0.5, "reg_alpha": 0.3, "min_child_weight": 3.0},
+         "multi:softprob": {"max_delta_step": 0.7, "reg_lambda": 2.0},
+         "reg:squarederror": {"gamma": 2.0, "min_child_weight": 20.0, "eta": 0.5}}
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("how", ["iid", "skew"])
+@pytest.mark.parametrize("extra", [False, True], ids=["defaults", "regularized"])
+def test_same_trees_as_xgboost_hist_on_pooled_rows(objective, how, extra):
+    X, y = prebinned(objective)
+    params = BoostParams(objective=objective, num_class=4 if objective == "multi:softprob" else 0, rounds=4,
+                         max_depth=4, **(EXTRA[objective] if extra else {}))
+    parts = split(X, y, how)
+    doc, server = train(parts, params)
+    ref = reference(parts, params, server.base_score)
+    ours, theirs = trees_of(doc), trees_of(json.loads(ref.save_raw("json")))
+    assert len(ours) == len(theirs) == 4 * params.groups
+    for a, b in zip(ours, theirs):
+        for key in ("left_children", "right_children", "split_indices", "default_left"):
+            assert a[key] == b[key], key
+        leaves = np.asarray(a["left_children"]) == -1
+        assert np.allclose(np.asarray(a["split_conditions"])[leaves], np.asarray(b["split_conditions"])[leaves],
+                           atol=1e-6)
+    d = xgb.DMatrix(X, missing=np.nan)
+    assert np.abs(booster(doc).predict(d) - ref.predict(d)).max() <= 1e-5
+
+
+def test_early_stopping_as_xgboost():
+    X, y = prebinned("binary:logistic", n=2400, seed=3)
+    Xv, yv = prebinned("binary:logistic", n=900, seed=4)
+    params = BoostParams(rounds=60, max_depth=6, eta=0.6, early_stopping_rounds=3)
+    parts = split(X, y, "iid")
+    valid = [(Xv[i::3], yv[i::3]) for i in range(3)]
+    doc, server = train(parts, params, valid=valid)
+    ref = reference(parts, params, server.base_score, evals=[(xgb.DMatrix(Xv, label=yv, missing=np.nan), "v")],
+                    early_stopping_rounds=3, verbose_eval=False)
+    assert 3 < server.stats["rounds"] < 60
+    assert server.best_iteration == ref.best_iteration
+    assert len(trees_of(doc)) == ref.num_boosted_rounds()
+    assert doc["learner"]["attributes"]["best_iteration"] == str(ref.best_iteration)
+
+
+def test_the_server_sees_sums_only_and_each_site_vector_is_masked():
+    X, y = prebinned("binary:logistic", n=900)
+    record = []
+    train(split(X, y, "iid"), BoostParams(rounds=2, max_depth=3), record=record)
+    summed = [(req, replies, answer) for req, replies, answer in record if req["type"] != "setup"]
+    assert {r["type"] for r, _, _ in summed} == {"sketch", "round", "level", "finish"}
+    for req, replies, answer in summed:
+        masked = [replies[s]["masked"] for s in sorted(replies)]
+        assert np.array_equal(secagg.sum_masked(masked), answer)
+        for v in masked:  # a site's vector alone is not its counts: its values fill the whole 64-bit range
+            assert v.dtype == np.uint64 and (v.size < 8 or v.max() > 2 ** 62)
+        pair = secagg.sum_masked(masked[:2])  # and no two sites' vectors sum to anything readable either
+        assert pair.size < 8 or np.abs(pair).max() > 2 ** 60
+    setup = next(replies for req, replies, _ in record if req["type"] == "setup")
+    assert all(set(r) == {"n_features", "key"} for r in setup.values())
+
+
+def sites_for(parts, job="j"):
+    return {f"site-{i + 1}": SecureSite(HistSite(f"site-{i + 1}", X, y), job) for i, (X, y) in enumerate(parts)}
+
+
+def first_requests(params=None, n=600):
+    """An honest run's requests (with seq and keys), to replay at a fresh site-1 (its same key) with a field
+    changed."""
+    X, y = prebinned("binary:logistic", n=n)
+    record = []
+    sites = sites_for(split(X, y, "iid"))
+    route(HistServer(params or BoostParams(rounds=2, max_depth=3), 5), sites, record)
+    return [req for req, _, _ in record], (split(X, y, "iid")[0], sites["site-1"].keys)
+
+
+def replay(requests, upto, site_of, change=None):
+    part, keys = site_of
+    site = SecureSite(HistSite("site-1", *part), "j")
+    site.keys = keys
+    out = None
+    for i, req in enumerate(requests[:upto + 1]):
+        req = {**json.loads(json.dumps({k: v for k, v in req.items() if k != "keys"}, default=_plain)),
+               **({"keys": [dict(k) for k in req["keys"]]} if "keys" in req else {})}
+        if i == upto and change:
+            change(req)
+        out = site.handle(req)
+    return out
+
+
+def _plain(v):
+    return v.tolist() if isinstance(v, np.ndarray) else v.item()
+
+
+def _index(requests, kind):
+    return next(i for i, r in enumerate(requests) if r["type"] == kind)
+
+
+def test_an_honest_replay_is_answered():
+    requests, part = first_requests()
+    assert "masked" in replay(requests, _index(requests, "level"), part)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda r: r.update(seq=r["seq"] + 1), "seq"),
+    (lambda r: r["cuts"][0].insert(1, r["cuts"][0][1] + 0.001), "cuts[0]"),
+    (lambda r: r.update(cuts=[[0.0, 1.0]] * 4), "cuts"),
+    (lambda r: r.update(grad_bits=60), "grad_bits"),
+])
+def test_a_site_refuses_a_first_round_the_plan_does_not_allow(change, field):
+    requests, part = first_requests()
+    with pytest.raises(PayloadError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        replay(requests, _index(requests, "round"), part, change)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda r: r["splits"][0].update(node=5), "splits"),  # not a node of the level before
+    (lambda r: r["splits"].append(dict(r["splits"][0])), "splits"),  # the same node split twice
+    (lambda r: r["splits"][0].update(bin=10_000), "splits"),
+    (lambda r: r["build"].append({"group": 0, "node": r["build"][0]["node"] ^ 3}), "build"),  # both children
+    (lambda r: r.update(depth=5), "depth"),
+    (lambda r: r["keys"].pop(), "keys"),  # a sum of two: each would read the other's
+])
+def test_a_site_refuses_a_level_the_plan_does_not_allow(change, field):
+    requests, part = first_requests()
+    with pytest.raises((PayloadError, secagg.SecAggError), match=field):
+        replay(requests, _index(requests, "level"), part, change)
+
+
+def test_a_site_refuses_trees_that_are_no_model():
+    requests, part = first_requests()
+    i = next(i for i, r in enumerate(requests) if r["type"] == "round" and r["trees"])
+
+    def broken(r):
+        r["trees"][0]["left_children"][0] = 99
+
+    with pytest.raises(PayloadError, match="trees"):
+        replay(requests, i, part, broken)
+
+
+class Inflating(HistSite):
+    """A hostile site that controls every value it sends: ``how`` rewrites each vector before masking."""
+
+    def __init__(self, *a, how, **kw):
+        super().__init__(*a, **kw)
+        self.how = how
+
+    def handle(self, req):
+        out = super().handle(req)
+        if "values" in out:
+            out["values"] = self.how(req, out["values"].copy())
+        return out
+
+
+def hostile_run(how, objective="binary:logistic"):
+    X, y = prebinned(objective, n=900)
+    parts = split(X, y, "iid")
+    sites = sites_for(parts)
+    sites["site-2"] = SecureSite(Inflating("site-2", *parts[1], how=how), "j")
+    params = BoostParams(objective=objective, num_class=4 if objective == "multi:softprob" else 0, rounds=3,
+                         max_depth=3)
+    return route(HistServer(params, 5), sites), parts
+
+
+def _gradient_bin(req, v):
+    if req["type"] in ("round", "level") and v.size > 10:
+        v[-1] += 2 ** 45  # one bin's hessian: far beyond what its rows can give
+    return v
+
+
+def _counts_only(req, v):
+    if req["type"] == "level":
+        v[0] += 50  # more rows in a bin than the node holds
+    return v
+
+
+def _gradients_scaled(req, v):
+    if req["type"] in ("round", "level") and v.size > 10:
+        v = v * 3  # counts, gradients and hessians together: rows it does not have
+    return v
+
+
+@pytest.mark.parametrize("how", [_gradient_bin, _counts_only, _gradients_scaled])
+def test_a_site_sending_what_its_rows_cannot_give_ends_the_job(how):
+    with pytest.raises(EngineError, match="a site sent"):
+        hostile_run(how)
+
+
+def _duplicated(req, v):
+    """Every field doubled consistently from the sketch on: as if the site held each of its rows twice."""
+    if req["type"] == "sketch":
+        v = v * 2
+    elif req["type"] in ("round", "level"):
+        v = v * 2
+        if req["type"] == "round":
+            v[0] //= 2  # (its eval sum stays; no validation rows here)
+    return v
+
+
+def test_what_a_hostile_site_can_still_do_is_weigh_its_rows_as_copies():
+    """The bound the server's checks hold: a site that declares each of its rows twice, in every field at once, is
+    not detected, and its model is exactly the one trained with that site's rows duplicated (per-row gradients
+    stay within the objective's bounds: it weighs its rows, it cannot send others)."""
+    doc, parts = hostile_run(_duplicated)
+    X2, y2 = parts[1]
+    twice = [parts[0], (np.concatenate([X2, X2]), np.concatenate([y2, y2])), parts[2]]
+    honest, _ = train(twice, BoostParams(rounds=3, max_depth=3))
+    d = xgb.DMatrix(np.concatenate([p[0] for p in parts]), missing=np.nan)
+    assert np.abs(booster(doc).predict(d) - booster(honest).predict(d)).max() < 1e-6
+
+
+def test_a_regression_site_whose_gradients_pass_the_agreed_bound_says_so():
+    X, y = prebinned("reg:squarederror", n=900)
+    parts = split(X, y, "iid")
+    sites = sites_for(parts)
+    site = sites["site-3"].site
+    site._start_original = site._start
+
+    def outlier_after_start(req):  # labels that moved after the sketch: the bound no longer holds
+        site._start_original(req)
+        site.y = site.y * 1000
+    site._start = outlier_after_start
+    with pytest.raises(DataError, match="agreed bound"):
+        route(HistServer(BoostParams(objective="reg:squarederror", rounds=2, max_depth=2), 5), sites)
+
+
+def test_lattice_keeps_small_integers_apart_and_cuts_are_lattice_edges():
+    edges = bins.lattice()
+    assert np.all(np.diff(edges) > 0) and np.all(edges == edges.astype(np.float32))
+    cells = bins.cell_of(np.arange(-999, 1000, dtype=np.float32))
+    assert len(np.unique(cells)) == 1999
+    counts = bins.sketch_counts(np.array([[0.0], [1.0], [1.0], [7.0], [np.nan]], dtype=np.float32))
+    cuts = bins.cuts_from_counts(counts, 1, 256)[0]
+    assert len(cuts) == 4 and cuts[0] <= 0 < cuts[1] <= 1 < cuts[2] <= 7 < cuts[3]
+    b = bins.bin_matrix(np.array([[0.0], [1.0], [7.0], [np.nan]], dtype=np.float32), [np.asarray(cuts)])
+    assert b.ravel().tolist() == [0, 1, 2, -1]
+    many = bins.sketch_counts(np.random.default_rng(0).normal(size=(5000, 1)).astype(np.float32))
+    assert len(bins.cuts_from_counts(many, 1, 64)[0]) - 1 <= 64
