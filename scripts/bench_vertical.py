@@ -19,11 +19,20 @@ Sections (``--sections``, default all):
             per party, identity with the plaintext oracle, the peers' published figures beside ours
   memory    the FATE shape at 100k / 300k / 1M rows: peak memory per party against a budget per million rows
             (exits non-zero past it); not a timed test
+  kernels   the FATE shape at ``--kernel-rows`` rows (default 20,000), Paillier, on each arithmetic: the AVX-512
+            IFMA C kernel, the portable C kernel (what a CPU without IFMA runs) and Python only
+            (TREEFLARE_NATIVE=ifma / portable / 0), ``--kernel-trees`` trees per run, median per tree over every tree;
+            target: portable <= 0.4 x Python
   docs      rewrite the peers/memory page and blocks from their stored results (no run)
 
-peers and memory are not in the default sections (about an hour on 2 shared cores):
+peers, memory and kernels are not in the default sections (about an hour on 2 shared cores; kernels about 15
+minutes at 20,000 rows):
 
     flock /tmp/treeflare-bench.lock python scripts/bench_vertical.py --sections peers,memory
+    flock /tmp/treeflare-bench.lock python scripts/bench_vertical.py --sections kernels --code-ref worktree
+
+Every row of peers, memory and kernels records the CPU model (and whether it has AVX-512 IFMA) and the kernel
+the run reported (``native_kernel``): the C kernel makes a several-fold difference.
 
 Every arm runs in its own process (scripts/vertical_bench_runner.py) with ``--workers`` worker processes per
 party; wall and CPU seconds (the process and its workers) are recorded per run with the load average.
@@ -42,6 +51,7 @@ import csv
 import importlib.util
 import json
 import os
+import platform
 import resource
 import secrets
 import shutil
@@ -59,7 +69,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 # the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
-BENCH_BLOCKS = {"vertical": "docs/vertical.md", "vertical_peers": "docs/vertical.md", "vertical_summary": "README.md"}
+BENCH_BLOCKS = {"vertical": "docs/vertical.md", "vertical_peers": "docs/vertical.md", "vertical_summary": "README.md",
+                "vertical_kernels": "README.md"}
 
 from treeflare.crypto import PaillierKeyHolder, SlotLayout  # noqa: E402
 from bench_common import bench_settings, write_bench_block# noqa: E402
@@ -424,7 +435,34 @@ PEER_ARMS = [
      dict(scheme="ou", workers=2, precision=32)),
     ("dask1", "Paillier, Dask local cluster of 1 worker process per party", dict(workers="dask-local:1")),
     ("dask2", "Paillier, Dask local cluster of 2 worker processes per party", dict(workers="dask-local:2")),
+    # the same as "paillier" on another arithmetic (not in the default --arms: the kernels section compares them)
+    ("paillier_portable", "Paillier, portable C kernel (TREEFLARE_NATIVE=portable), 2 local worker processes per "
+     "party", dict(workers=2)),
+    ("paillier_python", "Paillier, Python arithmetic only (TREEFLARE_NATIVE=0), 2 local worker processes per party",
+     dict(workers=2)),
 ]
+DEFAULT_PEER_ARMS = "paillier,ou,ou32,dask1,dask2"
+# the arithmetic of an arm: its TREEFLARE_NATIVE, and how the status it reports must start (else the measured code
+# cannot run that arithmetic, and the row says so)
+ARM_NATIVE = {"paillier_portable": ("portable", "on (portable"), "paillier_python": ("0", "off"),
+              "ifma": ("ifma", "on (AVX-512 IFMA)"), "portable": ("portable", "on (portable"), "python": ("0", "off")}
+KERNEL_ARMS = [("ifma", "Paillier, AVX-512 IFMA C kernel (TREEFLARE_NATIVE=ifma)"),
+               ("portable", "Paillier, portable 64-bit C kernel (TREEFLARE_NATIVE=portable: what a CPU without "
+                            "AVX-512 IFMA runs)"),
+               ("python", "Paillier, Python arithmetic only (TREEFLARE_NATIVE=0)")]
+KERNEL_TARGET = 0.4          # portable kernel's s per tree / Python's, at most (issue 38)
+
+
+def cpu_model() -> str:
+    """The CPU's model name, its architecture and whether it has AVX-512 IFMA (recorded in every row)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("model name", "Model"))), "")
+    flags = next((ln for ln in lines if ln.startswith(("flags", "Features"))), "")
+    return (f"{name or platform.processor() or 'unknown CPU'} ({platform.machine()}, "
+            f"{'with' if ' avx512ifma' in flags else 'without'} AVX-512 IFMA)")
 # memory budget per party: a fixed part (interpreter, libraries, idle workers) + a part per million rows,
 # set from issue 25's target of 8 GB per party at 1,000,000 rows of the FATE shape
 MEMORY_BUDGET_FIXED_GB = 0.5
@@ -529,17 +567,22 @@ def arm_available(params: VerticalParams) -> str | None:
 
 
 def split_run(data_path: Path, params: VerticalParams, tmp: Path, code: Path | None = None,
-              limit_mb: float | None = None) -> dict:
+              limit_mb: float | None = None, arm: str | None = None) -> dict:
     """One arm with every party in its own process (memory per party), on the package at ``code`` (an extracted
-    commit; None: the working tree); a party past ``limit_mb`` is stopped (the machine is shared); a failure is
-    returned, not raised."""
-    env = {"TREEFLARE_BENCH_MEMORY_LIMIT_MB": str(limit_mb)} if limit_mb else None
+    commit; None: the working tree), on the arithmetic ``arm`` names (:data:`ARM_NATIVE`); a party past
+    ``limit_mb`` is stopped (the machine is shared); a failure is returned, not raised."""
+    env = {"TREEFLARE_BENCH_MEMORY_LIMIT_MB": str(limit_mb)} if limit_mb else {}
+    if arm in ARM_NATIVE:
+        env["TREEFLARE_NATIVE"] = ARM_NATIVE[arm][0]
     try:
         res = run_arm(data_path, params, tmp, pythonpath=code, env_extra=env, split=True)
     except RuntimeError as e:
         lines = str(e).strip().splitlines()
         why = next((ln for ln in lines if ln.startswith("memory limit:")), lines[-1])
         return {"failed": why[:300], "loadavg_1m_before": os.getloadavg()[0]}
+    if arm in ARM_NATIVE and not str(res.get("native_kernel")).startswith(ARM_NATIVE[arm][1]):
+        return {"failed": f"asked TREEFLARE_NATIVE={ARM_NATIVE[arm][0]}, the run reported {res.get('native_kernel')}",
+                "loadavg_1m_before": res["loadavg_1m_before"]}
     return res
 
 
@@ -634,7 +677,7 @@ def peers_section(args, tmp: Path, log, save=lambda rows: None) -> list:
                     f"{'failed: ' + orc['failed'] if 'failed' in orc else 'done'}")
             orc = oracles[P.precision]
             row = {"section": "peers", "workload": name, "description": desc, "arm": arm, "arm_label": label,
-                   "precision": P.precision,
+                   "precision": P.precision, "cpu": cpu_model(),
                    "n_train": n_train, "trees_per_run": P.n_trees, "depth": P.max_depth, "bins": P.bins,
                    "key_bits": P.key_bits, "obfuscation": P.obfuscation, "workers": P.workers,
                    "target_s_per_tree": PEER_TARGETS.get(name) if not (args.quick or args.tiny) else None}
@@ -647,7 +690,7 @@ def peers_section(args, tmp: Path, log, save=lambda rows: None) -> list:
                 continue
             runs = []
             for rep in range(repeats_for(args.peers_repeats, name)):
-                res = split_run(dpath, P, tmp, args.code_path, memory_limit_mb(n_train, args))
+                res = split_run(dpath, P, tmp, args.code_path, memory_limit_mb(n_train, args), arm)
                 runs.append(res)
                 if "failed" in res:
                     log(f"peers {name} {arm} rep {rep}: FAILED {res['failed']}")
@@ -695,7 +738,10 @@ def summarise_runs(row: dict, orc: dict | None) -> None:
         return
     per = [r["per_tree_s"] for r in rs]
     row["per_tree_s_runs"] = per
-    row["per_tree_s"] = median(per)
+    # the median over every tree of every run (with one tree per run, the median over runs)
+    row["tree_s_all"] = [t for r in rs for t in (r.get("tree_s") or [r["per_tree_s"]])]
+    row["per_tree_s"] = median(row["tree_s_all"])
+    row["native_kernel"] = rs[0].get("native_kernel")
     mid = min(rs, key=lambda r: abs(r["per_tree_s"] - row["per_tree_s"]))
     row["phases_s_per_tree"] = phase_summary(mid, row["trees_per_run"])
     row["loadavg_runs"] = [r["loadavg_1m_before"] for r in rs]
@@ -739,6 +785,7 @@ def memory_section(args, tmp: Path, log, save=lambda rows: None) -> list:
         res = split_run(dpath, P, tmp, args.code_path, memory_limit_mb(n, args))
         row = {"section": "memory", "workload": f"fate_{n}", "description": f"FATE shape, {n:,} rows, depth {d}, 1 tree",
                "arm": arm, "arm_label": label, "n_train": n, "trees_per_run": 1, "depth": d, "bins": 32,
+               "cpu": cpu_model(),
                "key_bits": P.key_bits, "obfuscation": P.obfuscation, "workers": P.workers,
                "budget_mb": memory_budget_mb(n, args.memory_budget_gb_per_million, args.memory_budget_fixed_gb),
                "run_wall_s": time.perf_counter() - t}
@@ -755,6 +802,89 @@ def memory_section(args, tmp: Path, log, save=lambda rows: None) -> list:
         save(rows)
         shutil.rmtree(dpath, ignore_errors=True)
     return rows
+
+
+def kernels_section(args, tmp: Path, log, save=lambda rows: None) -> list:
+    """The FATE shape on each arithmetic (:data:`KERNEL_ARMS`), same data, same settings, arms interleaved."""
+    if args.tiny:
+        n, fa, fp, depth = 300, 4, 12, 2
+    elif args.quick:
+        n, fa, fp, depth = 3000, 10, 60, 3
+    else:
+        n, fa, fp, depth = args.kernel_rows, 30, 300, 5
+    dpath = fate_shape_data(n, tmp / "kernels", active_features=fa, passive_features=fp)
+    P = VerticalParams(model="gbdt", objective="binary", n_trees=args.kernel_trees, max_depth=depth, bins=32,
+                       key_bits=args.key_bits, obfuscation=args.obfuscation, allow_insecure_key=args.key_bits < 2048,
+                       workers=2)
+    orc = split_run(dpath, replace(P, scheme="mock", workers=1), tmp, args.code_path)
+    desc = (f"FATE shape: synthetic {n:,} rows, active {fa} features, 1 passive {fp} features, depth {depth}, 32 bins, "
+            f"binary GBDT, {args.kernel_trees} trees per run")
+    arms = [a for a in KERNEL_ARMS if a[0] in args.kernel_arms.split(",")]
+    rows = [{"section": "kernels", "workload": "fate", "description": desc, "arm": arm, "arm_label": label,
+             "n_train": n, "trees_per_run": P.n_trees, "depth": depth, "bins": 32, "key_bits": P.key_bits,
+             "obfuscation": P.obfuscation, "workers": P.workers, "cpu": cpu_model(), "target_s_per_tree": None,
+             "runs_all": []} for arm, label in arms]
+    for rep in range(args.kernel_repeats):
+        for row in rows:                           # interleaved: every arm sees the same load drift
+            res = split_run(dpath, P, tmp, args.code_path, arm=row["arm"])
+            row["runs_all"].append(res)
+            log(f"kernels {row['arm']} rep {rep}: " + (f"FAILED {res['failed']}" if "failed" in res else
+                f"per tree {res['per_tree_s']:.2f}s (trees {', '.join(f'{t:.2f}' for t in res['tree_s'])})  "
+                f"{res['native_kernel']}  load {res['loadavg_1m_before']:.2f}"))
+    for row in rows:
+        runs = row.pop("runs_all")
+        row["runs"] = [r for r in runs if "failed" not in r]
+        if len(row["runs"]) < len(runs):
+            row["failed"] = next(r["failed"] for r in runs if "failed" in r)
+        summarise_runs(row, orc)
+    save(rows)
+    return rows
+
+
+def kernels_markdown(res: dict | None) -> tuple[str, str]:
+    """(results page, README block) of the kernels section, from its stored results."""
+    if not res:
+        return "", ""
+    S, rows = res["settings"], res["rows"]
+    py = next((r for r in rows if r["arm"] == "python" and r.get("runs")), None)
+    hdr = ["arm", "kernel (as the run reported it)", "s per tree (median of every tree)", "trees, s", "x Python",
+           "identical to oracle", "load avg per run (before → after)"]
+    tab = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for r in rows:
+        if not r.get("runs"):
+            tab.append(f"| {r['arm_label']} | failed: {r.get('failed')} | | | | | |")
+            continue
+        ratio = f"{r['per_tree_s'] / py['per_tree_s']:.2f}" if py else ""
+        tab.append("| " + " | ".join([
+            r["arm_label"], str(r["native_kernel"]), fmt(r["per_tree_s"], 2),
+            ", ".join(f"{t:.2f}" for t in r["tree_s_all"]), ratio, str(r["identical_to_oracle"]),
+            ", ".join(f"{b:.1f} → {a:.1f}" for b, a in zip(r["loadavg_runs"], r["loadavg_after_runs"]))]) + " |")
+    port = next((r for r in rows if r["arm"] == "portable" and r.get("runs")), None)
+    verdict = ""
+    if port and py:
+        q = port["per_tree_s"] / py["per_tree_s"]
+        verdict = (f" Target: the portable kernel at most {KERNEL_TARGET:g}x the Python path per tree: "
+                   f"{q:.2f}x, {'met' if q <= KERNEL_TARGET else '**not met**'}.")
+    part = " **Stopped before every arm ran.**" if res.get("partial") else ""
+    intro = (f"**Which arithmetic, on which CPU** ({rows[0]['description'] if rows else ''}; 2 local worker "
+             f"processes per party, each party in its own process; {S['key_bits']}-bit Paillier, `{S['obfuscation']}` "
+             f"randomness; {_settings_line(S)}).{part} The IFMA arm is what this "
+             "CPU picks by itself; the portable arm is what a CPU without AVX-512 IFMA (x86-64 before Zen 4 or Ice "
+             "Lake, aarch64) picks; the Python arm is `TREEFLARE_NATIVE=0`. Key generation is not in the per-tree "
+             "times." + verdict)
+    block = [intro, "", *tab, ""]
+    return "\n".join(["# Vertical benchmark: C kernels", "", *block]), "\n".join(block)
+
+
+def write_kernels_outputs(args) -> str:
+    d = Path(args.results_dir)
+    f = d / f"kernels{_suffix(args)}.json"
+    page, readme = kernels_markdown(json.loads(f.read_text()) if f.exists() else None)
+    if page:
+        write_text_atomic(d / f"kernels{_suffix(args)}.md", page)
+        if not args.quick and not args.no_docs:
+            write_bench_block(REPO / BENCH_BLOCKS["vertical_kernels"], "vertical_kernels", readme)
+    return page
 
 
 def _meta(dpath: Path) -> dict:
@@ -879,7 +1009,8 @@ def gb(mb) -> str:
 
 
 def _settings_line(S: dict) -> str:
-    return (f"run {S['time']}, commit {S['commit']}, {S['cores']} cores shared with other work, load average "
+    cpu = S.get("cpu", "CPU model not recorded by that run")
+    return (f"run {S['time']}, commit {S['commit']}, {S['cores']} cores ({cpu}) shared with other work, load average "
             f"{S['loadavg']} at start; `scripts/bench_vertical.py {' '.join(S['argv'])}`")
 
 
@@ -953,7 +1084,8 @@ def peers_markdown(peers: dict | None, memory: dict | None) -> tuple[str, str, s
             ours = f"{fmt(r['per_tree_s'], 2)} ({load(r)})" + (
                 "" if dflt is None or dflt is r else f"; default arm: {fmt(dflt['per_tree_s'], 2)} ({load(dflt)})")
             tgt = r.get("target_s_per_tree")
-            readme.append(f"| {r['description']} | {peer} | {ours} | {r['arm_label']} | "
+            kern = r.get("native_kernel") or (r.get("crypto") or {}).get("native_kernel")
+            readme.append(f"| {r['description']} | {peer} | {ours} | {r['arm_label']}; C kernel: {kern} | "
                           f"{'' if tgt is None else f'<= {tgt:g} s'} | "
                           f"{'' if tgt is None else ('met' if r['per_tree_s'] <= tgt else '**not met**')} | "
                           f"{r['identical_to_oracle']}{_precision_note(r)} |")
@@ -1065,8 +1197,14 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true",
                     help="peers/memory at a few hundred rows (the smoke test's size; no docs blocks)")
     ap.add_argument("--shapes", default="a9a,fate", help="peers: the shapes to run, in this order (default a9a,fate)")
-    ap.add_argument("--arms", default=",".join(a[0] for a in PEER_ARMS),
-                    help=f"peers: the arms to run (default all: {', '.join(a[0] for a in PEER_ARMS)})")
+    ap.add_argument("--arms", default=DEFAULT_PEER_ARMS,
+                    help=f"peers: the arms to run (default {DEFAULT_PEER_ARMS}; all: "
+                         f"{', '.join(a[0] for a in PEER_ARMS)})")
+    ap.add_argument("--kernel-rows", type=int, default=20_000, help="kernels: FATE-shape rows (default 20,000)")
+    ap.add_argument("--kernel-trees", type=int, default=3, help="kernels: trees per run (default 3)")
+    ap.add_argument("--kernel-repeats", type=int, default=1, help="kernels: runs per arm (default 1)")
+    ap.add_argument("--kernel-arms", default=",".join(a[0] for a in KERNEL_ARMS),
+                    help="kernels: the arithmetics to run (default ifma,portable,python)")
     ap.add_argument("--peers-repeats", default=None,
                     help="peers: runs per arm, N or SHAPE=N,... (default 3; 1 quick/tiny)")
     ap.add_argument("--code-ref", default="HEAD",
@@ -1093,7 +1231,7 @@ def main(argv=None):
     args.peers_repeats = args.peers_repeats or ("1" if args.quick else "3")
     args.code_path = None
     sections = args.sections.split(",")
-    unknown = set(sections) - {"micro", "speed", "packing", "models", "capacity", "peers", "memory", "docs"}
+    unknown = set(sections) - {"micro", "speed", "packing", "models", "capacity", "peers", "memory", "kernels", "docs"}
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}")
     bad = set(args.shapes.split(",")) - {"fate", "a9a"} or set(args.arms.split(",")) - {a[0] for a in PEER_ARMS}
@@ -1132,18 +1270,20 @@ def main(argv=None):
             state["capacity"] = capacity_section()
         new_rows = []
         measured = "working tree"
-        if set(sections) & {"peers", "memory"} and args.code_ref != "worktree":
+        if set(sections) & {"peers", "memory", "kernels"} and args.code_ref != "worktree":
             args.code_path = extract_legacy(args.code_ref, tmp / "measured")
             measured = subprocess.run(["git", "rev-parse", "--short", args.code_ref], cwd=REPO, capture_output=True,
                                       text=True, check=True).stdout.strip()
-        for sec, fn in (("peers", peers_section), ("memory", memory_section)):
+        for sec, fn in (("peers", peers_section), ("memory", memory_section), ("kernels", kernels_section)):
             if sec in sections:
                 res = {"settings": {**state["settings"], "commit": measured, "peers_repeats": args.peers_repeats,
                                     "memory_depth": args.memory_depth,
                                     "trees_per_run": args.trees_per_run, "memory_depth_1m": args.memory_depth_1m,
                                     "memory_budget_gb_per_million": args.memory_budget_gb_per_million,
                                     "memory_budget_fixed_gb": args.memory_budget_fixed_gb,
-                                    "time": bench_settings()["time"], "loadavg": [round(x, 2) for x in os.getloadavg()]},
+                                    "time": bench_settings()["time"], "loadavg": [round(x, 2) for x in os.getloadavg()],
+                                    "cpu": cpu_model(), "kernel_rows": args.kernel_rows,
+                                    "kernel_trees": args.kernel_trees, "kernel_repeats": args.kernel_repeats},
                        "rows": []}
 
                 def save(rows, done=False, res=res, sec=sec):
@@ -1165,6 +1305,8 @@ def main(argv=None):
             write_bench_block(REPO / BENCH_BLOCKS["vertical"], "vertical", block)
         log(page)
         log(f"wrote {out.with_suffix('.md')}, .json, .csv")
+    if set(sections) & {"kernels", "docs"}:
+        log(write_kernels_outputs(args))
     if set(sections) & {"peers", "memory", "docs"}:     # docs: only rewrite the page and blocks from stored results
         page = write_peers_outputs(args)
         log(page)

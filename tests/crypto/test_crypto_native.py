@@ -1,9 +1,11 @@
-"""The optional C kernel (treeflare.crypto.native: fixed-base products, packing, segment products, secret
-powers) gives exactly the integers of the gmpy2 arithmetic, and the package falls back to that arithmetic
-whenever the kernel is not usable."""
+"""The optional C kernels (treeflare.crypto.native: fixed-base products, packing, segment products, secret
+powers; AVX-512 IFMA and portable 64-bit) give exactly the integers of the gmpy2 arithmetic, and the package
+falls back to that arithmetic whenever no kernel is usable.  Every arithmetic test runs on the kernel this
+machine picks and on the portable one, forced (TREEFLARE_NATIVE=portable), so an IFMA machine checks both."""
 import fnmatch
 import functools
 import os
+import platform
 import secrets
 import shutil
 import stat
@@ -21,12 +23,32 @@ from treeflare.crypto.paillier import PaillierPrivateKey, _fixed_base_pow, _fixe
 
 REPO = Path(__file__).resolve().parents[2]
 ON_THIS_MACHINE = native.status().startswith("on")
-needs_kernel = pytest.mark.skipif(not ON_THIS_MACHINE, reason=f"C kernel not usable here: {native.status()}")
 
 
-# ---- the C source: a real file, warning-free, shipped with the package (none of this runs the kernel)
+@pytest.fixture(params=["picked", "portable"])
+def any_kernel(request, monkeypatch):
+    """The kernel this machine picks, then the portable one as TREEFLARE_NATIVE=portable picks it (the process's
+    own kernel is restored afterwards): "ifma", "portable", or None where none is usable."""
+    if request.param == "portable":
+        monkeypatch.setenv("TREEFLARE_NATIVE", "portable")
+        monkeypatch.setattr(native, "_LIB", None)
+        monkeypatch.setattr(native, "_STATUS", "not loaded yet")
+        assert native.status().startswith("on (portable") or not native.status().startswith("on")
+    return native.kernel()
+
+
+@pytest.fixture
+def kern(any_kernel):
+    """As any_kernel, skipped where that kernel is not usable."""
+    if any_kernel is None:
+        pytest.skip(f"C kernel not usable here: {native.status()}")
+    return any_kernel
+
+
+# ---- the C sources: real files, warning-free, shipped with the package (none of this runs the kernel)
 PACKAGE = REPO / "custom" / "treeflare"
 SOURCE_FILE = PACKAGE / "crypto" / "native" / native.loader.SOURCE_NAME
+SOURCE_FILES = [SOURCE_FILE, PACKAGE / "crypto" / "native" / native.loader.PORTABLE_SOURCE_NAME]
 
 
 def _c_compiler():
@@ -34,14 +56,18 @@ def _c_compiler():
 
 
 @pytest.mark.skipif(_c_compiler() is None, reason="no C compiler here")
-def test_kernel_source_compiles_without_warnings(tmp_path):
+@pytest.mark.parametrize("source", SOURCE_FILES, ids=lambda f: f.name)
+def test_kernel_source_compiles_without_warnings(tmp_path, source):
     """Built with the flags the package uses, plus every -Wall -Wextra warning made an error (a full compile,
-    not -fsyntax-only: some warnings only come from the optimiser)."""
-    cmd = [_c_compiler(), *native.loader.CFLAGS, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "k.so"),
-           str(SOURCE_FILE)]
+    not -fsyntax-only: some warnings only come from the optimiser); the portable one also as strict C99."""
+    if source.name == native.loader.SOURCE_NAME and platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the AVX-512 IFMA kernel is x86-64 only")
+    extra = ["-std=c99", "-pedantic", "-Wno-pedantic"] if source != SOURCE_FILE else []
+    cmd = [_c_compiler(), *native.loader.CFLAGS, *extra, "-Wall", "-Wextra", "-Werror", "-o",
+           str(tmp_path / "k.so"), str(source)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert native.loader.source() == SOURCE_FILE.read_text(encoding="utf-8")
+    assert native.loader.source(source.name) == source.read_text(encoding="utf-8")
 
 
 def test_every_data_file_of_the_package_is_declared_package_data():
@@ -49,7 +75,7 @@ def test_every_data_file_of_the_package_is_declared_package_data():
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-data", {})
     data_files = [f for f in PACKAGE.rglob("*") if f.is_file() and f.suffix not in (".py", ".pyc")
                   and "__pycache__" not in f.parts]
-    assert SOURCE_FILE in data_files
+    assert set(SOURCE_FILES) <= set(data_files)
     def covered(f) -> bool:  # a pattern of the file's package, or of a package above it with a path ("datasets/*/*")
         for key, patterns in declared.items():
             base = PACKAGE if key in ("*", "treeflare") else PACKAGE.joinpath(*key.split(".")[1:])
@@ -82,10 +108,9 @@ def _table(bits: int, exp_bits: int):
     return _fixed_base_table(base, m, exp_bits), m
 
 
-@needs_kernel
 @pytest.mark.parametrize("bits,exp_bits", [(2048, 1024), (2047, 1024), (3072, 256), (4096, 2048), (4096, 256),
                                            (520, 256)])
-def test_kernel_equals_python_product(bits, exp_bits):
+def test_kernel_equals_python_product(kern, bits, exp_bits):
     tabs, m = _table(bits, exp_bits)
     nat = native.fixed_base(tabs, m, lambda e: _fixed_base_pow(tabs, e, m))
     assert nat is not None
@@ -96,8 +121,7 @@ def test_kernel_equals_python_product(bits, exp_bits):
     assert nat.pow_many([]) == []
 
 
-@needs_kernel
-def test_kernel_that_disagrees_is_not_used(monkeypatch):
+def test_kernel_that_disagrees_is_not_used(kern, monkeypatch):
     tabs, m = _table(1024, 512)
     monkeypatch.setattr(native, "_STATUS", native._STATUS)
     assert native.fixed_base(tabs, m, lambda e: _fixed_base_pow(tabs, e, m) + 1) is None
@@ -105,14 +129,14 @@ def test_kernel_that_disagrees_is_not_used(monkeypatch):
 
 
 @pytest.mark.parametrize("obfuscation", ["full", "djn"])
-def test_batch_encryption_decrypts_and_is_fresh(obfuscation):
+def test_batch_encryption_decrypts_and_is_fresh(any_kernel, obfuscation):
     key = PaillierPrivateKey.generate(512, obfuscation)
     vals = [0, 1, -1, 2**100, -(2**200)] + list(range(60))
     cts = key.encrypt_many(vals)
     assert [key.decrypt(c) for c in cts] == vals
     assert len(set(cts)) == len(cts)
     assert len(set(key.encrypt_many([7] * 50))) == 50                 # fresh randomness for every ciphertext
-    assert bool(key._native_tables()) == ON_THIS_MACHINE
+    assert bool(key._native_tables()) == (any_kernel is not None)
 
 
 def _status_in_subprocess(env_extra: dict) -> str:
@@ -128,6 +152,32 @@ def _status_in_subprocess(env_extra: dict) -> str:
 
 def test_switched_off_falls_back_to_python():
     assert _status_in_subprocess({"TREEFLARE_NATIVE": "0"}) == "off (TREEFLARE_NATIVE=0)"
+
+
+@pytest.mark.skipif(_c_compiler() is None, reason="no C compiler here")
+def test_portable_kernel_forced_and_ifma_only(tmp_path):
+    """TREEFLARE_NATIVE=portable runs the portable kernel on any CPU (IFMA or not), and says so; =ifma runs the
+    IFMA kernel or none (never the portable one)."""
+    cache = {"TREEFLARE_NATIVE_CACHE": str(tmp_path / "c")}
+    assert _status_in_subprocess({"TREEFLARE_NATIVE": "portable", **cache}) == \
+        "on (portable 64-bit C; TREEFLARE_NATIVE=portable)"
+    assert [f.name.split("_")[0] for f in (tmp_path / "c").iterdir()] == ["portable"]     # IFMA's not even built
+    st = _status_in_subprocess({"TREEFLARE_NATIVE": "ifma", **cache})
+    assert st == "on (AVX-512 IFMA)" or st.startswith("off:") and st.endswith("(TREEFLARE_NATIVE=ifma)")
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        assert (st == "on (AVX-512 IFMA)") == (" avx512ifma" in cpuinfo.read_text())
+
+
+@pytest.mark.parametrize("value,mode", [(None, "auto"), ("1", "auto"), ("", "auto"), ("0", "off"), (" Off ", "off"),
+                                        ("no", "off"), ("portable", "portable"), ("PORTABLE", "portable"),
+                                        ("ifma", "ifma")])
+def test_native_switch_values(monkeypatch, value, mode):
+    if value is None:
+        monkeypatch.delenv("TREEFLARE_NATIVE", raising=False)
+    else:
+        monkeypatch.setenv("TREEFLARE_NATIVE", value)
+    assert native._mode() == mode
 
 
 def test_shared_cache_folder_refused(tmp_path):
@@ -147,7 +197,12 @@ def test_no_compiler_falls_back(tmp_path):
 # ---- the cache: no other user can replace the library between its check and its load (tests run as root here,
 # which bypasses permission checks, so these set owners and modes and check the logic, not EACCES)
 OTHER_ID = 65534                                      # "nobody": another user and another group
-LOADED = ("on (AVX-512 IFMA)", "off: this CPU has no AVX-512 IFMA")   # the library was loaded and ran
+KERNELS = ("fixed_base_*.so", "portable_*.so")       # the libraries the package builds
+
+
+def kernel_ran(st: str) -> bool:
+    """Whether a status says a library was built or loaded and ran (IFMA, or portable on a CPU without it)."""
+    return st.startswith(("on (AVX-512 IFMA)", "on (portable"))
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
 
 
@@ -162,8 +217,9 @@ def fresh_kernel(monkeypatch):
 def built_library(tmp_path_factory) -> Path:
     """One library built by the package (in a subprocess), copied into the tests' caches."""
     cache = tmp_path_factory.mktemp("built") / "cache"
-    assert _status_in_subprocess({"TREEFLARE_NATIVE_CACHE": str(cache)}) in LOADED
-    (lib,) = cache.glob("fixed_base_*.so")
+    st = _status_in_subprocess({"TREEFLARE_NATIVE_CACHE": str(cache)})
+    assert kernel_ran(st)
+    (lib,) = cache.glob(KERNELS[0] if st == "on (AVX-512 IFMA)" else KERNELS[1])     # the one in use
     return lib
 
 
@@ -226,14 +282,16 @@ def test_cache_below_a_sticky_folder_is_accepted_and_built_atomically(tmp_path, 
 
     def compile_run(cmd, *args, **kwargs):            # while compiling, the library's own name is not there yet
         outputs.append(Path(cmd[cmd.index("-o") + 1]))
-        assert not list(cache.glob("fixed_base_*.so"))
+        assert not [f for k in KERNELS for f in cache.glob(k)]
         return real_run(cmd, *args, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", compile_run)
-    assert native.status() in LOADED
-    (lib,) = cache.iterdir()                          # no source or half-written library left behind
-    assert lib.name.startswith("fixed_base_") and stat.S_IMODE(lib.lstat().st_mode) == 0o500
-    assert [out.parent for out in outputs] == [cache.resolve()] and outputs[0].name != lib.name
+    assert kernel_ran(native.status())
+    libs = list(cache.iterdir())                      # no source or half-written library left behind
+    assert libs and all(lib.name.startswith(("fixed_base_", "portable_")) and lib.suffix == ".so"
+                        and stat.S_IMODE(lib.lstat().st_mode) == 0o500 for lib in libs)
+    assert {out.parent for out in outputs} == {cache.resolve()} and len(outputs) == len(libs)
+    assert not {out.name for out in outputs} & {lib.name for lib in libs}
 
 
 def test_cache_below_a_folder_writable_by_the_users_own_group_is_accepted(tmp_path, monkeypatch):
@@ -291,7 +349,7 @@ def test_library_swapped_after_its_check_is_not_the_one_loaded(tmp_path, monkeyp
         return real_cdll(name, *args, **kwargs)
 
     monkeypatch.setattr(ctypes, "CDLL", swap_then_load)
-    assert native.status() in LOADED
+    assert kernel_ran(native.status())
     assert loaded["ino"] == checked_ino != lib.stat().st_ino
 
 
@@ -302,9 +360,8 @@ def _python_horner(group, widths, m):
     return acc
 
 
-@needs_kernel
 @pytest.mark.parametrize("bits", [1024, 4095, 4096, 6144, 8192])
-def test_kernel_packing_equals_python(bits):
+def test_kernel_packing_equals_python(kern, bits):
     m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)
     nat = native.products(m)
     assert nat is not None
@@ -315,15 +372,13 @@ def test_kernel_packing_equals_python(bits):
         nat.horner_many([[1, 2]], [3, 4, 5])
 
 
-@needs_kernel
-def test_kernel_refuses_moduli_beyond_its_size():
+def test_kernel_refuses_moduli_beyond_its_size(kern):
     m = mpz((1 << 8400) + 1)
     assert native.products(m) is None
 
 
-@needs_kernel
 @pytest.mark.parametrize("bits", [1024, 4096, 8192])
-def test_kernel_segment_products_equal_gmpy2(bits):
+def test_kernel_segment_products_equal_gmpy2(kern, bits):
     import numpy as np
 
     m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)
@@ -355,8 +410,7 @@ def test_kernel_segment_products_equal_gmpy2(bits):
             nat.segment_products(table, [0, 1], bad_starts)
 
 
-@needs_kernel
-def test_kernel_refuses_values_and_widths_it_cannot_take():
+def test_kernel_refuses_values_and_widths_it_cannot_take(kern):
     m = mpz(secrets.randbits(1024) | (1 << 1023) | 1)
     nat = native.products(m)
     for bad in ([2 * m, 1], [-1, 1], [1 << 2000, 1]):
@@ -368,19 +422,18 @@ def test_kernel_refuses_values_and_widths_it_cannot_take():
 
 
 @pytest.mark.parametrize("obfuscation", ["full", "djn"])
-def test_batch_decryption_equals_one_by_one(obfuscation):
+def test_batch_decryption_equals_one_by_one(any_kernel, obfuscation):
     key = PaillierPrivateKey.generate(512, obfuscation)
     vals = [0, 1, -1, 2**200, -(2**250)] + [secrets.randbits(300) - 2**299 for _ in range(30)]
     cts = key.encrypt_many(vals)
     assert key.decrypt_many(cts) == [key.decrypt(c) for c in cts] == vals
-    assert bool(key._native_pow()) == ON_THIS_MACHINE
+    assert bool(key._native_pow()) == (any_kernel is not None)
     with pytest.raises(ValueError):
         key.decrypt_many(cts[:3] + [key.public.nsq + 5])
 
 
-@needs_kernel
 @pytest.mark.parametrize("bits", [1024, 2048, 4096])
-def test_kernel_secret_powers_equal_powmod_sec(bits):
+def test_kernel_secret_powers_equal_powmod_sec(kern, bits):
     import gmpy2
 
     m = mpz(secrets.randbits(bits) | (1 << (bits - 1)) | 1)
@@ -391,7 +444,7 @@ def test_kernel_secret_powers_equal_powmod_sec(bits):
         assert nat.pow_many(xs) == [gmpy2.powmod_sec(x, e, m) for x in xs]
 
 
-def test_okamoto_uchiyama_moduli_in_the_kernel():
+def test_okamoto_uchiyama_moduli_in_the_kernel(any_kernel):
     """OU's three moduli (p^2 and q at the key holder, n for a passive party's products) are odd and of sizes
     that are not a multiple of 52 bits: the kernel's encryption, decryption and products equal Python's."""
     from treeflare.crypto.ou import OuPrivateKey
@@ -403,10 +456,11 @@ def test_okamoto_uchiyama_moduli_in_the_kernel():
     cts = key.encrypt_many(vals)
     assert key.decrypt_many(cts) == py.decrypt_many(cts) == vals
     assert py.decrypt_many(py.encrypt_many(vals)) == vals
-    assert bool(key._native_q_table()) == bool(key._native_pow()) == ON_THIS_MACHINE
-    assert all(bool(t) == ON_THIS_MACHINE for t in key._native.values()) and key._native
+    on = any_kernel is not None
+    assert bool(key._native_q_table()) == bool(key._native_pow()) == on
+    assert all(bool(t) == on for t in key._native.values()) and key._native
     nat = native.products(key.public.n)
-    assert (nat is not None) == ON_THIS_MACHINE
+    assert (nat is not None) == on
     if nat is not None:
         import numpy as np
 
@@ -416,8 +470,7 @@ def test_okamoto_uchiyama_moduli_in_the_kernel():
         assert key.decrypt(want) == sum(vals)
 
 
-@needs_kernel
-def test_wire_form_loads_as_the_values_do_and_out_of_range_values_are_refused(monkeypatch):
+def test_wire_form_loads_as_the_values_do_and_out_of_range_values_are_refused(kern, monkeypatch):
     """load_wire (a passive party's ciphertexts straight from the message) gives the table load gives, refuses 0,
     m and anything above it without converting a value to Python, and product multiplies the whole table."""
     m = (mpz(1) << 2047) + secrets.randbits(2046) * 2 + 1

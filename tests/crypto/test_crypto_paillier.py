@@ -26,6 +26,25 @@ def test_keygen_shape():
     assert security_bits(2048) == 112 and security_bits(3072) == 128
 
 
+@pytest.mark.parametrize("bits", [128, 1024])
+def test_safe_prime_sieve_strikes_exactly_the_candidates_with_a_small_factor(bits):
+    """Key generation's sieve: k is struck out iff q = q0 + 2k or 2q + 1 has an odd factor below 2^16 (checked
+    with gcds against the product of those primes); the safe primes it yields are safe primes of the size asked."""
+    import secrets
+
+    from treeflare.crypto.paillier import _SIEVE_PRIMES, _safe_prime, _sieve_window
+
+    small = 1
+    for sp in _SIEVE_PRIMES.tolist():
+        small *= sp
+    q0 = gmpy2.mpz(secrets.randbits(bits - 1) | (3 << (bits - 3)) | 1)
+    alive = _sieve_window(q0, 3000)
+    want = [gmpy2.gcd(q0 + 2 * k, small) == 1 and gmpy2.gcd(2 * (q0 + 2 * k) + 1, small) == 1 for k in range(3000)]
+    assert alive.tolist() == want and 0 < alive.sum() < 100
+    p = _safe_prime(bits)
+    assert p.bit_length() == bits and gmpy2.is_prime(p, 50) and gmpy2.is_prime((p - 1) // 2, 50)
+
+
 def test_full_randomness_is_an_nth_residue_from_a_certified_generator():
     k = PaillierPrivateKey.generate(BITS, "full")
     assert k._gen_tabs is not None                       # safe primes -> generator tables

@@ -120,3 +120,26 @@ def test_a_party_past_the_memory_guard_is_stopped_and_named(tmp_path):
                       "--split"], 120, env=env)
     assert proc.returncode != 0
     assert "memory limit: site-" in proc.stderr and "over the run's limit of 1 MB; stopped" in proc.stderr
+
+
+def test_kernels_section_records_cpu_and_kernel_in_every_row(tmp_path):
+    """The kernels section (issue 38): each arithmetic forced by TREEFLARE_NATIVE, the kernel each run reported and
+    the CPU model in every row, the plaintext-oracle identity, the portable/Python verdict; no docs written."""
+    readme_before = (REPO / "README.md").read_text()
+    cmd = [sys.executable, str(SCRIPTS / "bench_vertical.py"), "--tiny", "--sections", "kernels", "--key-bits", "1024",
+           "--kernel-arms", "portable,python", "--kernel-trees", "2", "--code-ref", "worktree",
+           "--results-dir", str(tmp_path)]
+    proc = _run_tree(cmd, 240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads((tmp_path / "kernels_tiny.json").read_text())
+    rows = {r["arm"]: r for r in res["rows"]}
+    assert set(rows) == {"portable", "python"} and res["settings"]["cpu"] == bench.cpu_model()
+    assert rows["python"]["native_kernel"] == "off (TREEFLARE_NATIVE=0)"
+    assert rows["portable"]["native_kernel"].startswith("on (portable") or "failed" in rows["portable"]
+    for r in rows.values():
+        assert r["cpu"] == bench.cpu_model() and "AVX-512 IFMA" in r["cpu"]
+        if r.get("runs"):
+            assert r["identical_to_oracle"] is True and len(r["tree_s_all"]) == 2 and r["per_tree_s"] > 0
+    page = (tmp_path / "kernels_tiny.md").read_text()
+    assert "x Python" in page and bench.cpu_model() in page and "0.4x the Python path" in page
+    assert (REPO / "README.md").read_text() == readme_before      # a tiny run never writes the docs

@@ -1,6 +1,7 @@
 """The passive party's histogram engine: its cumulative encrypted sums equal the plaintext sums of the rows in
 bins 0..b, for every feature grouping it picks (binary columns in large groups, 32-bin pairs, single features in
-small nodes), with one or two workers, in the C kernel's Montgomery form and in gmpy2 alike."""
+small nodes), with one or two workers, in the C kernels' Montgomery form (the one this machine picks and the
+portable one) and in gmpy2 alike."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,11 +26,15 @@ def test_groups_follow_the_cost_of_rows_and_cells():
     assert sorted(f for g in groups for f in g) == list(range(len(NBINS)))
 
 
-@pytest.mark.parametrize("kernel", ["native", "gmpy2"])
+@pytest.mark.parametrize("kernel", ["native", "portable", "gmpy2"])
 def test_cumulative_sums_equal_the_plaintext_sums(kernel, monkeypatch):
     if kernel == "gmpy2":
         monkeypatch.setattr(native, "products", lambda mod: None)
-    elif native.products(KH.public.modulus) is None:
+    if kernel == "portable":                   # as TREEFLARE_NATIVE=portable selects it, here and in the workers
+        monkeypatch.setenv("TREEFLARE_NATIVE", "portable")
+        monkeypatch.setattr(native, "_LIB", None)
+        monkeypatch.setattr(native, "_STATUS", "not loaded yet")
+    if kernel != "gmpy2" and native.products(KH.public.modulus) is None:
         pytest.skip(f"C kernel not usable here: {native.status()}")
     rng = np.random.default_rng(3)
     n = 500
@@ -42,7 +47,7 @@ def test_cumulative_sums_equal_the_plaintext_sums(kernel, monkeypatch):
     for workers in (1, 2):
         eng = HistEngine(KH.public, bins, NBINS, workers=workers)
         try:
-            assert eng.mont == (kernel == "native")
+            assert eng.mont == (kernel != "gmpy2")
             eng.load(raw, 2)
             hist = {key: eng.sums(h) for key, h in eng.histograms(nodes).items()}
             # packed three fields to a ciphertext (the compression), from the node's own sums: bin 1 of each column

@@ -45,6 +45,7 @@ import math
 import secrets
 
 import gmpy2
+import numpy as np
 from gmpy2 import mpz
 
 DJN_ALPHA_BITS = 256
@@ -95,25 +96,49 @@ def _random_prime(bits: int) -> mpz:
             return p
 
 
-_SIEVE = 1
-for _sp in range(3, 2000, 2):
-    if gmpy2.is_prime(_sp):
-        _SIEVE *= _sp
+def _odd_primes_below(limit: int) -> np.ndarray:
+    sieve = np.ones(limit, dtype=bool)
+    sieve[:2] = False
+    for i in range(2, int(limit ** 0.5) + 1):
+        if sieve[i]:
+            sieve[i * i::i] = False
+    return np.flatnonzero(sieve)[1:]
+
+
+_SIEVE_PRIMES = _odd_primes_below(1 << 16)
+_SIEVE_SPAN = 1 << 18          # candidates q = q0 + 2k, k < _SIEVE_SPAN, per random start (~3 safe primes expected)
+
+
+def _sieve_window(q0, span: int) -> np.ndarray:
+    """alive[k]: neither q = q0 + 2k nor 2q + 1 has an odd factor below 2^16 (q0 odd and larger than that)."""
+    ps = _SIEVE_PRIMES
+    inv2 = (ps + 1) // 2                               # 1/2 mod each prime
+    r = np.array([int(q0 % int(sp)) for sp in ps], dtype=np.int64)
+    k_q = (-r * inv2) % ps                             # q0 + 2k = 0 (mod sp)
+    k_p = (-(2 * r + 1) * inv2 % ps * inv2) % ps       # 2(q0 + 2k) + 1 = 0 (mod sp)
+    alive = np.ones(span, dtype=bool)
+    for sp, a, b in zip(ps.tolist(), k_q.tolist(), k_p.tolist()):
+        alive[a::sp] = False
+        alive[b::sp] = False
+    return alive
 
 
 def _safe_prime(bits: int) -> mpz:
     """p = 2p' + 1 with p' prime (so a generator of the order-(p-1) subgroup of Z*_{p^2} is easy
-    to certify): about 1-6 s for 1024 bits."""
+    to certify).  From a random odd start q0, every k for which q = q0 + 2k or 2q + 1 has an odd factor
+    below 2^16 is struck out at once (:func:`_sieve_window`), leaving about 1 candidate in 150; those get a
+    Fermat test of q, then of p, then the 50-round tests (gmpy2.is_prime): the same primes are accepted, and
+    about a hundred times fewer candidates cost a big-number operation than with a gcd per candidate."""
     while True:
-        q = mpz(secrets.randbits(bits - 1) | (3 << (bits - 3)) | 1)
-        for _ in range(4096):
+        q0 = mpz(secrets.randbits(bits - 1) | (3 << (bits - 3)) | 1)
+        for k in np.flatnonzero(_sieve_window(q0, _SIEVE_SPAN)).tolist():
+            q = q0 + 2 * k
             p = 2 * q + 1
-            if gmpy2.gcd(q, _SIEVE) == 1 and gmpy2.gcd(p, _SIEVE) == 1 and gmpy2.is_prime(q, 2) \
-                    and gmpy2.is_prime(p, 2) and gmpy2.is_prime(q, 50) and gmpy2.is_prime(p, 50):
-                if p.bit_length() == bits:
-                    return p
+            if p.bit_length() != bits:
                 break
-            q += 2
+            if gmpy2.powmod(2, q - 1, q) == 1 and gmpy2.powmod(2, p - 1, p) == 1 \
+                    and gmpy2.is_prime(q, 50) and gmpy2.is_prime(p, 50):
+                return p
 
 
 def _is_safe(p) -> bool:

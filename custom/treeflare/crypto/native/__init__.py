@@ -1,22 +1,26 @@
-"""An optional C kernel for the two hottest modular products of the vertical job.
+"""Optional C kernels for the hottest modular products of the vertical job.
 
-* The key holder's fixed-base products (the r^n of every encryption): ``g^e mod p^2`` and ``g^e mod q^2``
-  from 8-bit window tables, about 128 modular multiplications per half.
-* A passive party's compression (Horner packing): ``acc = acc^(2^w) * c mod n^2``, w squarings per field.
+* The key holder's fixed-base products (the r^n of every encryption) and its decryptions' secret powers.
+* A passive party's histogram sums (segment products, in Montgomery form between steps) and compression
+  (Horner packing): ``acc = acc^(2^w) * c mod n^2``, w squarings per field.
 
-In Python each step is a gmpy2 multiplication and division.  On CPUs with AVX-512 IFMA (52-bit
-multiply-add, e.g. AMD Zen 4/5, Intel Ice Lake and later) this kernel computes eight independent
-products at once, one per vector lane, as Montgomery multiplications on 52-bit digits.  Same inputs,
-the same integers out (checked against the Python arithmetic before the kernel is trusted for a
-modulus); only the arithmetic is faster (about 7-10x per product on this project's machine).
+In Python each step is a gmpy2 multiplication and division.  Two kernels export the same C functions:
 
-The C source is ``fixed_base.c`` in this package (package data, read with :mod:`importlib.resources`); it
-is compiled on first use with the system C compiler into a private per-user cache folder
-(``$TREEFLARE_NATIVE_CACHE``, else ``~/.cache/treeflare``) and loaded only after the checks of :mod:`.loader`:
-the kernel runs inside the key holder, so no other user may be able to replace it.  Without a compiler, without
-IFMA, with ``TREEFLARE_NATIVE=0`` or with a cache that fails these checks, the Python product is used (slower,
-same results).  :func:`status` says which.  This module holds the ctypes declarations of the kernel's functions
-(they mirror the C signatures) and the checked Python classes around them.
+* ``fixed_base.c``: on CPUs with AVX-512 IFMA (52-bit multiply-add, e.g. AMD Zen 4/5, Intel Ice Lake and later),
+  eight independent Montgomery products at once, one per vector lane, on 52-bit digits (about 7-10x per
+  product on this project's machine);
+* ``portable.c``: everywhere else (x86-64 without IFMA, aarch64), one Montgomery product at a time on 64-bit
+  limbs with 128-bit products, no intrinsics: no division, no Python call per product.
+
+Same inputs, the same integers out (checked against the Python arithmetic before a kernel is trusted for a
+modulus).  ``TREEFLARE_NATIVE``: unset or 1, IFMA where the CPU has it, else portable; ``portable`` or ``ifma``,
+that kernel only; ``0``, Python only.  :func:`status` (the report's ``native_kernel``) says which ran.
+
+A kernel's source is package data (read with :mod:`importlib.resources`), compiled on first use with the system
+C compiler into a private per-user cache folder (``$TREEFLARE_NATIVE_CACHE``, else ``~/.cache/treeflare``) and
+loaded only after the checks of :mod:`.loader`: it runs inside the key holder, so no other user may be able to
+replace it.  Without a compiler, with ``TREEFLARE_NATIVE=0`` or with a cache that fails these checks, the Python
+product is used (slower, same results).  This module holds the checked Python classes around the kernels.
 
 Decryption's exponentiations are constant-time in the secret exponent (fixed windows, every table entry
 read); encryption's fixed-base table reads depend on the random exponent, as in Python (SECURITY.md).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import secrets
 import shutil
 import subprocess
@@ -36,15 +41,25 @@ from gmpy2 import mpz
 
 from . import loader
 
-_LIB = None
+_LIB = None                 # the kernel in use (a _Kernel), None before loading or when off
 _STATUS = "not loaded yet"
 _LOCK = threading.Lock()
-_MAX_DIGITS = 160           # MAXL in the C source: moduli up to 8192 bits (n^2 of a 4096-bit key)
+_MAX_DIGITS = {52: 160, 64: 130}    # MAXL of each C source: moduli up to 8192 bits (n^2 of a 4096-bit key)
 _WIRE_BLOCK = 1 << 16       # values per block of load_wire
+_PORTABLE = "on (portable 64-bit C"
 
 
-def _disabled() -> bool:
-    return os.environ.get("TREEFLARE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+class _Kernel:
+    """A loaded kernel: its library, its name ("ifma" or "portable") and its digit width in bits."""
+
+    def __init__(self, lib, name: str, digit_bits: int):
+        self.lib, self.name, self.digit_bits = lib, name, digit_bits
+
+
+def _mode() -> str:
+    """``TREEFLARE_NATIVE``: "off" (0, false, no, off), "portable" or "ifma" (that kernel only), else "auto"."""
+    v = os.environ.get("TREEFLARE_NATIVE", "1").strip().lower()
+    return "off" if v in ("0", "false", "no", "off") else v if v in ("portable", "ifma") else "auto"
 
 
 def _load():
@@ -52,71 +67,91 @@ def _load():
         return _load_locked()
 
 
+def _open(cc: str, source_name: str):
+    lib = loader.open_library(cc, source_name)
+    loader.declare(lib)
+    return lib
+
+
 def _load_locked():
+    """Pick the kernel once per process: IFMA where the CPU has it (x86-64 only: the file needs <immintrin.h>),
+    else the portable one; an error that is not about the IFMA file itself (no compiler, an unsafe cache) turns
+    both off."""
     global _LIB, _STATUS
     if _LIB is not None or _STATUS != "not loaded yet":
         return _LIB
-    if _disabled():
+    mode = _mode()
+    if mode == "off":
         _STATUS = "off (TREEFLARE_NATIVE=0)"
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         _STATUS = "off: no C compiler found"
         return None
+    why = "TREEFLARE_NATIVE=portable"
+    if mode != "portable":
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            why = f"no AVX-512 IFMA kernel for {platform.machine() or 'this CPU'}"
+        else:
+            try:
+                lib = _open(cc, loader.SOURCE_NAME)
+            except (OSError, subprocess.SubprocessError, AttributeError) as e:
+                if isinstance(e, OSError):         # the cache or the loading: the portable one would fail alike
+                    _STATUS = f"off: {type(e).__name__}: {loader.reason(e)}"
+                    return None
+                lib, why = None, f"the AVX-512 IFMA kernel failed: {type(e).__name__}: {loader.reason(e)}"
+            if lib is not None and hasattr(lib, "fb_digit_bits"):
+                lib, why = None, "the AVX-512 IFMA kernel failed: another library was loaded in its place"
+            if lib is not None and lib.fb_supported():
+                _LIB, _STATUS = _Kernel(lib, "ifma", 52), "on (AVX-512 IFMA)"
+                return _LIB
+            if lib is not None:
+                why = "this CPU has no AVX-512 IFMA"
+        if mode == "ifma":
+            _STATUS = f"off: {why} (TREEFLARE_NATIVE=ifma)"
+            return None
     try:
-        lib = loader.open_library(cc)
-        lib.fb_supported.restype = ctypes.c_int
+        lib = _open(cc, loader.PORTABLE_SOURCE_NAME)
     except (OSError, subprocess.SubprocessError, AttributeError) as e:
         _STATUS = f"off: {type(e).__name__}: {loader.reason(e)}"
         return None
-    if not lib.fb_supported():
-        _STATUS = "off: this CPU has no AVX-512 IFMA"
+    lib.fb_digit_bits.restype = ctypes.c_int
+    if lib.fb_digit_bits() != 64:
+        _STATUS = "off: another library was loaded in place of the portable kernel"
         return None
-    lib.fb_to52_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
-    lib.fb_to52_many.restype = None
-    lib.fb_pow_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
-                                ctypes.c_char_p, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
-    lib.fb_pow_many.restype = ctypes.c_int
-    lib.fb_horner_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p,
-                                   ctypes.c_uint64, ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long]
-    lib.fb_horner_many.restype = ctypes.c_int
-    lib.fb_to_mont.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
-                               ctypes.c_char_p, ctypes.c_char_p]
-    lib.fb_from_mont.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64,
-                                 ctypes.c_char_p, ctypes.c_long]
-    lib.fb_segprod.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-                               ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
-    lib.fb_powm_sec_many.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_char_p, ctypes.c_long, ctypes.c_long,
-                                     ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_long]
-    for fn in (lib.fb_to_mont, lib.fb_from_mont, lib.fb_segprod, lib.fb_powm_sec_many):
-        fn.restype = ctypes.c_int
-    _LIB = lib
-    _STATUS = "on (AVX-512 IFMA)"
+    _LIB, _STATUS = _Kernel(lib, "portable", 64), f"{_PORTABLE}; {why})"
     return _LIB
 
 
 def status() -> str:
-    """'on (AVX-512 IFMA)', or 'off...' with the reason (loads the kernel if that was not tried yet)."""
+    """'on (AVX-512 IFMA)', 'on (portable 64-bit C; <why not IFMA>)', or 'off...' with the reason (loads the
+    kernel if that was not tried yet)."""
     _load()
     return _STATUS
 
 
-class _Modulus:
-    """An odd modulus m in the kernel's form: L digits of 52 bits with 4m < 2^(52 L) (so Montgomery products of
-    values below 2m stay below 2m)."""
+def kernel() -> str | None:
+    """Which kernel runs the products: "ifma", "portable", or None (Python's gmpy2 products)."""
+    k = _load()
+    return k.name if k is not None and _STATUS.startswith("on") else None
 
-    def __init__(self, lib, mod):
-        self._lib = lib
+
+class _Modulus:
+    """An odd modulus m in the kernel's form: L digits of D bits (52 for IFMA, 64 for the portable kernel), each in
+    a 64-bit word, with 4m < 2^(D L) (so Montgomery products of values below 2m stay below 2m)."""
+
+    def __init__(self, kern: _Kernel, mod):
+        self._lib, d = kern.lib, kern.digit_bits
         self.mod = mpz(mod)
         bits = int(self.mod.bit_length())
         if self.mod % 2 == 0:
             raise ValueError("the C kernel needs an odd modulus")
-        self.L = (bits + 2) // 52 + 1
-        if self.L > _MAX_DIGITS:
+        self.L = (bits + 2) // d + 1
+        if self.L > _MAX_DIGITS[d]:
             raise ValueError(f"a {bits}-bit modulus is beyond the C kernel")
         self.n64 = (bits + 1 + 63) // 64          # results are < 2m before the last reduction
-        self.shift = 52 * self.L
-        self._minv = int((-pow(int(self.mod), -1, 1 << 52)) % (1 << 52))
+        self.shift = d * self.L
+        self._minv = int((-pow(int(self.mod), -1, 1 << d)) % (1 << d))
         self._m = self._digits([self.mod])
         self._r2 = self._digits([(mpz(1) << (2 * self.shift)) % self.mod])     # R^2 mod m: into Montgomery form
 

@@ -1,10 +1,11 @@
-"""Build, cache and load the C kernel (``fixed_base.c``, shipped beside this module) safely.
+"""Build, cache and load the C kernels (``fixed_base.c``, AVX-512 IFMA, and ``portable.c``, 64-bit limbs,
+shipped beside this module) safely, each the same way.
 
-The kernel runs inside the key holder, so no other user may be able to replace it.  It is compiled on first
+A kernel runs inside the key holder, so no other user may be able to replace it.  It is compiled on first
 use with the system C compiler into a private per-user cache folder (``$TREEFLARE_NATIVE_CACHE``, else
-``$XDG_CACHE_HOME/treeflare``, else ``~/.cache/treeflare``), under a name made from a hash of the source, the
-compiler and its flags.  The folder must be this user's and writable by nobody else, no folder above it may let
-another user rename its entries (:func:`_check_path`), and the library is opened without following links,
+``$XDG_CACHE_HOME/treeflare``, else ``~/.cache/treeflare``), under a name made from the source's name and a hash
+of the source, the compiler and its flags.  The folder must be this user's and writable by nobody else, no folder
+above it may let another user rename its entries (:func:`_check_path`), and the library is opened without following links,
 checked on its descriptor and loaded through that descriptor (``/proc/self/fd/N``).  The source that is hashed
 is the text written for the compiler: what is compiled is what was hashed.
 """
@@ -21,13 +22,16 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-SOURCE_NAME = "fixed_base.c"
+SOURCE_NAME = "fixed_base.c"          # the AVX-512 IFMA kernel
+PORTABLE_SOURCE_NAME = "portable.c"   # the same functions on 64-bit limbs, any 64-bit CPU
 CFLAGS = ("-O2", "-fPIC", "-shared")
 
 
-def source() -> str:
-    """The kernel's C source, read from the package's data (also inside a zip or an exported job)."""
-    return resources.files(__package__).joinpath(SOURCE_NAME).read_text(encoding="utf-8")
+def source(name: str = SOURCE_NAME) -> str:
+    """A kernel's C source, read from the package's data (also inside a zip or an exported job)."""
+    if name not in (SOURCE_NAME, PORTABLE_SOURCE_NAME):
+        raise ValueError(f"no kernel source {name!r}")
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 def _cache_dir() -> Path:
@@ -115,8 +119,9 @@ def _open_checked(name: str, dir_fd: int) -> int:
 def _compile(cc: str, code: str, cache: Path, dir_fd: int, name: str) -> None:
     """Compile into a private temporary name in the cache folder, fsync, then rename to ``name`` (atomic: a
     party's workers may build at the same time, and a reader never sees half a library)."""
-    src_fd, src = tempfile.mkstemp(dir=cache, prefix=".fixed_base_", suffix=".c")
-    out_fd, part = tempfile.mkstemp(dir=cache, prefix=".fixed_base_", suffix=".part")
+    stem = name.rsplit("_", 1)[0]
+    src_fd, src = tempfile.mkstemp(dir=cache, prefix=f".{stem}_", suffix=".c")
+    out_fd, part = tempfile.mkstemp(dir=cache, prefix=f".{stem}_", suffix=".part")
     os.close(out_fd)
     try:
         with os.fdopen(src_fd, "w") as fh:
@@ -136,15 +141,16 @@ def _compile(cc: str, code: str, cache: Path, dir_fd: int, name: str) -> None:
                 os.unlink(leftover)
 
 
-def _open_kernel(cc: str) -> int:
+def _open_kernel(cc: str, source_name: str = SOURCE_NAME) -> int:
     """A checked descriptor of the compiled kernel (built first if the cache has none).  The caller loads it
     through ``/proc/self/fd/N``, so what is loaded is the file that was checked, whatever its name points to by
     then."""
     if not os.path.isdir("/proc/self/fd"):
         raise OSError("no /proc/self/fd to load the checked library through")
-    code = source()
+    code = source(source_name)
     key = "\0".join([code, cc, *CFLAGS])
-    name = f"fixed_base_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    stem = source_name.removesuffix(".c")
+    name = f"{stem}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     cache = _cache_dir()
     dir_fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -169,13 +175,40 @@ def reason(e: Exception) -> str:
     return str(e)[:200]
 
 
-def open_library(cc: str):
-    """The compiled kernel as a ``ctypes.CDLL`` (built first if the cache has none), loaded through the
-    descriptor that was checked, so that what is loaded is the checked file whatever its name points to by
-    then.  Raises OSError or subprocess.SubprocessError when it cannot be built or trusted (:func:`reason`
-    says why, without a path)."""
-    fd = _open_kernel(cc)
+def open_library(cc: str, source_name: str = SOURCE_NAME):
+    """The compiled kernel of ``source_name`` as a ``ctypes.CDLL`` (built first if the cache has none), loaded
+    through the descriptor that was checked, so that what is loaded is the checked file whatever its name points
+    to by then.  Raises OSError or subprocess.SubprocessError when it cannot be built or trusted
+    (:func:`reason` says why, without a path)."""
+    fd = _open_kernel(cc, source_name)
     try:
-        return ctypes.CDLL(f"/proc/self/fd/{fd}")     # the checked file itself, not its name
-    finally:
+        lib = ctypes.CDLL(f"/proc/self/fd/{fd}")      # the checked file itself, not its name
+    except BaseException:
         os.close(fd)
+        raise
+    # kept open while the process lives (a loaded library is never unloaded): the dynamic loader takes a name it
+    # has loaded before for the same library, so a closed and reused descriptor number would hand the other
+    # kernel's library back for this one
+    _LOADED_FDS.append(fd)
+    return lib
+
+
+_LOADED_FDS: list = []
+
+
+def declare(lib) -> None:
+    """The ctypes declarations of a kernel's exported functions: both C files export the same names with the
+    same C signatures (change the three together)."""
+    c_long, c_u64, c_p, c_void = ctypes.c_long, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_void_p
+    lib.fb_supported.restype = ctypes.c_int
+    lib.fb_to52_many.argtypes = [c_p, c_long, c_long, c_p, c_long]
+    lib.fb_to52_many.restype = None
+    lib.fb_pow_many.argtypes = [c_p, c_long, c_long, c_p, c_u64, c_p, c_p, c_long, c_p, c_long]
+    lib.fb_horner_many.argtypes = [c_p, c_long, c_p, c_long, c_p, c_u64, c_p, c_long, c_p, c_long]
+    lib.fb_to_mont.argtypes = [c_p, c_long, c_long, c_p, c_u64, c_p, c_p]
+    lib.fb_from_mont.argtypes = [c_p, c_long, c_long, c_p, c_u64, c_p, c_long]
+    lib.fb_segprod.argtypes = [c_p, c_long, c_void, c_long, c_void, c_long, c_long, c_p, c_u64, c_p]
+    lib.fb_powm_sec_many.argtypes = [c_p, c_long, c_p, c_long, c_long, c_p, c_u64, c_p, c_p, c_long]
+    for fn in (lib.fb_pow_many, lib.fb_horner_many, lib.fb_to_mont, lib.fb_from_mont, lib.fb_segprod,
+               lib.fb_powm_sec_many):
+        fn.restype = ctypes.c_int
