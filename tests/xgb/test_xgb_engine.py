@@ -88,6 +88,18 @@ def test_same_trees_as_xgboost_hist_on_pooled_rows(objective, how, extra):
     assert np.abs(booster(doc).predict(d) - ref.predict(d)).max() <= 1e-5
 
 
+@pytest.mark.parametrize("workers", [2, "dask-local:2"])
+def test_a_site_on_workers_gives_the_same_model(workers):
+    """A site's rows spread over worker processes (or its own Dask cluster): the integer histograms add up to the
+    same sums, so the model is the same to the bit."""
+    pytest.importorskip("distributed") if str(workers).startswith("dask") else None
+    X, y = prebinned("multi:softprob", n=900)
+    params = BoostParams(objective="multi:softprob", num_class=4, rounds=2, max_depth=3)
+    alone, _ = train(split(X, y, "skew"), params)
+    spread, _ = train(split(X, y, "skew"), params, workers=workers)
+    assert json.dumps(spread) == json.dumps(alone)
+
+
 def test_early_stopping_as_xgboost():
     X, y = prebinned("binary:logistic", n=2400, seed=3)
     Xv, yv = prebinned("binary:logistic", n=900, seed=4)
@@ -108,7 +120,7 @@ def test_the_server_sees_sums_only_and_each_site_vector_is_masked():
     record = []
     train(split(X, y, "iid"), BoostParams(rounds=2, max_depth=3), record=record)
     summed = [(req, replies, answer) for req, replies, answer in record if req["type"] != "setup"]
-    assert {r["type"] for r, _, _ in summed} == {"sketch", "round", "level", "finish"}
+    assert {r["type"] for r, _, _ in summed} == {"sketch", "refine", "round", "level", "finish"}
     for req, replies, answer in summed:
         masked = [replies[s]["masked"] for s in sorted(replies)]
         assert np.array_equal(secagg.sum_masked(masked), answer)
@@ -159,6 +171,17 @@ def _index(requests, kind):
 def test_an_honest_replay_is_answered():
     requests, part = first_requests()
     assert "masked" in replay(requests, _index(requests, "level"), part)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda r: r["cells"].append(list(r["cells"][0])), "cells"),  # a cell counted twice
+    (lambda r: r["cells"].append([0, 0]), "cells"),  # the unbounded end cell
+    (lambda r: r["cells"].extend([[0, c] for c in range(300, 600)]), "cells"),  # more cells than bins
+])
+def test_a_site_refuses_a_refinement_the_plan_does_not_allow(change, field):
+    requests, part = first_requests()
+    with pytest.raises(PayloadError, match=field):
+        replay(requests, _index(requests, "refine"), part, change)
 
 
 @pytest.mark.parametrize("change, field", [
@@ -240,7 +263,13 @@ def _gradients_scaled(req, v):
     return v
 
 
-@pytest.mark.parametrize("how", [_gradient_bin, _counts_only, _gradients_scaled])
+def _refined_parts(req, v):
+    if req["type"] == "refine":
+        v[1] += 7  # rows in a part of a cell that the cell's count does not hold
+    return v
+
+
+@pytest.mark.parametrize("how", [_gradient_bin, _counts_only, _gradients_scaled, _refined_parts])
 def test_a_site_sending_what_its_rows_cannot_give_ends_the_job(how):
     with pytest.raises(EngineError, match="a site sent"):
         hostile_run(how)
@@ -250,7 +279,7 @@ def _duplicated(req, v):
     """Every field doubled consistently from the sketch on: as if the site held each of its rows twice."""
     if req["type"] == "sketch":
         v = v * 2
-    elif req["type"] in ("round", "level"):
+    elif req["type"] in ("round", "level", "refine"):
         v = v * 2
         if req["type"] == "round":
             v[0] //= 2  # (its eval sum stays; no validation rows here)
@@ -296,3 +325,24 @@ def test_lattice_keeps_small_integers_apart_and_cuts_are_lattice_edges():
     assert b.ravel().tolist() == [0, 1, 2, -1]
     many = bins.sketch_counts(np.random.default_rng(0).normal(size=(5000, 1)).astype(np.float32))
     assert len(bins.cuts_from_counts(many, 1, 64)[0]) - 1 <= 64
+
+
+def test_a_narrow_peak_is_refined_into_bins_of_its_own():
+    """Half the rows between 0.973 and 0.99 fill two lattice cells; their parts give the peak bins of its own, as
+    XGBoost's quantiles would, and only there."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(0.973, 0.99, 2000), rng.uniform(0.5, 3.0, 2000)]).astype(np.float32)[:, None]
+    counts = bins.sketch_counts(x)
+    heavy = bins.heavy_cells(counts, 1, 64)
+    assert 1 <= len(heavy) <= 4 and all(f == 0 for f, _ in heavy)
+    parts = bins.refine_counts(x, heavy)
+    assert parts.sum() == sum(int(counts[c]) for _, c in heavy)
+    coarse = np.asarray(bins.cuts_from_counts(counts, 1, 64)[0])
+    fine = np.asarray(bins.cuts_from_counts(counts, 1, 64, {(0, c): parts[i * 64:(i + 1) * 64]
+                                                              for i, (_, c) in enumerate(heavy)})[0])
+    inside = lambda c: int(np.sum((c > 0.973) & (c < 0.99)))  # noqa: E731
+    assert inside(coarse) <= 2 and inside(fine) >= 16
+    assert len(fine) - 1 <= 64
+    assert bins.check_cuts([fine.tolist()], 1, 64, PayloadError, refined=heavy)[0].tolist() == fine.tolist()
+    with pytest.raises(PayloadError, match="lattice"):  # without having refined them, a site refuses those edges
+        bins.check_cuts([fine.tolist()], 1, 64, PayloadError)

@@ -188,3 +188,16 @@ def test_unreachable_xgb_port_fails_naming_host_and_port(tmp_path):
     assert "cannot reach the XGBoost federated server at 10.255.255.1:" in report["error"], report["error"]
     assert "within 3 s" in report["error"] and "10.255.255.1" in proc.stderr
     assert time.perf_counter() - t < 90
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--sites", "2"], "needs --sites >= 3"),
+    (["--mode", "vertical"], "horizontal federations only"),
+    (["--workers", "dask://scheduler:8786"], "$TREEFLARE_XGB_WORKERS"),
+])
+def test_engine_treeflare_refuses_what_it_cannot_do_before_anything_starts(tmp_path, args, message):
+    ws = tmp_path / "ws"
+    proc = run_script(JOB, ["--dataset", "car", "--engine", "treeflare", *args, "--workspace", str(ws)], tmp_path,
+                      timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (ws / "flare").exists() and not (ws / "report.json").exists()

@@ -75,6 +75,10 @@ def build_parser() -> Parser:
                    help="xgboost: XGBoost's federated communicator (needs its federated plugin, which XGBoost 3.4 "
                         "removed); treeflare: our histogram boosting, where the server sees only the sum of the "
                         "sites' histograms (pairwise masks), horizontal only, any XGBoost >= 2.0")
+    g.add_argument("--workers", default="0",
+                   help="--engine treeflare: where each site's row work runs: N local processes or dask-local:N (a "
+                        "local Dask cluster); a site's $TREEFLARE_XGB_WORKERS overrides it and alone may name its "
+                        "own scheduler, dask://HOST:PORT. The model is the same whichever")
     g.add_argument("--mode", choices=["horizontal", "vertical"], default="horizontal",
                    help="horizontal: rows split among sites; vertical: columns split, site-1 holds the label")
     add_overlap_arg(g)  # --mode vertical only
@@ -117,6 +121,8 @@ def build_parser() -> Parser:
                    help="vertical: the fewest training rows the parties' intersection (PSI) may hold; fewer fails "
                         "the job before any training")
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
+    # benchmarks: --engine treeflare's requests as FLARE tasks instead of aux messages
+    g.add_argument("--engine-messaging", choices=["aux", "task"], default="aux", help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     add_run_args(p)
     add_progress_args(p)
     return p
@@ -169,6 +175,16 @@ def check_engine_args(args) -> None:
     if args.mode != "horizontal":
         raise SystemExit("error: --engine treeflare trains horizontal federations only; vertical XGBoost needs "
                          "--engine xgboost, or use `treeflare vertical` for encrypted vertical trees")
+    from treeflare.crypto.workers import parse_workers
+
+    if str(args.workers).strip().startswith("dask://"):
+        raise SystemExit("error: --workers: a Dask scheduler address names where a site's rows go, so only the site "
+                         "itself names one (its $TREEFLARE_XGB_WORKERS); a job may ask for N processes or "
+                         "dask-local:N")
+    try:
+        args.workers = parse_workers(args.workers, "--workers")
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if args.sites < MIN_SITES:
         raise SystemExit(f"error: --engine treeflare needs --sites >= {MIN_SITES}: the server learns only the sum "
                          f"of the sites' histograms, and from a sum of two each site would read the other's")
@@ -213,7 +229,8 @@ def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):
     engine = None
     if args.engine == "treeflare":
         engine = {"params": engine_params(schema, args).to_dict(), "n_features": len(schema.feature_names),
-                  "feature_names": list(schema.feature_names), "task_timeout": args.task_timeout}
+                  "feature_names": list(schema.feature_names), "task_timeout": args.task_timeout,
+                  "workers": args.workers, "messaging": args.engine_messaging}
     return XGBHistogramRecipe(
         sites=sites, xgb_params=params, num_rounds=args.rounds, early_stopping_rounds=args.early_stopping_rounds,
         data_loader=lambda: data_loader(folder, schema, args, vertical), vertical=vertical,
@@ -330,7 +347,10 @@ def run(args, table=None) -> dict:
         model_src = find_site_model(server_run_dir, sites[0])
     if server is not None:
         timings["flare_train"] = server["timings_s"].get("train")
-        timings["flare_server_start"] = server["timings_s"].get("server_start")
+        if args.engine == "treeflare":  # the sites' data loading, in the engine's setup request
+            timings["flare_setup"] = server["timings_s"].get("setup")
+        else:
+            timings["flare_server_start"] = server["timings_s"].get("server_start")
     else:
         timings["flare_train"] = flare_train_seconds(args.timing_dir, model_src)
     model_path = workspace / "model.json"

@@ -41,8 +41,13 @@ class XGBEngineController(ResultWorkflow):
     RESULT_FILE = RESULT_FILE
 
     def __init__(self, sites: list, params: dict, n_features: int, feature_names: list | None = None,
-                 task_timeout: int = 600):
+                 task_timeout: int = 600, messaging: str = "aux"):
+        """``messaging``: "aux" (every request after the setup as an aux message) or "task" (every request a task:
+        the benchmark's comparison)."""
         super().__init__()
+        if messaging not in ("aux", "task"):
+            raise ValueError(f"messaging must be aux or task, not {messaging!r}")
+        self.messaging = messaging
         self.sites = list(sites)
         self.params = dict(params)
         self.n_features = int(n_features)
@@ -99,7 +104,10 @@ class XGBEngineController(ResultWorkflow):
                       validation_history=server.history, best_iteration=server.best_iteration,
                       n_train=server.n_train, n_valid=server.n_valid, grad_bits=server.grad_bits,
                       bins=[max(len(c) - 1, 0) for c in server.cuts], model_file=MODEL_FILE)
-        result["timings_s"].update(train=time.perf_counter() - t0, waiting_for_sites=wait_s)
+        setup = by_type.get("setup", [0, 0.0])[1]  # the sites load their rows (and XGBoost) in their setup
+        result["timings_s"].update(setup=setup, train=time.perf_counter() - t0 - setup,
+                                   waiting_for_sites=wait_s - setup)
+        result["messaging"] = self.messaging
         result["requests_by_type"] = {k: {"requests": n, "seconds": round(t, 3)} for k, (n, t) in by_type.items()}
 
     def _ask(self, req: dict, abort_signal, fl_ctx) -> dict:
@@ -107,7 +115,7 @@ class XGBEngineController(ResultWorkflow):
 
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed(f"aborted before request {req['seq']} ({req['type']})")
-        if req["type"] == "setup":
+        if req["type"] == "setup" or self.messaging == "task":
             task = Task(name=ENGINE_TASK, data=Shareable({"request": req}), timeout=self.task_timeout)
             collect(self, task, fl_ctx, self.sites, abort_signal)
             if abort_signal is not None and abort_signal.triggered:

@@ -1,18 +1,21 @@
 """Site side of ``--engine treeflare``: the engine's site (``treeflare.xgb.engine.site``, masked by
 ``engine.secure``) answering the server's ``xgb_engine`` tasks. The rows come from the job's data loader component
 (the site's own binding, as for ``--engine xgboost``); the site's identity (startup kit) and the job id come from its
-own context, never from a task. At the end the site keeps its copy of the model (``model.json`` in its run folder).
+own context, never from a task. Its row work runs on the workers the job asks for, or those of its own
+``$TREEFLARE_XGB_WORKERS`` (which alone may name a Dask scheduler, ``dask://HOST:PORT``). At the end the site keeps its copy of the model (``model.json`` in its run folder).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
+from ...crypto.workers import parse_workers
 from ...data import DataError
 from ...data.errors import public_error
 from ...trees.validate import PayloadError
@@ -24,19 +27,27 @@ from ..site_executor import SiteExecutor
 from .engine_controller import ENGINE_TASK, ENGINE_TOPIC, MODEL_FILE
 
 PUBLIC_ERRORS = (PayloadError,)
+WORKERS_ENV = "TREEFLARE_XGB_WORKERS"  # a site's own setting: it alone may name a Dask scheduler (dask://HOST:PORT)
 
 
 class XGBEngineExecutor(SiteExecutor):
     PUBLIC_ERRORS = PUBLIC_ERRORS
 
-    def __init__(self, data_loader_id: str = "dataloader", data_root: str = "", binding: str = ""):
+    def __init__(self, data_loader_id: str = "dataloader", data_root: str = "", binding: str = "", workers=0):
+        """``workers``: the job's ask for this site's row workers (N processes or dask-local:N, never an address);
+        ``$TREEFLARE_XGB_WORKERS`` on the site overrides it."""
         super().__init__()
+        self.workers = parse_workers(workers, "workers", allow_address=False)
         self.data_loader_id = data_loader_id
         self.data_root, self.binding = data_root, binding
         self._site = None
 
     def handlers(self) -> dict:
-        return {ENGINE_TASK: self._handle}
+        return {ENGINE_TASK: self._handle}  # the setup, and every request where the job sends tasks
+
+    def failed(self, fl_ctx) -> None:
+        if self._site is not None:  # its worker processes (or cluster state) end with the run
+            self._site.site.close()
 
     def handle_event(self, event_type: str, fl_ctx):
         if event_type == EventType.START_RUN:  # the requests after setup come as aux messages
@@ -52,6 +63,7 @@ class XGBEngineExecutor(SiteExecutor):
             self.log_error(fl_ctx, f"{ENGINE_TOPIC} failed at {site}: {type(exc).__name__}: {exc}")
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
             reply["error"] = public_error(exc, passthrough=self.PUBLIC_ERRORS)
+            self.failed(fl_ctx)
             return reply
 
     def _handle(self, site: str, task: Shareable, fl_ctx) -> Shareable:
@@ -82,5 +94,7 @@ class XGBEngineExecutor(SiteExecutor):
             allowed = binding.refine_peers  # the operator's own list of the federation, never the server's word
         except Exception:  # noqa: BLE001 - no binding of its own: any client site of the project
             allowed = None
-        return SecureSite(HistSite(site, train.X, train.y, valid.X, valid.y), _job_id(fl_ctx),
+        own = os.environ.get(WORKERS_ENV, "").strip()
+        workers = parse_workers(own, WORKERS_ENV) if own else self.workers
+        return SecureSite(HistSite(site, train.X, train.y, valid.X, valid.y, workers=workers), _job_id(fl_ctx),
                           identity=site_identity(fl_ctx, site), allowed_sites=allowed)

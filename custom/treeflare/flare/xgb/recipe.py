@@ -102,13 +102,15 @@ class XGBHistogramRecipe(TreeflareRecipe):
 
     def _engine(self, job, sites, data_loader, engine: dict) -> None:
         """``engine``: the engine controller's arguments (params as ``BoostParams.to_dict()``, n_features,
-        feature_names, task_timeout)."""
+        feature_names, task_timeout; workers: each site's row workers, ``crypto.workers.parse_workers``)."""
         from .engine_controller import ENGINE_TASK, XGBEngineController
         from .engine_executor import XGBEngineExecutor
 
+        workers = engine.pop("workers", 0)
         job.to_server(XGBEngineController(sites=sites, **engine), id="xgb_controller")
         for site in sites:
-            job.to(XGBEngineExecutor(data_loader_id=DATA_LOADER_ID), site, id="xgb_executor", tasks=[ENGINE_TASK])
+            job.to(XGBEngineExecutor(data_loader_id=DATA_LOADER_ID, workers=workers), site, id="xgb_executor",
+                   tasks=[ENGINE_TASK])
             job.to(data_loader(), site, id=DATA_LOADER_ID)
 
     def _direct(self, job, sites, params, rounds, early_stopping, vertical, data_loader, direct) -> None:

@@ -42,15 +42,20 @@ def route(server: HistServer, sites: dict, record: list | None = None) -> dict:
 
 
 def train(parts, params: BoostParams, *, valid=None, feature_names=None, job_id: str = "inprocess",
-          record: list | None = None) -> tuple[dict, HistServer]:
+          record: list | None = None, workers=0) -> tuple[dict, HistServer]:
     """Train on ``parts`` = [(X, y), ...], one per site (``valid``: [(X, y), ...] or None); returns (model document,
     server)."""
     n_features = np.asarray(parts[0][0]).shape[1]
     names = [f"site-{i + 1}" for i in range(len(parts))]
     valid = valid or [(None, None)] * len(parts)
-    sites = {n: SecureSite(HistSite(n, X, y, Xv, yv), job_id) for n, (X, y), (Xv, yv) in zip(names, parts, valid)}
+    sites = {n: SecureSite(HistSite(n, X, y, Xv, yv, workers=workers), job_id)
+             for n, (X, y), (Xv, yv) in zip(names, parts, valid)}
     server = HistServer(params, n_features, feature_names)
     t = time.perf_counter()
-    doc = route(server, sites, record)
+    try:
+        doc = route(server, sites, record)
+    finally:
+        for s in sites.values():
+            s.site.close()
     server.stats["seconds"] = time.perf_counter() - t
     return doc, server

@@ -4,6 +4,8 @@ sums for early stopping."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 F32 = np.float32
@@ -79,6 +81,6 @@ def metric(objective: str, total: float, n: int) -> float:
 
 def base_margin_of(objective: str, base_score: float) -> float:
     """The margin every row starts from (XGBoost's ProbToMargin): logit for binary:logistic, as is otherwise."""
-    if objective == "binary:logistic":
-        return float(-np.log(F32(1.0) / F32(base_score) - F32(1.0)))
+    if objective == "binary:logistic":  # libm's logf, as XGBoost (numpy's float32 log can be 1 ulp off it)
+        return float(F32(-math.log(float(F32(1.0) / F32(base_score) - F32(1.0)))))
     return float(base_score)

@@ -46,7 +46,14 @@ class HistServer:
         replies = yield {"type": "setup", "params": p.to_dict(), "n_features": self.n_features}
         self.sites = sorted(replies)
         total = yield {"type": "sketch"}
-        self._read_sketch(np.asarray(total, dtype=np.int64))
+        counts = self._read_sketch(np.asarray(total, dtype=np.int64))
+        heavy = bins.heavy_cells(counts, self.n_features, p.max_bin)
+        refined = {}
+        if heavy:  # cells holding more than a bin's share: counted once more, in equal parts
+            parts = np.asarray((yield {"type": "refine", "cells": heavy}), dtype=np.int64)
+            refined = self._read_refined(parts, heavy, counts)
+        self.cuts = [np.asarray(c) for c in bins.cuts_from_counts(counts, self.n_features, p.max_bin, refined)]
+        self.ptr = np.concatenate([[0], np.cumsum([max(len(c) - 1, 0) for c in self.cuts])]).astype(np.int64)
         pending: list[dict] = []
         for r in range(p.rounds):
             req = {"type": "round", "round": r, "trees": pending}
@@ -107,10 +114,24 @@ class HistServer:
         self.grad_bits = fixed_point.bits_for(n, max(self.g_bound, self.h_bound))
         row_eval = objectives.MAX_ROW_LOGLOSS if p.objective != "reg:squarederror" else self.g_bound ** 2
         self.eval_bits = fixed_point.bits_for(max(n_valid, 1), row_eval, cap=fixed_point.EVAL_BITS)
-        self.cuts = [np.asarray(c) for c in bins.cuts_from_counts(counts, self.n_features, p.max_bin)]
-        self.ptr = np.concatenate([[0], np.cumsum([max(len(c) - 1, 0) for c in self.cuts])]).astype(np.int64)
         self.g_max_int = int(math.ceil(self.g_bound * 2 ** self.grad_bits))
         self.h_max_int = int(math.ceil(self.h_bound * 2 ** self.grad_bits))
+        return counts
+
+    def _read_refined(self, parts: np.ndarray, heavy: list, counts: np.ndarray) -> dict:
+        """{(feature, cell): pooled counts of its parts}, each cell's parts adding up to the cell's pooled count."""
+        R, m = bins.REFINE_SPLITS, bins.n_cells()
+        if parts.size != R * len(heavy) or np.any(parts < 0):
+            raise EngineError("the pooled refinement counts are not what the sites' rows can give (sizes or signs)")
+        table = counts.reshape(self.n_features, m)
+        out = {}
+        for i, (f, c) in enumerate(heavy):
+            mine = parts[i * R:(i + 1) * R]
+            if int(mine.sum()) != int(table[f, c]):
+                raise EngineError(f"the pooled parts of feature {f}'s cell {c} do not add up to its pooled count: a "
+                                  "site sent values its rows cannot give (a masked sum cannot say which)")
+            out[(f, c)] = mine
+        return out
 
     # -- early stopping ----------------------------------------------------------------------------
     def _evaluated(self, value, r: int) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...data import DataError
 from ...trees.validate import PayloadError, check_int, check_number
-from . import bins, fixed_point, objectives
+from . import bins, fixed_point, objectives, site_ops
 from .native_model import model_bytes, model_document
 from .params import BoostParams
 
@@ -27,8 +27,12 @@ MAX_TREES_A_REQUEST = 10_000
 class HistSite:
     """A site's rows (X float32 with NaN for missing; y class codes or targets) and its validation rows."""
 
-    def __init__(self, name: str, X, y, X_valid=None, y_valid=None):
+    def __init__(self, name: str, X, y, X_valid=None, y_valid=None, workers=0):
+        """``workers``: where the row work runs (``crypto.workers.parse_workers``: 0/1 this process, N local
+        processes, ``dask-local:N`` or the site's own ``dask://HOST:PORT``); the model is the same whichever."""
         self.name = str(name)
+        self.workers = workers
+        self.pool = None
         self.X = np.ascontiguousarray(X, dtype=np.float32)
         self.y = np.asarray(y)
         F = self.X.shape[1]
@@ -41,6 +45,7 @@ class HistSite:
         self.tree_info: list[int] = []
         self.iteration_indptr = [0]
         self.round = -1
+        self.refined: list = []  # the lattice cells this site counted in parts (bins.check_refine)
 
     # -- the protocol ------------------------------------------------------------------------------
     def handle(self, req) -> dict:
@@ -52,7 +57,8 @@ class HistSite:
             raise PayloadError("seq", f"request {seq} out of order: this site answered up to {self._seq}")
         kind = req.get("type")
         handler = {("new", "setup"): self._setup, ("setup", "sketch"): self._sketch,
-                   ("sketched", "round"): self._round, ("round", "round"): self._round,
+                   ("sketched", "refine"): self._refine, ("sketched", "round"): self._round,
+                   ("refined", "round"): self._round, ("round", "round"): self._round,
                    ("round", "level"): self._level, ("round", "finish"): self._finish}.get((self._state, kind))
         if handler is None:
             raise PayloadError("type", f"{str(kind)[:40]!r} is not a request this site answers now ({self._state})")
@@ -103,12 +109,23 @@ class HistSite:
                                  bins.sketch_counts(self.X)]).astype(np.int64)
         return {"values": values}
 
+    def _refine(self, req) -> dict:
+        self.refined = bins.check_refine(req["cells"], self.X.shape[1], self.params.max_bin, PayloadError)
+        self._state = "refined"
+        return {"values": bins.refine_counts(self.X, self.refined)}
+
     # -- boosting rounds ---------------------------------------------------------------------------
     def _start(self, req) -> None:
         p = self.params
-        self.cuts = bins.check_cuts(req["cuts"], self.X.shape[1], p.max_bin, PayloadError)
+        self.cuts = bins.check_cuts(req["cuts"], self.X.shape[1], p.max_bin, PayloadError, self.refined)
         self.ptr = np.concatenate([[0], np.cumsum([max(len(c) - 1, 0) for c in self.cuts])]).astype(np.int64)
-        self.binned = bins.bin_matrix(self.X, self.cuts)
+        binned = bins.bin_matrix(self.X, self.cuts)
+        from ...crypto.workers import make_pool
+
+        self.pool = make_pool(self.workers, site_ops.MODULES)
+        self.blocks = np.array_split(np.arange(len(self.y)), self.pool.n)
+        self.pool.map("engine_rows", [{"rows": len(b), "features": binned.shape[1]} for b in self.blocks],
+                      [[np.ascontiguousarray(binned[b]).tobytes()] for b in self.blocks])
         self.base_score = check_number(req["base_score"], "base_score")
         if p.objective == "binary:logistic" and not 0 < self.base_score < 1:
             raise PayloadError("base_score", "must be in (0, 1) for binary:logistic")
@@ -116,14 +133,14 @@ class HistSite:
                                    hi=fixed_point.MAX_GRAD_BITS)
         self.eval_bits = check_int(req["eval_bits"], "eval_bits", lo=1, hi=fixed_point.EVAL_BITS)
         self.g_bound = check_number(req["g_bound"], "g_bound", nonnegative=True)
-        self._dtrain = self._dvalid = None
+        self._dtrain = self._dvalid = self._dtrain_margin = self._dvalid_margin = None
 
     def _round(self, req) -> dict:
         p = self.params
         r = check_int(req["round"], "round", lo=0, hi=p.rounds - 1)
         if r != self.round + 1:
             raise PayloadError("round", f"round {r} asked after round {self.round}")
-        if self._state == "sketched":
+        if self._state in ("sketched", "refined"):
             self._start(req)
         self._add_trees(req["trees"], required=r > 0)
         self.round = r
@@ -132,18 +149,31 @@ class HistSite:
         if p.objective == "reg:squarederror" and np.any(np.abs(g) > self.g_bound):
             raise DataError(f"{self.name}: a gradient is larger than the agreed bound {self.g_bound:g} (4 x the "
                             "largest label + 1); labels far from the others' make the bound too small")
-        self.g_int = fixed_point.encode(g, self.grad_bits)
-        self.h_int = fixed_point.encode(h, self.grad_bits)
+        g_int, h_int = fixed_point.encode(g, self.grad_bits), fixed_point.encode(h, self.grad_bits)
+        self.pool.map("engine_grads", [{"groups": p.groups}] * self.pool.n,
+                      [[np.ascontiguousarray(g_int[b]).tobytes(), np.ascontiguousarray(h_int[b]).tobytes()]
+                       for b in self.blocks])
         n = len(self.y)
-        self.pos = np.zeros((p.groups, n), dtype=np.int32)
         self.n_nodes = [1] * p.groups
         self.frontier = [{0} for _ in range(p.groups)]
         self.depth = 0
         self._state = "round"
         eval_int = self._eval_int()
-        roots = [self._histograms(k, [0]) for k in range(p.groups)]
-        totals = [[n, int(self.g_int[:, k].sum()), int(self.h_int[:, k].sum())] for k in range(p.groups)]
-        return {"values": np.concatenate([[eval_int], np.ravel(totals), *roots]).astype(np.int64)}
+        roots = self._work([], [[k, 0] for k in range(p.groups)])
+        totals = [[n, int(g_int[:, k].sum()), int(h_int[:, k].sum())] for k in range(p.groups)]
+        return {"values": np.concatenate([[eval_int], np.ravel(totals), roots]).astype(np.int64)}
+
+    def _work(self, splits: list, build: list) -> np.ndarray:
+        """The workers apply ``splits`` to their rows and return their blocks' histograms of ``build``, added."""
+        args = {"splits": splits, "build": build, "ptr": [int(v) for v in self.ptr]}
+        _, blobs = self.pool.map_reduce("engine_level", [args] * self.pool.n, None, "engine_sum", {})
+        return np.frombuffer(blobs[0], dtype=np.int64).copy()
+
+    def close(self) -> None:
+        """Stop this site's workers (their processes or cluster state)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def _eval_int(self) -> int:
         p = self.params
@@ -155,27 +185,38 @@ class HistSite:
     def _finish(self, req) -> dict:
         self._add_trees(req["trees"], required=False)
         self._state = "done"
-        return {"values": np.array([self._eval_int()], dtype=np.int64)}
+        out = {"values": np.array([self._eval_int()], dtype=np.int64)}
+        self.close()
+        return out
 
     def _add_trees(self, trees, required: bool) -> None:
         """The trees of the round before, as the server built them (``required``: a round after the first; the last
-        request may have none left): appended to this site's model, which is checked as a model file before XGBoost
-        reads it."""
+        request may have none left), checked as a model file (``model_document`` runs ``model_file.check_model``)
+        before XGBoost reads them; XGBoost then adds them onto this site's margins (``base_margin``: the same float32
+        sums, in the same order, as a prediction of the whole model), so each round costs its own trees only."""
+        import xgboost as xgb
+
         p = self.params
         if not isinstance(trees, list) or len(trees) not in ((p.groups,) if required else (0, p.groups)):
             raise PayloadError("trees", f"expected the {p.groups} tree(s) of the round before")
         if not trees:
             return
-        try:  # model_document runs the model-file validator (model_file.check_model) on what it writes
-            model_document(self.trees + list(trees), self.tree_info + list(range(p.groups)),
-                           n_features=self.X.shape[1], objective=p.objective, num_class=p.num_class,
-                           base_score=self.base_score)
+        try:
+            doc = model_document(list(trees), list(range(p.groups)), n_features=self.X.shape[1],
+                                 objective=p.objective, num_class=p.num_class, base_score=self.base_score)
         except (ValueError, TypeError, KeyError) as exc:
             raise PayloadError("trees", str(exc)[:300]) from None
+        booster = xgb.Booster(model_file=bytearray(model_bytes(doc)))
+        for key, X in (("_dtrain", self.X), ("_dvalid", self.X_valid)):
+            margins = self._margin_of(key, X)
+            if len(X):
+                d = self._dmatrix(key, X)
+                d.set_base_margin(margins.ravel())
+                out = booster.predict(d, output_margin=True)
+                setattr(self, key + "_margin", np.asarray(out, dtype=np.float32).reshape(len(X), p.groups))
         self.trees += list(trees)
         self.tree_info += list(range(p.groups))
         self.iteration_indptr.append(len(self.trees))
-        self._booster = None
 
     def model(self) -> dict:
         """This site's copy of the model (XGBoost's JSON document)."""
@@ -183,20 +224,24 @@ class HistSite:
                               objective=self.params.objective, num_class=self.params.num_class,
                               base_score=self.base_score)
 
-    def _margins(self, X, valid: bool = False) -> np.ndarray:
-        """The current model's margins for ``X`` (n x groups), by XGBoost from this site's model document."""
+    def _margin_of(self, key: str, X) -> np.ndarray:
+        """The current model's margins for the training (``_dtrain``) or validation rows: n x groups, float32."""
+        p = self.params
+        if getattr(self, key + "_margin", None) is None:  # no tree yet: every row at the base margin
+            setattr(self, key + "_margin", np.full((len(X), p.groups),
+                                                   objectives.base_margin_of(p.objective, self.base_score),
+                                                   np.float32))
+        return getattr(self, key + "_margin")
+
+    def _dmatrix(self, key: str, X):
         import xgboost as xgb
 
-        p = self.params
-        if not self.trees:
-            return np.full((len(X), p.groups), objectives.base_margin_of(p.objective, self.base_score), np.float32)
-        if getattr(self, "_booster", None) is None:
-            self._booster = xgb.Booster(model_file=bytearray(model_bytes(self.model())))
-        key = "_dvalid" if valid else "_dtrain"
         if getattr(self, key, None) is None:
             setattr(self, key, xgb.DMatrix(X, missing=np.nan, nthread=1))
-        out = self._booster.predict(getattr(self, key), output_margin=True)
-        return np.asarray(out, dtype=np.float32).reshape(len(X), p.groups)
+        return getattr(self, key)
+
+    def _margins(self, X, valid: bool = False) -> np.ndarray:
+        return self._margin_of("_dvalid" if valid else "_dtrain", X)
 
     # -- tree levels -------------------------------------------------------------------------------
     def _level(self, req) -> dict:
@@ -210,6 +255,7 @@ class HistSite:
         if not isinstance(splits, list) or not isinstance(builds, list) or not splits:
             raise PayloadError("splits", "expected a list of splits and a list of nodes to build")
         made = [set() for _ in range(p.groups)]
+        applied = []
         pairs = {}
         frontier = [set() for _ in range(p.groups)]
         for i, s in enumerate(splits):
@@ -226,18 +272,14 @@ class HistSite:
                 raise PayloadError(f"splits[{i}].default_left", "expected true or false")
             left, right = self.n_nodes[k], self.n_nodes[k] + 1  # XGBoost numbers children as it allocates them
             self.n_nodes[k] += 2
-            rows = np.flatnonzero(self.pos[k] == node)
-            v = self.binned[rows, f]
-            go_left = np.where(v < 0, s["default_left"], v <= b)
-            self.pos[k, rows[go_left]] = left
-            self.pos[k, rows[~go_left]] = right
+            applied.append([k, node, f, b, int(s["default_left"]), left, right])
             made[k].update((left, right))
             frontier[k].update((left, right))
             pairs[(k, left)] = pairs[(k, right)] = (k, node)
         self.frontier = frontier
         self.depth = depth
         asked = set()
-        out = []
+        build = []
         for i, b in enumerate(builds):
             if not isinstance(b, dict) or set(b) != {"group", "node"}:
                 raise PayloadError(f"build[{i}]", "expected group and node")
@@ -246,24 +288,5 @@ class HistSite:
             if node not in made[k] or pairs[(k, node)] in asked:
                 raise PayloadError(f"build[{i}]", "is not a child of this level's splits, or its sibling was asked")
             asked.add(pairs[(k, node)])
-            out.append(self._histograms(k, [node]))
-        return {"values": np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)}
-
-    def _histograms(self, k: int, nodes: list) -> np.ndarray:
-        """Counts, gradient and hessian sums per bin (all features' bins, ``ptr`` apart) of the rows in ``nodes``
-        of tree ``k``, node after node: [C | G | H] each."""
-        B = int(self.ptr[-1])
-        slot = np.full(max(self.n_nodes[k], 1), -1, dtype=np.int64)
-        slot[nodes] = np.arange(len(nodes))
-        s = slot[self.pos[k]]
-        rows = np.flatnonzero(s >= 0)
-        v = self.binned[rows]
-        present = v >= 0
-        index = (s[rows][:, None] * B + self.ptr[:-1][None, :] + v)[present]
-        rep = np.broadcast_to(rows[:, None], v.shape)[present]
-        size = len(nodes) * B
-        c = np.bincount(index, minlength=size).astype(np.int64)
-        g = fixed_point.bincount_int(index, self.g_int[rep, k], size)
-        h = fixed_point.bincount_int(index, self.h_int[rep, k], size)
-        return np.concatenate([np.stack([c[j * B:(j + 1) * B], g[j * B:(j + 1) * B], h[j * B:(j + 1) * B]]).ravel()
-                               for j in range(len(nodes))])
+            build.append([k, node])
+        return {"values": self._work(applied, build)}
