@@ -10,8 +10,8 @@ Accuracy (in process: the engine's sites, masks and server as the FLARE job runs
   same_bins    xgboost.train(tree_method="hist") on every value replaced by its bin of the agreed cuts (XGBoost's
                bins are then the engine's): the target, equal to the 4th decimal
   xgboost      xgboost.train(tree_method="hist") on the raw values (XGBoost's own sketch): what the lattice costs
-Speed (the NVFlare simulator, 3 sites, adult, 50 rounds): ``--engine treeflare`` (aux messages; and every request
-a FLARE task) against ``--engine xgboost --transport direct``, interleaved, median over ``--repeats``. Train seconds
+Speed (the NVFlare simulator, 3 sites, adult, 50 rounds): ``--engine treeflare`` (its own connections, the default;
+every request a FLARE aux message; every request a FLARE task) against ``--engine xgboost --transport direct``, interleaved, median over ``--repeats``. Train seconds
 from each run's own result: XGBoost's training (its start to its end, after the sites loaded their rows) and the
 engine's requests after its setup (in which the sites load their rows: shown apart).
 Results: scripts/results/xgb_engine_bench.{md,json}, and the docs block ``bench:xgb_engine``.
@@ -85,8 +85,11 @@ def accuracy_cell(name, sites, partition, rounds, depth) -> dict:
 
 ARMS = {"xgboost": ["--engine", "xgboost", "--transport", "direct"],
         "treeflare": ["--engine", "treeflare"],
+        "treeflare_aux": ["--engine", "treeflare", "--engine-messaging", "aux"],
         "treeflare_tasks": ["--engine", "treeflare", "--engine-messaging", "task"]}
-ARM_NAMES = {"xgboost": "--engine xgboost --transport direct", "treeflare": "--engine treeflare (aux messages)",
+ARM_NAMES = {"xgboost": "--engine xgboost --transport direct",
+             "treeflare": "--engine treeflare (its own connections, the default)",
+             "treeflare_aux": "--engine treeflare, every request a FLARE aux message",
              "treeflare_tasks": "--engine treeflare, every request a FLARE task"}
 
 

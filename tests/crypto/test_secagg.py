@@ -52,17 +52,22 @@ def write_kit(folder, site, ca, cn=None, expired=False, role="client", server="l
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
             .sign(ca_key, hashes.SHA256()))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "client.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                          serialization.PrivateFormat.TraditionalOpenSSL,
-                                                          serialization.NoEncryption()))
-    (folder / "client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "rootCA.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    write_pems(folder, "client", key, cert, ca_cert)
     (folder / "fed_client.json").write_text(json.dumps(
         {"format_version": 2, "servers": [{"name": "project", "service": {"target": f"{server}:8002"},
                                            "identity": server}],
          "client": {"ssl_private_key": "client.key", "ssl_cert": "client.crt", "ssl_root_cert": "rootCA.pem"}}))
     return folder
+
+
+def write_pems(folder, stem, key, cert, ca_cert):
+    """``<stem>.key``, ``<stem>.crt`` and ``rootCA.pem`` as a startup kit holds them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                           serialization.PrivateFormat.TraditionalOpenSSL,
+                                                           serialization.NoEncryption()))
+    (folder / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "rootCA.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
 
 
 SITES = ["site-1", "site-2", "site-3", "site-4"]

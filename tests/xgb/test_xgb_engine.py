@@ -210,15 +210,16 @@ def test_a_site_refuses_a_level_the_plan_does_not_allow(change, field):
         replay(requests, _index(requests, "level"), part, change)
 
 
-def test_a_site_refuses_trees_that_are_no_model():
+@pytest.mark.parametrize("change", [
+    lambda t: t["left_children"].__setitem__(0, 99),  # no model at all
+    lambda t: t["split_conditions"].__setitem__(0, t["split_conditions"][0] + 0.01),  # a cut nobody agreed
+    lambda t: t["default_left"].__setitem__(0, 1 - t["default_left"][0]),
+], ids=["no model", "other threshold", "other default"])
+def test_a_site_refuses_trees_other_than_those_it_grew(change):
     requests, part = first_requests()
     i = next(i for i, r in enumerate(requests) if r["type"] == "round" and r["trees"])
-
-    def broken(r):
-        r["trees"][0]["left_children"][0] = 99
-
     with pytest.raises(PayloadError, match="trees"):
-        replay(requests, i, part, broken)
+        replay(requests, i, part, lambda r: change(r["trees"][0]))
 
 
 class Inflating(HistSite):
@@ -269,10 +270,83 @@ def _refined_parts(req, v):
     return v
 
 
-@pytest.mark.parametrize("how", [_gradient_bin, _counts_only, _gradients_scaled, _refined_parts])
-def test_a_site_sending_what_its_rows_cannot_give_ends_the_job(how):
+class Wrapping(HistSite):
+    """Four counts of 2^62 add up to 0 mod 2^64, and 2^40 x 2^62 wraps to 0: checked in int64, such bins could carry
+    the gradients of thousands of rows with the pooled rows unchanged; the additions are split between the two
+    children so that the sibling the server derives passes too (the hostile review's attack)."""
+
+    def _add(self, v, off, part):
+        B = int(self.ptr[-1])
+        C, G = v[off:off + B], v[off + B:off + 2 * B]
+        for f in range(len(self.ptr) - 1):
+            lo = int(self.ptr[f])
+            if int(self.ptr[f + 1]) - lo >= 8:
+                if part in ("root", "left"):
+                    C[lo:lo + 4] += np.int64(2 ** 62)
+                    G[lo + 3] += np.int64(2 ** 61)
+                if part in ("root", "right"):
+                    C[lo + 4:lo + 8] += np.int64(2 ** 62)
+                    G[lo + 4] -= np.int64(2 ** 61)
+
+    def handle(self, req):
+        out = super().handle(req)
+        if "values" in out:
+            v = out["values"].copy()
+            with np.errstate(over="ignore"):
+                if req["type"] == "round" and req["round"] == 0:
+                    self._add(v, 4, "root")
+                elif req["type"] == "level" and req["round"] == 0 and req["depth"] == 1:
+                    self._add(v, 0, "left" if req["build"][0]["node"] == 1 else "right")
+            out["values"] = v
+        return out
+
+
+def test_counts_that_wrap_around_int64_do_not_pass_the_checks():
+    X, y = prebinned("binary:logistic", n=900)
+    parts = split(X, y, "iid")
+    sites = sites_for(parts)
+    sites["site-3"] = SecureSite(Wrapping("site-3", *parts[2]), "j")
     with pytest.raises(EngineError, match="a site sent"):
-        hostile_run(how)
+        route(HistServer(BoostParams(rounds=2, max_depth=2), 5), sites)
+
+
+def _wrapped_sketch(req, v):
+    if req["type"] == "sketch":
+        v[10:14] += 2 ** 62
+    return v
+
+
+def _label_cells(req, v):
+    if req["type"] == "sketch":  # regression: -M in a label cell, +M in another: the cells still add up
+        v[4], v[5] = v[4] - 10 ** 6, v[5] + 10 ** 6
+    return v
+
+
+@pytest.mark.parametrize("how, objective", [(_gradient_bin, "binary:logistic"), (_counts_only, "binary:logistic"),
+                                            (_gradients_scaled, "binary:logistic"),
+                                            (_refined_parts, "binary:logistic"),
+                                            (_wrapped_sketch, "multi:softprob"),
+                                            (_label_cells, "reg:squarederror")])
+def test_a_site_sending_what_its_rows_cannot_give_ends_the_job(how, objective):
+    with pytest.raises(EngineError, match="a site sent|not what the sites' rows can give"):
+        hostile_run(how, objective)
+
+
+def test_a_site_cannot_steer_early_stopping_past_what_its_validation_rows_can_give():
+    X, y = prebinned("binary:logistic", n=900)
+    Xv, yv = prebinned("binary:logistic", n=300, seed=5)
+    parts = split(X, y, "iid")
+    sites = {f"site-{i + 1}": SecureSite(HistSite(f"site-{i + 1}", *p, Xv[i::3], yv[i::3]), "j")
+             for i, p in enumerate(parts)}
+
+    def inflate(req, v):
+        if req["type"] == "round" and req["round"] > 0:
+            v[0] += 2 ** 24 * 10 ** 5  # a validation loss no 100 rows can give
+        return v
+
+    sites["site-2"] = SecureSite(Inflating("site-2", *parts[1], Xv[1::3], yv[1::3], how=inflate), "j")
+    with pytest.raises(EngineError, match="validation loss"):
+        route(HistServer(BoostParams(rounds=3, max_depth=3, early_stopping_rounds=1), 5), sites)
 
 
 def _duplicated(req, v):
@@ -346,3 +420,67 @@ def test_a_narrow_peak_is_refined_into_bins_of_its_own():
     assert bins.check_cuts([fine.tolist()], 1, 64, PayloadError, refined=heavy)[0].tolist() == fine.tolist()
     with pytest.raises(PayloadError, match="lattice"):  # without having refined them, a site refuses those edges
         bins.check_cuts([fine.tolist()], 1, 64, PayloadError)
+
+
+def test_equal_gains_go_where_xgboost_scans_first():
+    """Rows whose gradient and hessian round to 0 (saturated predictions) make neighbouring candidates tie. XGBoost
+    keeps the first it meets: forward from the lowest bin, backward from the highest, the lower feature before a
+    higher one. Feature 1 repeats feature 0: feature 0 wins. The middle bin adds nothing to either side: backward,
+    bin 2 is met first, so bins 0-1 and the missing rows go left."""
+    from treeflare.xgb.engine import formulas
+
+    bits = 20
+    one = 2 ** bits
+    C = np.array([10, 5, 10] * 2)
+    G = np.array([-8 * one, 0, 8 * one] * 2)
+    H = np.array([4 * one, 0, 4 * one] * 2)
+    total = (30, -8 * one, 10 * one)  # and 5 rows without either feature: G -8, H 2
+    r = formulas.Regularization(reg_lambda=1.0, reg_alpha=0.0, min_child_weight=0.0, max_delta_step=0.0,
+                                gamma=0.0, eta=0.3)
+    split = formulas.best_split(C, G, H, total, [0, 3, 6], r, bits)
+    assert (split.feature, split.bin, split.default_left) == (0, 1, True)
+    assert split.left == (20, -16 * one, 6 * one) and split.right == (10, 8 * one, 4 * one)
+
+
+class DeviatingRouter:
+    """A deviating server's transport: each site may get a request of its own."""
+
+    def __init__(self, sites):
+        self.sites, self.seq, self.keys = sites, 0, None
+
+    def setup(self, req):
+        replies = {n: s.handle({**req, "seq": self.seq}) for n, s in self.sites.items()}
+        self.keys = [replies[n]["key"] for n in sorted(replies)]
+        self.seq += 1
+        return replies
+
+    def ask(self, reqs):
+        if "type" in reqs:
+            reqs = {n: reqs for n in self.sites}
+        out = [self.sites[n].handle({**json.loads(json.dumps(reqs[n])), "seq": self.seq, "keys": self.keys})["masked"]
+               for n in sorted(self.sites)]
+        self.seq += 1
+        return secagg.sum_masked(out)
+
+
+def test_sites_told_different_things_once_never_sum_to_one_sites_histogram_again():
+    """A server sends one site a split that sends all its rows right and the others one that sends all theirs left
+    (that sum is noise), then the same next level to every site: node 5 would hold the victim's rows alone. The
+    masks are bound to everything each site was asked, so that sum is noise too."""
+    X, y = prebinned("binary:logistic", n=900)
+    sites = sites_for(split(X, y, "iid"))
+    server = HistServer(BoostParams(rounds=3, max_depth=4), 5)
+    gen, router = server.run(), DeviatingRouter(sites)
+    answer = router.setup(next(gen))
+    while (req := gen.send(answer))["type"] != "level":
+        answer = router.ask(req)
+    last = len(server.cuts[0]) - 2
+    one = lambda b, left: {"group": 0, "node": 0, "feature": 0, "bin": b, "default_left": left}  # noqa: E731
+    router.ask({n: {"type": "level", "round": 0, "depth": 1, "build": [{"group": 0, "node": 1}],
+                    "splits": [one(-1, False) if n == "site-2" else one(last, True)]} for n in sites})
+    left = lambda node: {"group": 0, "node": node, "feature": 0, "bin": last, "default_left": True}  # noqa: E731
+    v = router.ask({"type": "level", "round": 0, "depth": 2, "splits": [left(1), left(2)],
+                    "build": [{"group": 0, "node": 3}, {"group": 0, "node": 5}]})
+    B = int(server.ptr[-1])
+    counts = v[3 * B:4 * B]
+    assert np.abs(counts).max() > 2 ** 40  # not the victim's row counts (at most 300): the masks did not cancel

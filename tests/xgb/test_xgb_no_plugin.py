@@ -45,7 +45,7 @@ def test_engine_xgboost_is_refused_with_what_to_do(tmp_path, noplugin):
 def test_engine_treeflare_trains_without_the_plugin(tmp_path, noplugin):
     ws = tmp_path / "ws"
     proc = run_script(JOB, ["--dataset", "car", "--engine", "treeflare", "--rounds", "3", "--max-depth", "4",
-                            "--eta", "0.5", "--sites", "3", "--baselines", "centralized,native_distributed",
+                            "--eta", "0.5", "--sites", "3", "--baselines", "centralized,native_distributed", "--xgb-port", "0",
                             "--workspace", str(ws), "--log-level", "WARNING"], tmp_path, timeout=300,
                       python_path=noplugin)
     assert (ws / "report.json").is_file(), proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -121,8 +121,8 @@ def build_parser() -> Parser:
                    help="vertical: the fewest training rows the parties' intersection (PSI) may hold; fewer fails "
                         "the job before any training")
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
-    # benchmarks: --engine treeflare's requests as FLARE tasks instead of aux messages
-    g.add_argument("--engine-messaging", choices=["aux", "task"], default="aux", help=argparse.SUPPRESS)  # benchmarks: loader timestamps
+    # benchmarks: --engine treeflare's requests as FLARE aux messages or tasks instead of on its own connections
+    g.add_argument("--engine-messaging", choices=["direct", "aux", "task"], default="direct", help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     add_run_args(p)
     add_progress_args(p)
     return p
@@ -141,14 +141,7 @@ def check_args(args) -> None:
     if args.psi_min_rows < 1:
         raise SystemExit(f"error: --psi-min-rows must be >= 1, got {args.psi_min_rows}")
     if args.transport == "direct":
-        if not 0 <= args.xgb_port <= MAX_PORT:
-            raise SystemExit(f"error: --xgb-port must be a port number in 1..{MAX_PORT} (or 0 for any free port), "
-                             f"got {args.xgb_port}")
-        if args.xgb_port and args.env in ("sim", "poc") and not args.export:
-            try:  # the FL server runs on this machine: fail before anything starts
-                check_port(args.xgb_port)
-            except FederatedServerError as exc:
-                raise SystemExit(f"error: {exc}") from None
+        check_xgb_port(args)
         if min(args.xgb_connect_timeout, args.xgb_train_timeout, args.xgb_heartbeat_timeout) <= 0:
             raise SystemExit("error: --xgb-connect-timeout, --xgb-train-timeout and --xgb-heartbeat-timeout must "
                              "be > 0")
@@ -168,6 +161,18 @@ def check_args(args) -> None:
                          "plugin") from None
 
 
+def check_xgb_port(args) -> None:
+    """--xgb-port: XGBoost's federated server (--transport direct) or the engine's connections listen there."""
+    if not 0 <= args.xgb_port <= MAX_PORT:
+        raise SystemExit(f"error: --xgb-port must be a port number in 1..{MAX_PORT} (or 0 for any free port), "
+                         f"got {args.xgb_port}")
+    if args.xgb_port and args.env in ("sim", "poc") and not args.export:
+        try:  # the FL server runs on this machine: fail before anything starts
+            check_port(args.xgb_port)
+        except FederatedServerError as exc:
+            raise SystemExit(f"error: {exc}") from None
+
+
 def check_engine_args(args) -> None:
     """--engine treeflare: horizontal only, at least 3 sites (a masked sum of two would show each its peer's)."""
     from treeflare.xgb.engine.secure import MIN_SITES
@@ -185,6 +190,8 @@ def check_engine_args(args) -> None:
         args.workers = parse_workers(args.workers, "--workers")
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.engine_messaging == "direct":
+        check_xgb_port(args)
     if args.sites < MIN_SITES:
         raise SystemExit(f"error: --engine treeflare needs --sites >= {MIN_SITES}: the server learns only the sum "
                          f"of the sites' histograms, and from a sum of two each site would read the other's")
@@ -230,7 +237,8 @@ def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):
     if args.engine == "treeflare":
         engine = {"params": engine_params(schema, args).to_dict(), "n_features": len(schema.feature_names),
                   "feature_names": list(schema.feature_names), "task_timeout": args.task_timeout,
-                  "workers": args.workers, "messaging": args.engine_messaging}
+                  "workers": args.workers, "messaging": args.engine_messaging, "port": args.xgb_port,
+                  "server_host": args.xgb_server_host, "connect_timeout": args.xgb_connect_timeout}
     return XGBHistogramRecipe(
         sites=sites, xgb_params=params, num_rounds=args.rounds, early_stopping_rounds=args.early_stopping_rounds,
         data_loader=lambda: data_loader(folder, schema, args, vertical), vertical=vertical,

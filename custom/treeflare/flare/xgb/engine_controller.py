@@ -32,6 +32,7 @@ ENGINE_TASK = "xgb_engine"
 # every request after the setup task goes as an aux message: pushed to the sites at once, where a task would wait for
 # each site's next poll (task_request_interval): one request per tree level makes that the cost of a round
 ENGINE_TOPIC = "treeflare.xgb_engine"
+MESSAGING = ("direct", "aux", "task")
 RESULT_FILE = "engine_result.json"
 MODEL_FILE = "model.json"
 
@@ -41,13 +42,18 @@ class XGBEngineController(ResultWorkflow):
     RESULT_FILE = RESULT_FILE
 
     def __init__(self, sites: list, params: dict, n_features: int, feature_names: list | None = None,
-                 task_timeout: int = 600, messaging: str = "aux"):
-        """``messaging``: "aux" (every request after the setup as an aux message) or "task" (every request a task:
-        the benchmark's comparison)."""
+                 task_timeout: int = 600, messaging: str = "direct", port: int = 0, server_host: str = "",
+                 connect_timeout: float = 60.0):
+        """``messaging``: "direct" (every request after the setup on the sites' own connections to ``port``,
+        ``engine.channel``: mutual TLS with the kits' certificates outside the simulator), "aux" (as FLARE aux
+        messages) or "task" (every request a FLARE task; the benchmark's comparison). ``server_host``: the host the
+        sites connect to (default: the FL server's in each site's kit; localhost in the simulator)."""
         super().__init__()
-        if messaging not in ("aux", "task"):
-            raise ValueError(f"messaging must be aux or task, not {messaging!r}")
+        if messaging not in MESSAGING:
+            raise ValueError(f"messaging must be one of {MESSAGING}, not {messaging!r}")
         self.messaging = messaging
+        self.port, self.server_host, self.connect_timeout = int(port), str(server_host), float(connect_timeout)
+        self._channel = None
         self.sites = list(sites)
         self.params = dict(params)
         self.n_features = int(n_features)
@@ -64,22 +70,48 @@ class XGBEngineController(ResultWorkflow):
             raise JobFailed(f"sites not connected: {missing}")
         params = BoostParams.from_dict(self.params)
         server = HistServer(params, self.n_features, self.feature_names)
+        try:
+            self._train(server, params, result, run_dir, abort_signal, fl_ctx)
+        finally:
+            if self._channel is not None:
+                self._channel.close()
+                result["channel_closed"] = True
+
+    def _open_channel(self, fl_ctx) -> dict:
+        """Listen for the sites (messaging "direct"); what the setup task tells them about it."""
+        from ...xgb.engine.channel import ChannelServer, new_token
+        from ...xgb.fedserver import ServerTLS
+        from .controller import _secure_system
+
+        # as the XGBoost direct transport: TLS wherever FLARE's own connections use it (POC, provisioned systems)
+        tls = ServerTLS.from_kit(fl_ctx.get_engine().get_workspace().get_startup_kit_dir()) \
+            if _secure_system(fl_ctx) else None
+        token = new_token()
+        self._channel = ChannelServer(self.sites, token, self.port, tls, timeout=float(self.task_timeout))
+        return {"port": self._channel.port, "token": token, "tls": tls is not None, "server_host": self.server_host}
+
+    def _train(self, server, params, result, run_dir, abort_signal, fl_ctx):
         gen = server.run()
         req, seq, keys = next(gen), 0, None
+        channel = self._open_channel(fl_ctx) if self.messaging == "direct" else None
+        if channel is not None:
+            result["channel"] = {"bind": f"0.0.0.0:{channel['port']}", "tls": channel["tls"]}
         t0 = time.perf_counter()
         wait_s = 0.0
+        self._site_s = 0.0
         by_type: dict = {}  # request type -> [requests, seconds waiting for the sites' replies]
         while True:
             req = {**req, "seq": seq}
             if req["type"] != "setup":
                 req["keys"] = keys
             ts = time.perf_counter()
-            replies = self._ask(req, abort_signal, fl_ctx)
+            replies = self._ask(req, abort_signal, fl_ctx, channel if req["type"] == "setup" else None)
             waited = time.perf_counter() - ts
             wait_s += waited
-            by_type.setdefault(req["type"], [0, 0.0])
+            by_type.setdefault(req["type"], [0, 0.0, 0.0])
             by_type[req["type"]][0] += 1
             by_type[req["type"]][1] += waited
+            by_type[req["type"]][2] += self._site_s
             if req["type"] == "setup":
                 keys = [self._key(site, replies[site]) for site in self.sites]
                 answer = replies
@@ -104,23 +136,38 @@ class XGBEngineController(ResultWorkflow):
                       validation_history=server.history, best_iteration=server.best_iteration,
                       n_train=server.n_train, n_valid=server.n_valid, grad_bits=server.grad_bits,
                       bins=[max(len(c) - 1, 0) for c in server.cuts], model_file=MODEL_FILE)
-        setup = by_type.get("setup", [0, 0.0])[1]  # the sites load their rows (and XGBoost) in their setup
+        setup = by_type.get("setup", [0, 0.0, 0.0])[1]  # the sites load their rows (and XGBoost) in their setup
         result["timings_s"].update(setup=setup, train=time.perf_counter() - t0 - setup,
                                    waiting_for_sites=wait_s - setup)
         result["messaging"] = self.messaging
-        result["requests_by_type"] = {k: {"requests": n, "seconds": round(t, 3)} for k, (n, t) in by_type.items()}
+        # seconds: waiting for every site's reply; site_seconds: the slowest site's own work on each request, summed
+        result["requests_by_type"] = {k: {"requests": n, "seconds": round(t, 3), "site_seconds": round(w, 3)}
+                                      for k, (n, t, w) in by_type.items()}
 
-    def _ask(self, req: dict, abort_signal, fl_ctx) -> dict:
+    def _ask(self, req: dict, abort_signal, fl_ctx, channel: dict | None = None) -> dict:
         from nvflare.apis.shareable import Shareable
+
+        from ...xgb.engine.channel import ChannelError
 
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed(f"aborted before request {req['seq']} ({req['type']})")
+        if self.messaging == "direct" and req["type"] != "setup":
+            try:
+                replies = self._checked(req, self._channel.ask(req), {})
+                self._site_s = self._channel.last_site_s
+                return replies
+            except ChannelError as exc:
+                raise JobFailed(f"{exc} (request {req['seq']}, {req['type']})") from None
         if req["type"] == "setup" or self.messaging == "task":
-            task = Task(name=ENGINE_TASK, data=Shareable({"request": req}), timeout=self.task_timeout)
+            data = {"request": req, **({"channel": channel} if channel else {})}
+            task = Task(name=ENGINE_TASK, data=Shareable(data), timeout=self.task_timeout)
             collect(self, task, fl_ctx, self.sites, abort_signal)
             if abort_signal is not None and abort_signal.triggered:
                 raise JobFailed(f"aborted during request {req['seq']} ({req['type']})")
             replies, problems = replies_of(task, self.sites)
+            self._site_s = max((ct.result.get("site_s") or 0.0 for ct in task.client_tasks
+                                if ct.result is not None and isinstance(ct.result.get("site_s"), float)),
+                               default=0.0)
         else:
             answers = fl_ctx.get_engine().send_aux_request(targets=self.sites, topic=ENGINE_TOPIC,
                                                            request=Shareable({"request": req}),
@@ -134,6 +181,19 @@ class XGBEngineController(ResultWorkflow):
                     problems[site] = f"{answer.get('error') or answer.get_return_code()}"[:2000]
                 else:
                     replies[site] = answer.get("reply")
+            times = [a.get("site_s") for a in answers.values() if a is not None]
+            self._site_s = max((t for t in times if isinstance(t, float)), default=0.0)
+        replies = self._checked(req, replies, problems)
+        if channel is not None:  # every site set up: each now connects to the engine's port
+            from ...xgb.engine.channel import ChannelError
+
+            try:
+                self._channel.accept_all(self.connect_timeout)
+            except ChannelError as exc:
+                raise JobFailed(str(exc)) from None
+        return replies
+
+    def _checked(self, req: dict, replies: dict, problems: dict) -> dict:
         if problems:
             site = sorted(problems)[0]
             raise JobFailed(f"{site}: {req['type']} request {req['seq']} failed: {problems[site]}")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
+from ...crypto.secagg import SecAggError
 from ...crypto.workers import parse_workers
 from ...data import DataError
 from ...data.errors import public_error
@@ -26,7 +29,7 @@ from ..site_config import load_binding
 from ..site_executor import SiteExecutor
 from .engine_controller import ENGINE_TASK, ENGINE_TOPIC, MODEL_FILE
 
-PUBLIC_ERRORS = (PayloadError,)
+PUBLIC_ERRORS = (PayloadError, SecAggError)  # about what the server sent: no site data in them
 WORKERS_ENV = "TREEFLARE_XGB_WORKERS"  # a site's own setting: it alone may name a Dask scheduler (dask://HOST:PORT)
 
 
@@ -68,17 +71,56 @@ class XGBEngineExecutor(SiteExecutor):
 
     def _handle(self, site: str, task: Shareable, fl_ctx) -> Shareable:
         req = task.get("request")
-        if self._site is None:
+        first = self._site is None
+        if first:
             if not isinstance(req, dict) or req.get("type") != "setup":
                 raise PayloadError("request", "the first request of a run must be its setup")
             self._site = self._make_site(site, fl_ctx)
-        out = self._site.handle(req)
-        if req.get("type") == "finish":
-            run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
-            (run_dir / MODEL_FILE).write_text(json.dumps(self._site.site.model(), allow_nan=False))
+            self._run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+        t = time.perf_counter()
+        out = self._answer(req)
+        seconds = time.perf_counter() - t
+        if first and task.get("channel") is not None:  # the later requests come on a connection of our own
+            self._connect(site, task.get("channel"), fl_ctx)
         reply = make_reply(ReturnCode.OK)
         reply["reply"] = out
+        reply["site_s"] = seconds  # the site's own work on the request (the rest of a round trip is messaging)
         return reply
+
+    def _answer(self, req) -> dict:
+        out = self._site.handle(req)
+        if isinstance(req, dict) and req.get("type") == "finish":  # the site keeps its copy of the model
+            (self._run_dir / MODEL_FILE).write_text(json.dumps(self._site.site.model(), allow_nan=False))
+        return out
+
+    def _connect(self, site: str, spec, fl_ctx) -> None:
+        """Connect to the engine's port and answer there, on a thread of its own, until the server says bye."""
+        from nvflare.apis.fl_constant import FLContextKey
+
+        from ...xgb.engine import channel
+        from ...xgb.fedserver import ClientTLS
+        from .protocol import site_server_host
+
+        if not isinstance(spec, dict) or type(spec.get("port")) is not int or not isinstance(spec.get("token"), str) \
+                or not isinstance(spec.get("tls"), bool) or not isinstance(spec.get("server_host", ""), str):
+            raise PayloadError("channel", "expected port, token, tls and server_host")
+        simulate = bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))
+        if not spec["tls"] and not simulate:
+            raise PayloadError("channel", "the server asked for a connection without TLS outside the simulator")
+        startup = fl_ctx.get_engine().get_workspace().get_startup_kit_dir()
+        tls = ClientTLS.from_kit(startup) if spec["tls"] else None
+        host, source = site_server_host(spec.get("server_host", ""), startup, simulate)
+        self.log_info(fl_ctx, f"{site}: the engine's requests come on {host}:{spec['port']} (host from {source}), "
+                              f"TLS {'on' if tls else 'off'}")
+        conn = channel.connect(host, spec["port"], site, spec["token"], tls)
+
+        def public(exc):  # the full error stays in this site's log; the server hears the redacted form
+            self.logger.error(f"{site}: an engine request failed: {type(exc).__name__}: {exc}")
+            self.failed(None)
+            return public_error(exc, passthrough=self.PUBLIC_ERRORS)
+
+        threading.Thread(target=channel.serve, args=(conn, self._answer, public), daemon=True,
+                         name=f"treeflare-engine-{site}").start()
 
     def _make_site(self, site: str, fl_ctx) -> SecureSite:
         loader = fl_ctx.get_engine().get_component(self.data_loader_id)

@@ -14,14 +14,15 @@ import numpy as np
 MAX_GRAD_BITS = 40
 MIN_GRAD_BITS = 8
 EVAL_BITS = 24
+MIN_EVAL_BITS = -64  # a validation loss of huge labels may be counted in units of 2^k
 LABEL_BITS = 20
 _SPLIT = 26  # bincount sums in float64: each int64 is added as two parts whose sums stay below 2^53
 
 
-def bits_for(n_rows: int, most: float, cap: int = MAX_GRAD_BITS) -> int:
-    """The most bits that keep ``n_rows * most * 2^bits`` below 2^61; ValueError below ``MIN_GRAD_BITS``."""
+def bits_for(n_rows: int, most: float, cap: int = MAX_GRAD_BITS, floor: int = MIN_GRAD_BITS) -> int:
+    """The most bits that keep ``n_rows * most * 2^bits`` below 2^61; ValueError below ``floor``."""
     bits = min(cap, 61 - math.ceil(math.log2(max(1.0, float(n_rows) * max(float(most), 1.0)))))
-    if bits < MIN_GRAD_BITS:
+    if bits < floor:
         raise ValueError(f"{n_rows} rows with values up to {most:g} leave fewer than {MIN_GRAD_BITS} fixed-point bits")
     return bits
 

@@ -76,54 +76,74 @@ class Split:
     bin: int
     default_left: bool
     loss_chg: float
-    left: tuple  # (count, G, H) as pooled integers' decoded values; count an int
+    left: tuple  # (count, G, H): the pooled integers (G and H fixed point)
     right: tuple
 
 
-def best_split(C, G, H, total, ptr, r: Regularization) -> Split | None:
-    """The node's best split from its pooled histogram (``C``, ``G``, ``H`` per bin, features' bins at
-    ``ptr[f]:ptr[f+1]``) and its totals ``total = (count, G, H)``, or None when no candidate gains (XGBoost then
-    keeps the node a leaf). Validity of the expansion (gamma, depth) is :func:`expands`."""
-    n_all, g_all, h_all = total
-    root_gain = calc_gain(g_all, h_all, r)
-    mcw = r.min_child_weight
-    best = None  # (loss, feature, bin, default_left, left, right)
+def scan_order(ptr) -> np.ndarray:
+    """XGBoost's order of the candidates, as indices into [forward candidates (one per bin) | backward ones]: feature
+    after feature, its forward ones by bin, then its backward ones from the last bin down."""
+    B = int(ptr[-1])
+    parts = []
     for f in range(len(ptr) - 1):
         lo, hi = int(ptr[f]), int(ptr[f + 1])
-        if hi == lo:
-            continue
-        c, g, h = C[lo:hi], G[lo:hi], H[lo:hi]
-        ec, eg, eh = np.cumsum(c), np.cumsum(g), np.cumsum(h)
-        cands = []  # (loss array, bins, default_left, left stats fn)
-        # forward: left = bins <= i, missing right
-        lg, lh, rg, rh = eg, eh, g_all - eg, h_all - eh
-        ok = (lh >= mcw) & (rh >= mcw)
-        loss = (calc_gain(lg, lh, r) + calc_gain(rg, rh, r)) - root_gain
-        cands.append((np.where(ok, loss, -np.inf).astype(F32), np.arange(hi - lo), False))
-        has_missing = int(ec[-1]) != int(n_all)  # rows of the node without a value in this feature
-        if has_missing:  # backward: right = bins >= i, missing left; scanned from the last bin down
-            rc_, rg_, rh_ = (np.cumsum(x[::-1])[::-1] for x in (c, g, h))
-            lg2, lh2 = g_all - rg_, h_all - rh_
-            ok2 = (rh_ >= mcw) & (lh2 >= mcw)
-            loss2 = (calc_gain(lg2, lh2, r) + calc_gain(rg_, rh_, r)) - root_gain
-            order = np.arange(hi - lo)[::-1]
-            # the backward candidate at bin i sends bins < i left: its left-most bin is i - 1
-            cands.append((np.where(ok2, loss2, -np.inf).astype(F32)[order], order - 1, True))
-        for losses, bins, default_left in cands:
-            k = int(np.argmax(losses))  # the first of equal maxima: XGBoost's scan order
-            if not np.isfinite(losses[k]) or not losses[k] > (best[0] if best else F32(0.0)):
-                continue
-            best = (losses[k], f, int(bins[k]), default_left)
-    if best is None:
+        parts += [np.arange(lo, hi), B + np.arange(hi - 1, lo - 1, -1)]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def best_split(C, G, H, total, ptr, r: Regularization, bits: int, order=None) -> Split | None:
+    """The node's best split from its pooled histogram (integers: ``C`` counts, ``G`` and ``H`` fixed point at
+    ``bits``, per bin, features' bins at ``ptr[f]:ptr[f+1]``) and its totals ``total = (count, G, H)``, or None when
+    no candidate gains (XGBoost then keeps the node a leaf). Every feature at once: the sums are exact integers
+    (prefix sums within each feature), then decoded, so the order of additions cannot change a gain. Validity of the
+    expansion (gamma, depth) is :func:`expands`. ``order``: :func:`scan_order` of ``ptr`` (computed when not given)."""
+    ptr = np.asarray(ptr, dtype=np.int64)
+    B = int(ptr[-1])
+    if B == 0:
         return None
-    loss, f, b, default_left = best
-    lo, hi = int(ptr[f]), int(ptr[f + 1])
-    left = (int(np.sum(C[lo:lo + b + 1])), float(np.sum(G[lo:lo + b + 1])), float(np.sum(H[lo:lo + b + 1])))
-    if default_left:
-        miss = (n_all - int(np.sum(C[lo:hi])), g_all - float(np.sum(G[lo:hi])), h_all - float(np.sum(H[lo:hi])))
-        left = (left[0] + miss[0], left[1] + miss[1], left[2] + miss[2])
-    right = (n_all - left[0], g_all - left[1], h_all - left[2])
-    return Split(f, b, default_left, float(loss), left, right)
+    n_all, g_all, h_all = (int(v) for v in total)
+    scale = float(2 ** bits)
+    feature = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+    start = ptr[:-1][feature]
+
+    def within(x):  # prefix sums of each feature's bins (exact int64), and each feature's own total
+        cs = np.cumsum(np.asarray(x, dtype=np.int64))
+        before = np.concatenate([[0], cs])[start]
+        return cs - before, (np.concatenate([[0], cs])[ptr[1:]] - np.concatenate([[0], cs])[ptr[:-1]])[feature]
+
+    ec, fc = within(C)
+    eg, fg = within(G)
+    eh, fh = within(H)
+    root_gain = calc_gain(g_all / scale, h_all / scale, r)
+    mcw = r.min_child_weight
+    # forward: left = the feature's bins up to this one, missing values right
+    lg, lh = eg / scale, eh / scale
+    rg, rh = (g_all - eg) / scale, (h_all - eh) / scale
+    fwd = np.where((lh >= mcw) & (rh >= mcw), (calc_gain(lg, lh, r) + calc_gain(rg, rh, r)) - root_gain, -np.inf)
+    # backward, where the node has rows without this feature: right = this bin and those above, missing left
+    bg, bh = fg - eg + G, fh - eh + H  # suffix sums: the feature's total less the bins before this one
+    lg2, lh2 = (g_all - bg) / scale, (h_all - bh) / scale
+    rg2, rh2 = bg / scale, bh / scale
+    has_missing = fc != n_all
+    bwd = np.where(has_missing & (rh2 >= mcw) & (lh2 >= mcw),
+                   (calc_gain(lg2, lh2, r) + calc_gain(rg2, rh2, r)) - root_gain, -np.inf)
+    losses = np.concatenate([fwd.astype(F32), bwd.astype(F32)])[scan_order(ptr) if order is None else order]
+    k = int(np.argmax(losses))  # the first of equal maxima: XGBoost's scan order and feature tie rule
+    if not np.isfinite(losses[k]) or not losses[k] > F32(0.0):
+        return None
+    idx = int((scan_order(ptr) if order is None else order)[k])
+    backward = idx >= B
+    b = idx - B if backward else idx
+    f = int(feature[b])
+    lo = int(ptr[f])
+    if backward:  # bins below b go left with the missing values
+        left = (n_all - int(fc[b] - ec[b] + C[b]), g_all - int(bg[b]), h_all - int(bh[b]))
+        split = Split(f, b - lo - 1, True, float(losses[k]), left, ())
+    else:
+        left = (int(ec[b]), int(eg[b]), int(eh[b]))
+        split = Split(f, b - lo, False, float(losses[k]), left, ())
+    right = tuple(t - v for t, v in zip((n_all, g_all, h_all), split.left))
+    return Split(split.feature, split.bin, split.default_left, split.loss_chg, split.left, right)
 
 
 def expands(split: Split | None, depth: int, max_depth: int, r: Regularization) -> bool:

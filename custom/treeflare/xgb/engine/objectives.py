@@ -54,9 +54,9 @@ def bounds(objective: str, label_bound: float = 0.0) -> tuple[float, float]:
     return 4.0 * float(label_bound) + 1.0, 1.0
 
 
-def eval_sum(objective: str, margins, y, groups: int) -> float:
-    """This site's sum over its validation rows of XGBoost's default metric's per-row term: logloss, mlogloss, or
-    the squared error (rmse = sqrt of the pooled mean)."""
+def eval_sum(objective: str, margins, y, groups: int, row_max: float = np.inf) -> float:
+    """This site's sum over its validation rows of XGBoost's default metric's per-row term (logloss, mlogloss, or
+    the squared error: rmse = sqrt of the pooled mean), each term at most ``row_max``."""
     m = np.asarray(margins, dtype=np.float64).reshape(len(y), groups)
     if len(y) == 0:
         return 0.0
@@ -64,12 +64,14 @@ def eval_sum(objective: str, margins, y, groups: int) -> float:
         p = 1.0 / (1.0 + np.exp(-m[:, 0]))
         p = np.clip(p, LOGLOSS_EPS, 1 - LOGLOSS_EPS)
         yy = np.asarray(y, dtype=np.float64)
-        return float(-np.sum(yy * np.log(p) + (1 - yy) * np.log(1 - p)))
-    if objective == "multi:softprob":
+        terms = -(yy * np.log(p) + (1 - yy) * np.log(1 - p))
+    elif objective == "multi:softprob":
         e = np.exp(m - m.max(axis=1, keepdims=True))
         p = e[np.arange(len(y)), np.asarray(y, dtype=np.int64)] / e.sum(axis=1)
-        return float(-np.sum(np.log(np.clip(p, LOGLOSS_EPS, 1.0))))
-    return float(np.sum((m[:, 0] - np.asarray(y, dtype=np.float64)) ** 2))
+        terms = -np.log(np.clip(p, LOGLOSS_EPS, 1.0))
+    else:
+        terms = (m[:, 0] - np.asarray(y, dtype=np.float64)) ** 2
+    return float(np.sum(np.minimum(terms, row_max)))
 
 
 def metric(objective: str, total: float, n: int) -> float:

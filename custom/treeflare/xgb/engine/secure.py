@@ -4,8 +4,9 @@ A site announces a fresh X25519 key with the setup reply (signed with its startu
 one); every later request carries the key list the server forwards, which the site checks itself on first use
 (client-site certificates from its own root CA, at least ``MIN_SITES`` sites, among ``allowed_sites`` when known,
 its own key unchanged) and then requires unchanged, so that no two sums are over different sets of sites. Each
-vector is masked for the request's ``seq`` and a digest of the request, so masks cancel only in the sum over every
-listed site asked the same question.
+vector is masked for the request's ``seq`` and a running digest of every request the site has answered, the setup
+included (what a request means depends on the ones before: splits already applied, trees already added), so masks
+cancel only in the sum over every listed site that was asked the same questions from the start.
 """
 
 from __future__ import annotations
@@ -45,10 +46,17 @@ class SecureSite:
         self.min_sites = int(min_sites)
         self.keys = secagg.MaskingKeys(site.name, self.job_id, identity)
         self.peers = None
+        self.transcript = b""  # SHA-256 chain over every request answered in this run
+
+    def _chain(self, req) -> bytes:
+        self.transcript = hashlib.sha256(self.transcript + request_digest(req)).digest()
+        return self.transcript
 
     def handle(self, req) -> dict:
         if isinstance(req, dict) and req.get("type") == "setup":
-            return {**self.site.handle(req), "key": self.keys.record()}
+            reply = {**self.site.handle(req), "key": self.keys.record()}
+            self._chain(req)
+            return reply
         if not isinstance(req, dict):
             raise PayloadError("request", "expected a dict")
         ident = self.identity
@@ -60,5 +68,5 @@ class SecureSite:
             raise PayloadError("keys", "differ from the sites of this run's first sum")
         out = self.site.handle(req)
         self.peers = peers
-        masked = self.keys.mask(out["values"], peers, int(req["seq"]), context=request_digest(req))
+        masked = self.keys.mask(out["values"], peers, int(req["seq"]), context=self._chain(req))
         return {"masked": masked, "seq": int(req["seq"])}

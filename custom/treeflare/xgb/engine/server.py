@@ -25,6 +25,9 @@ from .params import BoostParams
 __all__ = ["HistServer", "EngineError"]
 
 
+MAX_ROWS = 1 << 40  # pooled rows (training or validation): far past any federation, and no count sum can wrap
+
+
 class EngineError(RuntimeError):
     """The pooled sums are not what honest sites can send, or the sketch leaves nothing to train on."""
 
@@ -39,6 +42,7 @@ class HistServer:
         self.history: list[float] = []  # the pooled validation metric after each round (early stopping)
         self.best_iteration: int | None = None
         self.stats = {"requests": 0, "values_summed": 0, "rounds": 0}
+        self._last_splits: list = []  # the splits of the last level grown (no histograms asked)
 
     # -- the protocol ------------------------------------------------------------------------------
     def run(self):
@@ -54,22 +58,23 @@ class HistServer:
             refined = self._read_refined(parts, heavy, counts)
         self.cuts = [np.asarray(c) for c in bins.cuts_from_counts(counts, self.n_features, p.max_bin, refined)]
         self.ptr = np.concatenate([[0], np.cumsum([max(len(c) - 1, 0) for c in self.cuts])]).astype(np.int64)
+        self._order = formulas.scan_order(self.ptr)
         pending: list[dict] = []
         for r in range(p.rounds):
-            req = {"type": "round", "round": r, "trees": pending}
+            req = {"type": "round", "round": r, "trees": pending, "last_splits": self._last_splits}
             if r == 0:
                 req.update(cuts=[[float(v) for v in c] for c in self.cuts], base_score=self.base_score,
                            grad_bits=self.grad_bits, eval_bits=self.eval_bits, g_bound=self.g_bound)
             summed = yield req
             if self._evaluated(summed[0], r) and self._stops():
-                pending = []  # the last round's trees went out with this request
+                pending = []  # the last round's trees (and its last level) went out with this request
                 break
             roots = [self._root(k, summed) for k in range(p.groups)]
             pending = yield from self._levels(r, roots)
             self.trees += pending
             self.tree_info += list(range(p.groups))
             self.stats["rounds"] = r + 1
-        final = yield {"type": "finish", "trees": pending}
+        final = yield {"type": "finish", "trees": pending, "last_splits": self._last_splits if pending else []}
         if pending:
             self._evaluated(final[0], self.stats["rounds"])
             self._stops()
@@ -81,11 +86,16 @@ class HistServer:
         n, n_valid = int(v[0]), int(v[1])
         if n < 1 or n_valid < 0:
             raise EngineError(f"the sites hold {n} training rows in all: nothing to train on")
+        if n > MAX_ROWS or n_valid > MAX_ROWS:
+            raise EngineError(f"the pooled rows ({n}, {n_valid} for validation) pass {MAX_ROWS}: a site sent values "
+                              "its rows cannot give (a masked sum cannot say which)")
         k = {"binary:logistic": 1, "multi:softprob": p.num_class}.get(p.objective, 1 + m)
         label, counts = v[2:2 + k], v[2 + k:]
-        if counts.size != self.n_features * m or np.any(counts < 0) or np.any(label[:1] < 0) and \
-                p.objective != "reg:squarederror":
-            raise EngineError("the pooled sketch is not what the sites' rows can give (sizes or signs)")
+        # every count within the rows first: then no sum below can wrap around int64 (rows <= 2^40, cells < 2^14)
+        cells_ok = counts.size == self.n_features * m and not np.any((counts < 0) | (counts > n))
+        label_cells = label[1:] if p.objective == "reg:squarederror" else label
+        if not cells_ok or np.any((label_cells < 0) | (label_cells > n)):
+            raise EngineError("the pooled sketch is not what the sites' rows can give (sizes or counts)")
         per_feature = counts.reshape(self.n_features, m).sum(axis=1)
         if np.any(per_feature > n):
             raise EngineError("the pooled sketch counts more values in a feature than the sites hold rows")
@@ -106,14 +116,25 @@ class HistServer:
                 raise EngineError("the pooled label cells do not add up to the pooled rows, or a label is beyond "
                                   "1e12 in size")
             self.label_bound = float(max(abs(edges[cells[0] - 1]), abs(edges[cells[-1]])))
-            mean = float(fixed_point.decode(label[0], fixed_point.LABEL_BITS)) / n
-            if abs(mean) > self.label_bound:
-                raise EngineError("the pooled label sum is beyond the pooled label cells")
+            total = float(fixed_point.decode(label[0], fixed_point.LABEL_BITS))
+            lows = np.concatenate([[-np.inf], edges])[cells]  # each occupied cell's edges bound its labels' sum
+            highs = np.concatenate([edges, [np.inf]])[cells]
+            counts_y = label[1:][cells].astype(np.float64)
+            if not (counts_y @ lows) - 1 <= total <= (counts_y @ highs) + 1:
+                raise EngineError("the pooled label sum is not within the pooled label cells: a site sent values its "
+                                  "rows cannot give (a masked sum cannot say which)")
+            mean = total / n
         self.base_score = float(np.float32(p.base_score if p.base_score is not None else mean))
         self.g_bound, self.h_bound = objectives.bounds(p.objective, self.label_bound)
-        self.grad_bits = fixed_point.bits_for(n, max(self.g_bound, self.h_bound))
-        row_eval = objectives.MAX_ROW_LOGLOSS if p.objective != "reg:squarederror" else self.g_bound ** 2
-        self.eval_bits = fixed_point.bits_for(max(n_valid, 1), row_eval, cap=fixed_point.EVAL_BITS)
+        # the most one validation row adds to the pooled loss (a site clips its rows' terms there)
+        self.row_eval = objectives.MAX_ROW_LOGLOSS if p.objective != "reg:squarederror" else self.g_bound ** 2
+        try:
+            self.grad_bits = fixed_point.bits_for(n, max(self.g_bound, self.h_bound))
+            # the loss only compares rounds: a coarse scale (even fewer than 0 bits) does for huge labels
+            self.eval_bits = fixed_point.bits_for(max(n_valid, 1), self.row_eval, cap=fixed_point.EVAL_BITS,
+                                                  floor=fixed_point.MIN_EVAL_BITS)
+        except ValueError as exc:
+            raise EngineError(f"the pooled rows and labels leave no fixed-point scale: {exc}") from None
         self.g_max_int = int(math.ceil(self.g_bound * 2 ** self.grad_bits))
         self.h_max_int = int(math.ceil(self.h_bound * 2 ** self.grad_bits))
         return counts
@@ -121,7 +142,7 @@ class HistServer:
     def _read_refined(self, parts: np.ndarray, heavy: list, counts: np.ndarray) -> dict:
         """{(feature, cell): pooled counts of its parts}, each cell's parts adding up to the cell's pooled count."""
         R, m = bins.REFINE_SPLITS, bins.n_cells()
-        if parts.size != R * len(heavy) or np.any(parts < 0):
+        if parts.size != R * len(heavy) or np.any((parts < 0) | (parts > self.n_train)):
             raise EngineError("the pooled refinement counts are not what the sites' rows can give (sizes or signs)")
         table = counts.reshape(self.n_features, m)
         out = {}
@@ -139,8 +160,11 @@ class HistServer:
         if r == 0 or self.n_valid == 0:
             return False
         total = float(fixed_point.decode(value, self.eval_bits))
-        if total < 0:
-            raise EngineError("the pooled validation loss is negative: a site sent what its rows cannot give")
+        # each site clips a row's term at row_eval before it encodes: a pooled loss outside [0, rows x that] is no
+        # loss its rows can give (within it, a site can still move early stopping: SECURITY.md)
+        if not 0 <= total <= self.n_valid * self.row_eval * (1 + 1e-9) + self.n_valid * 2.0 ** -self.eval_bits:
+            raise EngineError("the pooled validation loss is outside what the pooled validation rows can give: a "
+                              "site sent values its rows cannot give (a masked sum cannot say which)")
         self.history.append(objectives.metric(self.params.objective, total, self.n_valid))
         return True
 
@@ -180,13 +204,13 @@ class HistServer:
                 nxt = []
                 for nid in sorted(frontier[k]):
                     node = tree["nodes"][nid]
-                    split = formulas.best_split(*self._decoded(node["hist"]), self._decoded_total(node["total"]),
-                                                self.ptr, self.reg)
+                    split = formulas.best_split(*node["hist"], node["total"], self.ptr, self.reg, self.grad_bits,
+                                                self._order)
                     if not formulas.expands(split, depth, p.max_depth, self.reg):
                         continue
                     left, right = tree["n"], tree["n"] + 1
                     tree["n"] += 2
-                    lt, rt = self._sides(node, split)
+                    lt, rt = split.left, split.right  # exact pooled (count, G, H) of each side
                     node.update(split=split, left=left, right=right)
                     tree["nodes"][left] = {"total": lt, "depth": depth + 1}
                     tree["nodes"][right] = {"total": rt, "depth": depth + 1}
@@ -198,6 +222,8 @@ class HistServer:
                     nxt += [left, right]
                 frontier[k] = nxt
             if not splits or depth + 1 >= p.max_depth:
+                # the sites learn the last level's splits with the next request, to check the trees against
+                self._last_splits = splits
                 break
             summed = yield {"type": "level", "round": r, "depth": depth + 1, "splits": splits, "build": build}
             v = np.asarray(summed, dtype=np.int64)
@@ -214,40 +240,32 @@ class HistServer:
                 nodes[parent].pop("hist")
         return [self._finish_tree(t) for t in trees]
 
-    def _sides(self, node: dict, split) -> tuple[tuple, tuple]:
-        """The exact pooled (count, G, H) of both children: the bins up to the split's, plus the missing values
-        when they go left."""
-        hist, total = node["hist"], node["total"]
-        lo, hi = int(self.ptr[split.feature]), int(self.ptr[split.feature + 1])
-        left = [int(x) for x in hist[:, lo:lo + split.bin + 1].sum(axis=1)]
-        if split.default_left:
-            left = [left[i] + total[i] - int(hist[i, lo:hi].sum()) for i in range(3)]
-        right = tuple(total[i] - left[i] for i in range(3))
-        return tuple(left), right
-
-    def _decoded(self, hist):
-        return hist[0], fixed_point.decode(hist[1], self.grad_bits), fixed_point.decode(hist[2], self.grad_bits)
-
     def _decoded_total(self, total):
         return total[0], float(fixed_point.decode(total[1], self.grad_bits)), \
             float(fixed_point.decode(total[2], self.grad_bits))
 
     def _check_node(self, hist, total, where: str) -> None:
-        """The pooled histogram of a node against what its pooled rows allow (see the module's note)."""
+        """The pooled histogram of a node against what its pooled rows allow (see the module's note). Counts are
+        checked within the node's rows first (int64), the rest in float64, which cannot wrap around as int64 sums
+        of a hostile site's values would (its slack, 2^-40 of a value, is far below one row's smallest step)."""
         C, G, H = hist
-        c, g, h = total
+        c, g, h = (int(t) for t in total)
         bad = None
-        if np.any(C < 0) or c < 0:
-            bad = "a negative count"
-        elif np.any(np.abs(G) > self.g_max_int * C + C) or np.any(H < 0) or np.any(H > self.h_max_int * C + C):
-            bad = "a bin's gradient or hessian sum beyond its rows"
+        if not 0 <= c <= self.n_train or np.any((C < 0) | (C > c)):
+            bad = "a count beyond the node's rows"
         else:
-            ends = self.ptr
-            csum = [np.concatenate([[0], np.cumsum(x)]) for x in (C, G, H)]
-            mc, mg, mh = ((t - (cs[ends[1:]] - cs[ends[:-1]])) for t, cs in zip((c, g, h), csum))
-            if np.any(mc < 0) or np.any(np.abs(mg) > self.g_max_int * mc + mc) or np.any(mh < 0) or \
-                    np.any(mh > self.h_max_int * mc + mc):
-                bad = "a feature's bins that do not add up to the node"
+            Cf, Gf, Hf = (np.asarray(x, dtype=np.float64) for x in (C, G, H))
+            gmax, hmax = float(self.g_max_int) + 1.0, float(self.h_max_int) + 1.0
+            if np.any(np.abs(Gf) > gmax * Cf * (1 + 1e-12)) or np.any(Hf < 0) or np.any(Hf > hmax * Cf * (1 + 1e-12)):
+                bad = "a bin's gradient or hessian sum beyond its rows"
+            else:
+                ends = self.ptr
+                csum = [np.concatenate([[0.0], np.cumsum(x)]) for x in (Cf, Gf, Hf)]
+                mc, mg, mh = ((float(t) - (cs[ends[1:]] - cs[ends[:-1]])) for t, cs in zip((c, g, h), csum))
+                slack = 1e-9 * (abs(float(g)) + abs(float(h)) + 1.0)
+                if np.any(mc < 0) or np.any(np.abs(mg) > gmax * mc + slack) or np.any(mh < -slack) or \
+                        np.any(mh > hmax * mc + slack):
+                    bad = "a feature's bins that do not add up to the node"
         if bad:
             raise EngineError(f"the pooled histogram of {where} holds {bad}: a site sent values its rows cannot "
                               "give (a masked sum cannot say which)")

@@ -90,6 +90,11 @@ class HistSite:
                     raise DataError(f"{self.name}: a {what} label is not a class code 0..{k - 1}")
         if len(self.y) != len(self.X) or len(self.y_valid) != len(self.X_valid):
             raise DataError(f"{self.name}: rows and labels differ in number")
+        for what, X in (("training", self.X), ("validation", self.X_valid)):
+            bad = np.argwhere(np.isinf(X))
+            if len(bad):  # row and column, never the value
+                raise DataError(f"{self.name}: {what} row {int(bad[0][0]) + 1}, feature {int(bad[0][1])}: an "
+                                "infinite value (missing values are NaN)")
 
     def _label_part(self, y) -> np.ndarray:
         p = self.params
@@ -131,7 +136,8 @@ class HistSite:
             raise PayloadError("base_score", "must be in (0, 1) for binary:logistic")
         self.grad_bits = check_int(req["grad_bits"], "grad_bits", lo=fixed_point.MIN_GRAD_BITS,
                                    hi=fixed_point.MAX_GRAD_BITS)
-        self.eval_bits = check_int(req["eval_bits"], "eval_bits", lo=1, hi=fixed_point.EVAL_BITS)
+        self.eval_bits = check_int(req["eval_bits"], "eval_bits", lo=fixed_point.MIN_EVAL_BITS,
+                                   hi=fixed_point.EVAL_BITS)
         self.g_bound = check_number(req["g_bound"], "g_bound", nonnegative=True)
         self._dtrain = self._dvalid = self._dtrain_margin = self._dvalid_margin = None
 
@@ -142,6 +148,7 @@ class HistSite:
             raise PayloadError("round", f"round {r} asked after round {self.round}")
         if self._state in ("sketched", "refined"):
             self._start(req)
+        self._last_level(req, required=r > 0)
         self._add_trees(req["trees"], required=r > 0)
         self.round = r
         margins = self._margins(self.X)
@@ -156,6 +163,7 @@ class HistSite:
         n = len(self.y)
         self.n_nodes = [1] * p.groups
         self.frontier = [{0} for _ in range(p.groups)]
+        self.splits = [{} for _ in range(p.groups)]  # node -> (feature, bin, default_left, left, right)
         self.depth = 0
         self._state = "round"
         eval_int = self._eval_int()
@@ -179,15 +187,34 @@ class HistSite:
         p = self.params
         if len(self.y_valid) == 0:
             return 0
-        total = objectives.eval_sum(p.objective, self._margins(self.X_valid, valid=True), self.y_valid, p.groups)
+        # a row's term clipped where the server bounds the pooled loss (a validation label far from the training
+        # labels would otherwise pass the fixed-point range)
+        row_max = objectives.MAX_ROW_LOGLOSS if p.objective != "reg:squarederror" else self.g_bound ** 2
+        total = objectives.eval_sum(p.objective, self._margins(self.X_valid, valid=True), self.y_valid, p.groups,
+                                    row_max=row_max)
         return int(fixed_point.encode(total, self.eval_bits))
 
     def _finish(self, req) -> dict:
+        self._last_level(req, required=False)
         self._add_trees(req["trees"], required=False)
         self._state = "done"
         out = {"values": np.array([self._eval_int()], dtype=np.int64)}
         self.close()
         return out
+
+    def _last_level(self, req, required: bool) -> None:
+        """The round before's last level (its children are leaves: no histogram was asked) and its trees, checked
+        against what this site grew."""
+        trees = req["trees"]
+        if not isinstance(trees, list) or not trees:
+            if required:
+                raise PayloadError("trees", f"expected the {self.params.groups} tree(s) of the round before")
+            return
+        if self.round < 0 or len(trees) != self.params.groups:
+            raise PayloadError("trees", "no round to end, or not one tree a group")
+        applied, _ = self._read_splits(req["last_splits"])
+        self._commit(applied)
+        self._check_structure(trees)
 
     def _add_trees(self, trees, required: bool) -> None:
         """The trees of the round before, as the server built them (``required``: a round after the first; the last
@@ -207,6 +234,9 @@ class HistSite:
         except (ValueError, TypeError, KeyError) as exc:
             raise PayloadError("trees", str(exc)[:300]) from None
         booster = xgb.Booster(model_file=bytearray(model_bytes(doc)))
+        # one thread: XGBoost's OpenMP threads spin while they wait, and several sites (or a site beside its own
+        # workers) on a few cores then slow each other down many times over
+        booster.set_param({"nthread": 1})
         for key, X in (("_dtrain", self.X), ("_dvalid", self.X_valid)):
             margins = self._margin_of(key, X)
             if len(X):
@@ -254,30 +284,7 @@ class HistSite:
         splits, builds = req["splits"], req["build"]
         if not isinstance(splits, list) or not isinstance(builds, list) or not splits:
             raise PayloadError("splits", "expected a list of splits and a list of nodes to build")
-        made = [set() for _ in range(p.groups)]
-        applied = []
-        pairs = {}
-        frontier = [set() for _ in range(p.groups)]
-        for i, s in enumerate(splits):
-            if not isinstance(s, dict) or set(s) != {"group", "node", "feature", "bin", "default_left"}:
-                raise PayloadError(f"splits[{i}]", "expected group, node, feature, bin, default_left")
-            k = check_int(s["group"], f"splits[{i}].group", lo=0, hi=p.groups - 1)
-            node = check_int(s["node"], f"splits[{i}].node", lo=0)
-            if node not in self.frontier[k]:
-                raise PayloadError(f"splits[{i}].node", "is not a node of the level before, or was split already")
-            self.frontier[k].discard(node)
-            f = check_int(s["feature"], f"splits[{i}].feature", lo=0, hi=self.X.shape[1] - 1)
-            b = check_int(s["bin"], f"splits[{i}].bin", lo=-1, hi=int(self.ptr[f + 1] - self.ptr[f]) - 1)
-            if not isinstance(s["default_left"], bool):
-                raise PayloadError(f"splits[{i}].default_left", "expected true or false")
-            left, right = self.n_nodes[k], self.n_nodes[k] + 1  # XGBoost numbers children as it allocates them
-            self.n_nodes[k] += 2
-            applied.append([k, node, f, b, int(s["default_left"]), left, right])
-            made[k].update((left, right))
-            frontier[k].update((left, right))
-            pairs[(k, left)] = pairs[(k, right)] = (k, node)
-        self.frontier = frontier
-        self.depth = depth
+        applied, pairs = self._read_splits(splits)
         asked = set()
         build = []
         for i, b in enumerate(builds):
@@ -285,8 +292,67 @@ class HistSite:
                 raise PayloadError(f"build[{i}]", "expected group and node")
             k = check_int(b["group"], f"build[{i}].group", lo=0, hi=p.groups - 1)
             node = check_int(b["node"], f"build[{i}].node", lo=0)
-            if node not in made[k] or pairs[(k, node)] in asked:
+            if (k, node) not in pairs or pairs[(k, node)] in asked:
                 raise PayloadError(f"build[{i}]", "is not a child of this level's splits, or its sibling was asked")
             asked.add(pairs[(k, node)])
             build.append([k, node])
+        self._commit(applied)  # only a request checked whole changes this site's trees
+        self.depth = depth
         return {"values": self._work(applied, build)}
+
+    def _read_splits(self, splits) -> tuple[list, dict]:
+        """The level's splits checked (each of a node of the level before, once, on a bin of the agreed cuts), with
+        the child ids XGBoost gives them; nothing is changed yet: ([k, node, f, bin, default_left, left, right], {child:
+        parent})."""
+        p = self.params
+        if not isinstance(splits, list):
+            raise PayloadError("splits", "expected a list")
+        n_nodes, seen, applied, pairs = list(self.n_nodes), set(), [], {}
+        for i, s in enumerate(splits):
+            if not isinstance(s, dict) or set(s) != {"group", "node", "feature", "bin", "default_left"}:
+                raise PayloadError(f"splits[{i}]", "expected group, node, feature, bin, default_left")
+            k = check_int(s["group"], f"splits[{i}].group", lo=0, hi=p.groups - 1)
+            node = check_int(s["node"], f"splits[{i}].node", lo=0)
+            if node not in self.frontier[k] or (k, node) in seen:
+                raise PayloadError(f"splits[{i}].node", "is not a node of the level before, or was split already")
+            seen.add((k, node))
+            f = check_int(s["feature"], f"splits[{i}].feature", lo=0, hi=self.X.shape[1] - 1)
+            b = check_int(s["bin"], f"splits[{i}].bin", lo=-1, hi=int(self.ptr[f + 1] - self.ptr[f]) - 1)
+            if not isinstance(s["default_left"], bool):
+                raise PayloadError(f"splits[{i}].default_left", "expected true or false")
+            left, right = n_nodes[k], n_nodes[k] + 1  # XGBoost numbers children as it allocates them
+            n_nodes[k] += 2
+            applied.append([k, node, f, b, int(s["default_left"]), left, right])
+            pairs[(k, left)] = pairs[(k, right)] = (k, node)
+        return applied, pairs
+
+    def _commit(self, applied) -> None:
+        frontier = [set() for _ in range(self.params.groups)]
+        for k, node, f, b, default_left, left, right in applied:
+            self.splits[k][node] = (f, b, default_left, left, right)
+            self.n_nodes[k] = max(self.n_nodes[k], right + 1)
+            frontier[k].update((left, right))
+        self.frontier = frontier
+
+    def _check_structure(self, trees) -> None:
+        """The server's trees must be the trees this site grew with it: the splits it applied (and the last level's,
+        which the request carries), each on its agreed cut, XGBoost's node ids; only leaf values and statistics are
+        the server's. A tree of other thresholds would count rows on cuts nobody agreed."""
+        for k, tree in enumerate(trees):
+            if not isinstance(tree, dict):
+                raise PayloadError(f"trees[{k}]", "expected a dict")
+            n = self.n_nodes[k]
+            left, right, index, cond, dflt = [-1] * n, [-1] * n, [0] * n, [None] * n, [0] * n
+            for node, (f, b, d, lo, hi) in self.splits[k].items():
+                left[node], right[node], index[node], dflt[node] = lo, hi, f, d
+                cond[node] = float(np.float32(self.cuts[f][b + 1]))
+            try:
+                same = (list(tree["left_children"]) == left and list(tree["right_children"]) == right and
+                        [int(v) for v in tree["split_indices"]] == index and
+                        [int(v) for v in tree["default_left"]] == dflt and len(tree["split_conditions"]) == n and
+                        all(c is None or float(np.float32(v)) == c for v, c in zip(tree["split_conditions"], cond)))
+            except (KeyError, TypeError, ValueError):
+                same = False
+            if not same:
+                raise PayloadError(f"trees[{k}]", "is not the tree this site grew with the server (its splits, on "
+                                                  "the agreed cuts)")
