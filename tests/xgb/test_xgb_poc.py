@@ -96,6 +96,24 @@ def test_direct_on_poc_uses_tls_and_writes_the_report(poc):
     assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("round ")] == ["1/3", "2/3", "3/3"]
 
 
+def test_engine_treeflare_on_poc_talks_mutual_tls_on_its_own_port(poc):
+    """--engine treeflare on a POC: the sites' connections to --xgb-port use mutual TLS with the kits (the
+    handshake needs the server to accept while the setup task is out), the model equals XGBoost's hist on the pooled
+    rows, and nothing listens on the port afterwards."""
+    from treeflare.xgb.fedserver import listening
+
+    ws, port = poc["root"] / "engine", free_port()
+    proc = subprocess.run(_job(poc, ws, port, "--dataset", "car", "--engine", "treeflare", "--rounds", "3",
+                               "--max-depth", "3", "--baselines", "centralized"),
+                          env=poc["env"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((ws / "report.json").read_text())
+    result = json.loads(next((ws / "flare" / "poc_result").glob("*/workspace/engine_result.json")).read_text())
+    assert result["channel"] == {"bind": f"0.0.0.0:{port}", "tls": True} and result["channel_closed"] is True
+    assert report["comparison"]["centralized"]["max_abs_pred_diff"] < 1e-5
+    assert not listening(port)
+
+
 def test_tls_refuses_clients_without_a_certificate_and_a_killed_site_ends_the_job(poc):
     """While the job trains: a plain client and a TLS client without a certificate are refused by the XGBoost
     port, a client with site-1's kit certificate is accepted. Then site-3's job process is killed."""

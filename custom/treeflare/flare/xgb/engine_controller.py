@@ -15,6 +15,7 @@ malformed reply ends the job, naming the site and the request; a pooled sum that
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -88,6 +89,18 @@ class XGBEngineController(ResultWorkflow):
             if _secure_system(fl_ctx) else None
         token = new_token()
         self._channel = ChannelServer(self.sites, token, self.port, tls, timeout=float(self.task_timeout))
+        # the sites connect as soon as they have set up: accept while the setup task is out (a TLS handshake waits
+        # for the server's side of it)
+        self._accepted: dict = {}
+
+        def accept():
+            try:
+                self._channel.accept_all(float(self.task_timeout) + self.connect_timeout)
+            except Exception as exc:  # noqa: BLE001 - handed to the workflow, which ends the job naming the site
+                self._accepted["error"] = exc
+
+        self._acceptor = threading.Thread(target=accept, daemon=True, name="treeflare-engine-accept")
+        self._acceptor.start()
         return {"port": self._channel.port, "token": token, "tls": tls is not None, "server_host": self.server_host}
 
     def _train(self, server, params, result, run_dir, abort_signal, fl_ctx):
@@ -184,13 +197,13 @@ class XGBEngineController(ResultWorkflow):
             times = [a.get("site_s") for a in answers.values() if a is not None]
             self._site_s = max((t for t in times if isinstance(t, float)), default=0.0)
         replies = self._checked(req, replies, problems)
-        if channel is not None:  # every site set up: each now connects to the engine's port
-            from ...xgb.engine.channel import ChannelError
-
-            try:
-                self._channel.accept_all(self.connect_timeout)
-            except ChannelError as exc:
-                raise JobFailed(str(exc)) from None
+        if channel is not None:  # every site set up: each connects to the engine's port (accepted meanwhile)
+            self._acceptor.join(self.connect_timeout)
+            missing = sorted(set(self.sites) - set(self._channel.conns))
+            if "error" in self._accepted or missing:
+                raise JobFailed(str(self._accepted.get("error") or
+                                    f"{', '.join(missing)}: did not connect to the engine's port "
+                                    f"{self._channel.port} within {self.connect_timeout:.0f} s"))
         return replies
 
     def _checked(self, req: dict, replies: dict, problems: dict) -> dict:

@@ -112,15 +112,21 @@ class XGBEngineExecutor(SiteExecutor):
         host, source = site_server_host(spec.get("server_host", ""), startup, simulate)
         self.log_info(fl_ctx, f"{site}: the engine's requests come on {host}:{spec['port']} (host from {source}), "
                               f"TLS {'on' if tls else 'off'}")
-        conn = channel.connect(host, spec["port"], site, spec["token"], tls)
-
         def public(exc):  # the full error stays in this site's log; the server hears the redacted form
             self.logger.error(f"{site}: an engine request failed: {type(exc).__name__}: {exc}")
             self.failed(None)
             return public_error(exc, passthrough=self.PUBLIC_ERRORS)
 
-        threading.Thread(target=channel.serve, args=(conn, self._answer, public), daemon=True,
-                         name=f"treeflare-engine-{site}").start()
+        def run():  # on a thread: the TLS handshake needs the server, which first waits for every setup reply
+            try:
+                conn = channel.connect(host, spec["port"], site, spec["token"], tls)
+            except (channel.ChannelError, OSError) as exc:  # the server names this site when it does not connect
+                self.logger.error(f"{site}: cannot connect to the engine's port: {type(exc).__name__}: {exc}")
+                self.failed(None)
+                return
+            channel.serve(conn, self._answer, public)
+
+        threading.Thread(target=run, daemon=True, name=f"treeflare-engine-{site}").start()
 
     def _make_site(self, site: str, fl_ctx) -> SecureSite:
         loader = fl_ctx.get_engine().get_component(self.data_loader_id)
