@@ -4,8 +4,14 @@
     treeflare xgb --dataset adult --sites 3 --rounds 50 --workspace out/xgb_adult
     treeflare xgb --dataset nursery --mode vertical --overlap 0.8 --sites 3 --workspace out/xgb_nv
     treeflare xgb --schema discover --label y --sites 3 --env poc --workspace out/xgb_sites
+    treeflare xgb --engine treeflare --dataset adult --sites 3 --workspace out/xgb_engine
 
-Two transports for XGBoost's collective operations (--transport):
+Two engines (--engine): xgboost (the default) drives XGBoost's federated communicator, which needs its federated
+plugin (XGBoost 3.4 removed it); treeflare is our own histogram boosting (``treeflare.xgb.engine``): the sites'
+histograms pairwise-masked so that the server sees only their sum, the same trees as XGBoost's hist on the same
+bins, a native model.json, horizontal only, on the engine's own connections to --xgb-port.
+
+Two transports for XGBoost's collective operations (--transport, --engine xgboost):
   direct (default)  the server starts XGBoost's own federated gRPC server (--xgb-port) and every site's XGBoost
                     connects straight to it: NVFlare launches and supervises, XGBoost carries the histograms.
                     Mutual TLS with the startup kits' certificates in POC and on provisioned sites.
@@ -22,8 +28,8 @@ for treeflare predict) and tb_events/. While FLARE runs, one progress line per b
 elapsed time, an estimate of what is left) is printed (on a terminal or with --progress: every round; otherwise
 one per 10% of the rounds; --quiet: none).
 
-(Over 400 lines: one script for both transports and both split modes, as the design card asks for one job
-script per job; the FLARE components it wires live in ``treeflare.flare``.)
+(Over 400 lines: one script for both engines, both transports and both split modes, as the design card asks for one
+job script per job; the FLARE components it wires live in ``treeflare.flare``.)
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 
 from ...crypto import secagg
-from ...files import write_json_atomic
 from ...xgb.engine.params import BoostParams
 from ...xgb.engine.server import EngineError, HistServer
 from ..progress import format_duration, say
