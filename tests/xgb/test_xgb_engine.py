@@ -484,3 +484,22 @@ def test_sites_told_different_things_once_never_sum_to_one_sites_histogram_again
     B = int(server.ptr[-1])
     counts = v[3 * B:4 * B]
     assert np.abs(counts).max() > 2 ** 40  # not the victim's row counts (at most 300): the masks did not cancel
+
+
+def test_a_refused_request_changes_nothing_at_the_site():
+    """Refused (a tree on a threshold nobody agreed), then asked again as grown: answered as if never refused."""
+    requests, (part, keys) = first_requests()
+    i = next(i for i, r in enumerate(requests) if r["type"] == "round" and r["trees"])
+    site = SecureSite(HistSite("site-1", *part), "j")
+    site.keys = keys
+    for j, req in enumerate(requests[:i + 1]):
+        req = {**json.loads(json.dumps({k: v for k, v in req.items() if k != "keys"}, default=_plain)),
+               **({"keys": [dict(k) for k in req["keys"]]} if "keys" in req else {})}
+        if j == i:
+            bad = json.loads(json.dumps(req, default=_plain))
+            bad["keys"] = req["keys"]
+            bad["trees"][0]["split_conditions"][0] += 0.01
+            with pytest.raises(PayloadError, match="trees"):
+                site.site.handle(bad)  # the site itself: the masking layer's digest chain is not under test here
+        out = site.site.handle(req)
+    assert "values" in out and out["values"].size > 4

@@ -6,7 +6,9 @@ A site answers what its own plan allows, whatever the server asks (a field of a 
 requests come in order (``seq``), each answered once; the plan (parameters, features) is fixed by the setup request;
 cuts must be lattice edges, at most ``max_bin`` bins a feature; a level splits only the nodes of the level before,
 each once, on a bin of the agreed cuts, and asks histograms only of the children it just made, at most one of each
-split, above ``max_depth``; trees arrive as a model this site checks (``model_file``) before XGBoost reads it.
+split, above ``max_depth``; the trees that end a round must be the trees this site grew with the server (its splits
+and the last level's, on the agreed cuts: only leaf values are the server's), and are checked as a model file
+(``model_file``) before XGBoost reads them; a refused request changes nothing here.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from .native_model import model_bytes, model_document
 from .params import BoostParams
 
 __all__ = ["HistSite"]
-
-MAX_TREES_A_REQUEST = 10_000
 
 
 class HistSite:
@@ -121,24 +121,25 @@ class HistSite:
 
     # -- boosting rounds ---------------------------------------------------------------------------
     def _start(self, req) -> None:
-        p = self.params
-        self.cuts = bins.check_cuts(req["cuts"], self.X.shape[1], p.max_bin, PayloadError, self.refined)
-        self.ptr = np.concatenate([[0], np.cumsum([max(len(c) - 1, 0) for c in self.cuts])]).astype(np.int64)
-        binned = bins.bin_matrix(self.X, self.cuts)
+        """The first round's settings, every one checked before anything is kept or started."""
         from ...crypto.workers import make_pool
 
+        p = self.params
+        cuts = bins.check_cuts(req["cuts"], self.X.shape[1], p.max_bin, PayloadError, self.refined)
+        base_score = check_number(req["base_score"], "base_score")
+        if p.objective == "binary:logistic" and not 0 < base_score < 1:
+            raise PayloadError("base_score", "must be in (0, 1) for binary:logistic")
+        grad_bits = check_int(req["grad_bits"], "grad_bits", lo=fixed_point.MIN_GRAD_BITS, hi=fixed_point.MAX_GRAD_BITS)
+        eval_bits = check_int(req["eval_bits"], "eval_bits", lo=fixed_point.MIN_EVAL_BITS, hi=fixed_point.EVAL_BITS)
+        g_bound = check_number(req["g_bound"], "g_bound", nonnegative=True)
+        self.cuts, self.base_score, self.grad_bits, self.eval_bits, self.g_bound = \
+            cuts, base_score, grad_bits, eval_bits, g_bound
+        self.ptr = np.concatenate([[0], np.cumsum([max(len(c) - 1, 0) for c in self.cuts])]).astype(np.int64)
+        binned = bins.bin_matrix(self.X, self.cuts)
         self.pool = make_pool(self.workers, site_ops.MODULES)
         self.blocks = np.array_split(np.arange(len(self.y)), self.pool.n)
         self.pool.map("engine_rows", [{"rows": len(b), "features": binned.shape[1]} for b in self.blocks],
                       [[np.ascontiguousarray(binned[b]).tobytes()] for b in self.blocks])
-        self.base_score = check_number(req["base_score"], "base_score")
-        if p.objective == "binary:logistic" and not 0 < self.base_score < 1:
-            raise PayloadError("base_score", "must be in (0, 1) for binary:logistic")
-        self.grad_bits = check_int(req["grad_bits"], "grad_bits", lo=fixed_point.MIN_GRAD_BITS,
-                                   hi=fixed_point.MAX_GRAD_BITS)
-        self.eval_bits = check_int(req["eval_bits"], "eval_bits", lo=fixed_point.MIN_EVAL_BITS,
-                                   hi=fixed_point.EVAL_BITS)
-        self.g_bound = check_number(req["g_bound"], "g_bound", nonnegative=True)
         self._dtrain = self._dvalid = self._dtrain_margin = self._dvalid_margin = None
 
     def _round(self, req) -> dict:
@@ -148,8 +149,7 @@ class HistSite:
             raise PayloadError("round", f"round {r} asked after round {self.round}")
         if self._state in ("sketched", "refined"):
             self._start(req)
-        self._last_level(req, required=r > 0)
-        self._add_trees(req["trees"], required=r > 0)
+        self._end_round(req, required=r > 0)
         self.round = r
         margins = self._margins(self.X)
         g, h = objectives.gradients(p.objective, margins, self.y, p.groups)
@@ -195,8 +195,7 @@ class HistSite:
         return int(fixed_point.encode(total, self.eval_bits))
 
     def _finish(self, req) -> dict:
-        self._last_level(req, required=False)
-        self._add_trees(req["trees"], required=False)
+        self._end_round(req, required=False)
         self._state = "done"
         out = {"values": np.array([self._eval_int()], dtype=np.int64)}
         self.close()
@@ -215,6 +214,17 @@ class HistSite:
         applied, _ = self._read_splits(req["last_splits"])
         self._commit(applied)
         self._check_structure(trees)
+
+    def _end_round(self, req, required: bool) -> None:
+        """The round before's last level and trees, all or nothing: a refused request changes nothing here."""
+        kept = (getattr(self, "splits", None), getattr(self, "n_nodes", None), getattr(self, "frontier", None))
+        kept = kept if kept[0] is None else ([dict(t) for t in kept[0]], list(kept[1]), kept[2])
+        try:
+            self._last_level(req, required)
+            self._add_trees(req["trees"], required)
+        except (PayloadError, DataError):
+            self.splits, self.n_nodes, self.frontier = kept
+            raise
 
     def _add_trees(self, trees, required: bool) -> None:
         """The trees of the round before, as the server built them (``required``: a round after the first; the last
