@@ -55,6 +55,9 @@ def test_engine_treeflare_trains_without_the_plugin(tmp_path, noplugin):
     # the same trees as XGBoost's hist on the pooled rows with the same parameters and base score
     assert report["comparison"]["centralized"]["max_abs_pred_diff"] < 1e-5
     assert report["global"]["accuracy"] > 0.75
+    # the validation loss after every round, pooled over the sites' validation rows by masked sums
+    history = report["validation"]["pooled"]["history"]
+    assert report["validation"]["metrics"] == ["mlogloss"] and len(history) == 3 and history[-1] < history[0]
     t = report["transport"]
     # one sketch, 3 rounds, a level request per level below the last, a finish: the server summed every one
     assert t["rounds"] == 3 and t["requests"] >= 1 + 1 + 3 + 1 and t["values_summed"] > 0

@@ -379,8 +379,11 @@ def run(args, table=None) -> dict:
         shutil.copytree(tb_src, workspace / "tb_events", dirs_exist_ok=True)
     # what the sites' validation rows say at the last round: the only metric when the sites hold the data
     eval_metrics = eval_metric_names(params)
-    validation = {"rows": VALIDATION_ROWS[args.mode], "metrics": eval_metrics,
-                  "sites": last_round_eval(tb_src, sites, eval_metrics, args.rounds) if tb_src.is_dir() else {}}
+    if args.engine == "treeflare":  # the engine's validation loss is pooled over every site's rows by masked sums
+        validation = engine_validation(server)
+    else:
+        validation = {"rows": VALIDATION_ROWS[args.mode], "metrics": eval_metrics,
+                      "sites": last_round_eval(tb_src, sites, eval_metrics, args.rounds) if tb_src.is_dir() else {}}
 
     global_metrics, proba, test = None, None, None
     if fed_dir is not None:  # the global test set and the baselines need the rows this script partitioned
@@ -472,6 +475,15 @@ def partition_params(args, split_here: bool) -> dict:
     return {"partition": args.partition, **({"alpha": args.alpha} if args.partition != "iid" else {})}
 
 
+def engine_validation(server: dict) -> dict:
+    """--engine treeflare's validation record: its metric after each round, on every site's validation rows pooled
+    (masked sums), as the server computed it for early stopping."""
+    history = [float(v) for v in server.get("validation_history") or []]
+    return {"rows": "every site's validation rows (test.csv), pooled by masked sums", "metrics":
+            [server.get("eval_metric")], "pooled": {"history": history,
+                                                    "best_iteration": server.get("best_iteration")}}
+
+
 def engine_base_score(model_path) -> float:
     """The base score the engine agreed (from the pooled labels), read back from its model."""
     doc = json.loads(Path(model_path).read_text())
@@ -505,7 +517,17 @@ def summary_table(report: dict) -> str:
             rows.append([name, *[m[k] for k in keys]])
     heading, note = "model", ""
     validation = report.get("validation") or {}
-    if not report["global"]:  # no global test set: each site's eval at the last round, on the validation rows
+    pooled = validation.get("pooled")
+    if not report["global"] and pooled is not None:  # --engine treeflare: its pooled validation metric
+        metric = (validation.get("metrics") or ["eval"])[0]
+        history = pooled.get("history") or []
+        keys = [metric]
+        rows = [[f"NVFlare {report['mode']} ({how}), every site's validation rows pooled, round {len(history)}",
+                 history[-1] if history else None]]
+        heading = "model (the sites' validation rows)"
+        note = "\nno global test set here: the sites hold the data; the metric is the engine's, on every site's " \
+               "validation rows pooled by masked sums (each round: report.json validation.pooled.history)"
+    elif not report["global"]:  # no global test set: each site's eval at the last round, on the validation rows
         sites = validation.get("sites") or {}
         # the columns the sites' eval holds (XGBoost's eval metric, not accuracy): no column left blank
         keys = list(dict.fromkeys(k for m in sites.values() for k in m if k != "round")) or keys
