@@ -503,3 +503,20 @@ def test_a_refused_request_changes_nothing_at_the_site():
                 site.site.handle(bad)  # the site itself: the masking layer's digest chain is not under test here
         out = site.site.handle(req)
     assert "values" in out and out["values"].size > 4
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda out: {**out, "masked": out["masked"][:-1]}, "another site's"),
+    (lambda out: {**out, "seq": out["seq"] + 1}, "not one masked vector"),
+    (lambda out: {**out, "masked": out["masked"].astype(np.int64)}, "not one masked vector"),
+])
+def test_the_router_names_a_site_whose_reply_is_not_the_protocols(tamper, message):
+    """The router that FLARE's controller runs too: a malformed reply ends the run naming the site."""
+    from treeflare.xgb.engine.driver import ReplyError
+
+    X, y = prebinned("binary:logistic", n=600)
+    sites = sites_for(split(X, y, "iid"))
+    honest = sites["site-3"].handle
+    sites["site-3"].handle = lambda req: tamper(honest(req)) if req["type"] == "sketch" else honest(req)
+    with pytest.raises(ReplyError, match=f"site-3: .*{message}"):
+        route(HistServer(BoostParams(rounds=1, max_depth=2), 5), sites)

@@ -1,15 +1,15 @@
 """Server side of ``--engine treeflare``: the engine's server (``treeflare.xgb.engine.server``) driven over FLARE.
 
-The engine's setup request goes to every site as an ``xgb_engine`` task; every later one as an aux message of topic
-``treeflare.xgb_engine`` to all sites at once (NVFlare's cell messaging, mutual TLS where the kits have it; no poll
-interval between a level and the next). The replies
-are checked (a setup reply: its feature count and a well-formed key announcement; any other: one masked uint64
-vector, the same length at every site) and only their sum mod 2^64 reaches the engine. The key list the sites
-announced goes out with every later request; each site checks it itself. The server writes ``engine_result.json``
-(status, rounds, the pooled validation metric per round, requests, values summed, seconds) and ``model.json``
-(XGBoost's JSON, the schema added by the job script) in its run folder. A site that fails, times out or sends a
-malformed reply ends the job, naming the site and the request; a pooled sum that honest sites cannot give ends it too
-(the sum cannot say which site).
+The engine's setup request goes to every site as an ``xgb_engine`` task; every later one on the sites' own
+connections to ``--xgb-port`` (``engine.channel``; messaging "direct", the default), or as FLARE aux messages or
+tasks (the benchmark's comparison). The routing and the checks of the replies are the engine's own router's
+(``engine.driver.run_protocol``, which the in-process runs use too): a setup reply holds the feature count and a
+well-formed key announcement, any other one masked uint64 vector of the request, the same length at every site, and
+only their sum mod 2^64 reaches the engine. The key list the sites announced goes out with every later request; each
+site checks it itself. The server writes ``engine_result.json`` (status, rounds, the pooled validation metric per
+round, requests, values summed, seconds per request type) and ``model.json`` (XGBoost's JSON, the schema added by
+the job script) in its run folder. A site that fails, times out or sends a malformed reply ends the job, naming the
+site and the request; a pooled sum that honest sites cannot give ends it too (the sum cannot say which site).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import json
 import threading
 import time
 
-import numpy as np
 from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 
-from ...crypto import secagg
+from ...xgb.engine.driver import run_protocol
 from ...xgb.engine.params import BoostParams
 from ...xgb.engine.server import EngineError, HistServer
 from ..progress import format_duration, say
@@ -103,45 +102,31 @@ class XGBEngineController(ResultWorkflow):
         return {"port": self._channel.port, "token": token, "tls": tls is not None, "server_host": self.server_host}
 
     def _train(self, server, params, result, run_dir, abort_signal, fl_ctx):
-        gen = server.run()
-        req, seq, keys = next(gen), 0, None
         channel = self._open_channel(fl_ctx) if self.messaging == "direct" else None
         if channel is not None:
             result["channel"] = {"bind": f"0.0.0.0:{channel['port']}", "tls": channel["tls"]}
         t0 = time.perf_counter()
-        wait_s = 0.0
         self._site_s = 0.0
-        by_type: dict = {}  # request type -> [requests, seconds waiting for the sites' replies]
-        while True:
-            req = {**req, "seq": seq}
-            if req["type"] != "setup":
-                req["keys"] = keys
+        by_type: dict = {}  # request type -> [requests, seconds waiting for the sites' replies, sites' own seconds]
+
+        def ask(req):
             ts = time.perf_counter()
             replies = self._ask(req, abort_signal, fl_ctx, channel if req["type"] == "setup" else None)
-            waited = time.perf_counter() - ts
-            wait_s += waited
-            by_type.setdefault(req["type"], [0, 0.0, 0.0])
-            by_type[req["type"]][0] += 1
-            by_type[req["type"]][1] += waited
-            by_type[req["type"]][2] += self._site_s
-            if req["type"] == "setup":
-                keys = [self._key(site, replies[site]) for site in self.sites]
-                answer = replies
-            else:
-                answer = self._sum(req, replies)
-                server.stats["values_summed"] += int(answer.size) * len(self.sites)
-            server.stats["requests"] += 1
+            counts = by_type.setdefault(req["type"], [0, 0.0, 0.0])
+            counts[0] += 1
+            counts[1] += time.perf_counter() - ts
+            counts[2] += self._site_s
+            return replies
+
+        def observe(req, replies, answer):
             if req["type"] == "round":
-                say(fl_ctx, f"round {req['round'] + 1}/{params.rounds}  elapsed {format_duration(time.perf_counter() - t0)}",
-                    done=req["round"] + 1, total=params.rounds)
-            seq += 1
-            try:
-                req = gen.send(answer)
-            except StopIteration as stop:
-                doc = stop.value
-                break
-            except EngineError as exc:
-                raise JobFailed(str(exc)) from None
+                say(fl_ctx, f"round {req['round'] + 1}/{params.rounds}  elapsed "
+                            f"{format_duration(time.perf_counter() - t0)}", done=req["round"] + 1, total=params.rounds)
+
+        try:
+            doc = run_protocol(server, ask, observe)
+        except EngineError as exc:  # a pooled sum honest sites cannot give, or a reply not of the protocol
+            raise JobFailed(str(exc)) from None
         (run_dir / MODEL_FILE).write_text(json.dumps(doc, allow_nan=False))
         result.update(rounds=server.stats["rounds"], requests=server.stats["requests"],
                       values_summed=server.stats["values_summed"], eval_metric=params.eval_metric,
@@ -150,7 +135,7 @@ class XGBEngineController(ResultWorkflow):
                       bins=[max(len(c) - 1, 0) for c in server.cuts], model_file=MODEL_FILE)
         setup = by_type.get("setup", [0, 0.0, 0.0])[1]  # the sites load their rows (and XGBoost) in their setup
         result["timings_s"].update(setup=setup, train=time.perf_counter() - t0 - setup,
-                                   waiting_for_sites=wait_s - setup)
+                                   waiting_for_sites=sum(t for _, t, _ in by_type.values()) - setup)
         result["messaging"] = self.messaging
         # seconds: waiting for every site's reply; site_seconds: the slowest site's own work on each request, summed
         result["requests_by_type"] = {k: {"requests": n, "seconds": round(t, 3), "site_seconds": round(w, 3)}
@@ -213,27 +198,3 @@ class XGBEngineController(ResultWorkflow):
             if not isinstance(reply, dict):
                 raise JobFailed(f"{site}: its reply to {req['type']} request {req['seq']} is not a dict")
         return replies
-
-    def _key(self, site: str, reply: dict) -> dict:
-        if not isinstance(reply.get("n_features"), int) or reply["n_features"] != self.n_features:
-            raise JobFailed(f"{site}: setup reply without the job's feature count")
-        try:
-            secagg.check_key_record(reply.get("key"), site)
-        except secagg.SecAggError as exc:
-            raise JobFailed(f"{site}: {exc}") from None
-        return reply["key"]
-
-    def _sum(self, req: dict, replies: dict) -> np.ndarray:
-        size = None
-        vectors = []
-        for site in self.sites:
-            v, seq = replies[site].get("masked"), replies[site].get("seq")
-            if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.ndim != 1 or v.size > secagg.MAX_VALUES \
-                    or seq != req["seq"]:
-                raise JobFailed(f"{site}: its reply to {req['type']} request {req['seq']} is not one masked vector "
-                                "of this request")
-            if size is not None and v.size != size:
-                raise JobFailed(f"{site}: its masked vector holds {v.size} values, another site's {size}")
-            size = v.size
-            vectors.append(v)
-        return secagg.sum_masked(vectors)

@@ -43,7 +43,6 @@ class HistSite:
         self._state = "new"
         self.trees: list[dict] = []
         self.tree_info: list[int] = []
-        self.iteration_indptr = [0]
         self.round = -1
         self.refined: list = []  # the lattice cells this site counted in parts (bins.check_refine)
 
@@ -256,7 +255,6 @@ class HistSite:
                 setattr(self, key + "_margin", np.asarray(out, dtype=np.float32).reshape(len(X), p.groups))
         self.trees += list(trees)
         self.tree_info += list(range(p.groups))
-        self.iteration_indptr.append(len(self.trees))
 
     def model(self) -> dict:
         """This site's copy of the model (XGBoost's JSON document)."""
