@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..trees.lattice import log_lattice
 from ..trees.tree import CATEGORICAL, LEAF, NUMERIC, Tree
 from .refine import _categorical_used, _fill_counts, _Nodes, _pseudo_counts, _split_options, _stop_mass, gini
 from .refine_counts import RefinePlan, SplitCandidates, is_code_column
@@ -77,10 +78,7 @@ _HALF_INTEGERS = 1000  # every n + 0.5 with |n + 0.5| < 1000 is a lattice point
 def lattice() -> np.ndarray:
     """The public thresholds of the grid round, increasing: 0, +-10^(k/64) for magnitudes 1e-3 .. 1e9 (3.7% apart),
     and the half-integers between -1000 and 1000 (an integer column's every value in a cell of its own)."""
-    k = np.arange(_DECADES[0] * LATTICE_PER_DECADE, _DECADES[1] * LATTICE_PER_DECADE + 1)
-    pos = 10.0 ** (k / LATTICE_PER_DECADE)
-    half = np.arange(-_HALF_INTEGERS, _HALF_INTEGERS) + 0.5
-    return np.union1d(np.concatenate([-pos[::-1], [0.0], pos]), half)
+    return log_lattice(LATTICE_PER_DECADE, _DECADES, _HALF_INTEGERS)
 
 
 LATTICE_SIZE = len(lattice())

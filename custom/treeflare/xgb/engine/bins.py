@@ -22,6 +22,8 @@ import functools
 
 import numpy as np
 
+from ...trees.lattice import log_lattice
+
 PER_DECADE = 256
 DECADES = (-4, 12)
 HALF_INTEGERS = 1000
@@ -32,10 +34,8 @@ REFINE_SPLITS = 64
 @functools.lru_cache(maxsize=1)
 def lattice() -> np.ndarray:
     """The public cell edges, increasing, float32-exact (float64 array); cell i is [edge[i-1], edge[i])."""
-    k = np.arange(DECADES[0] * PER_DECADE, DECADES[1] * PER_DECADE + 1)
-    pos = (10.0 ** (k / PER_DECADE)).astype(np.float32).astype(np.float64)
-    half = np.arange(-HALF_INTEGERS, HALF_INTEGERS) + 0.5
-    edges = np.union1d(np.concatenate([-pos[::-1], [0.0], pos]), half)
+    # rounded to float32 (half-integers already are): XGBoost compares float32 values with float32 conditions
+    edges = np.unique(log_lattice(PER_DECADE, DECADES, HALF_INTEGERS).astype(np.float32).astype(np.float64))
     edges.setflags(write=False)
     return edges
 
