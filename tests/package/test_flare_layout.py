@@ -74,10 +74,9 @@ EXPORTS = {
                        "treeflare.flare.progress.ProgressReporter",
                        # the PSI phase the vertical job starts with (issue 22)
                        "treeflare.flare.psi.controller.PsiCheckController",
-                       "treeflare.flare.psi.controller.MeteredDhPSIController",
+                       "treeflare.flare.psi.ecdh_controller.EcdhPsiController",
                        "treeflare.flare.psi.controller.PsiResultController",
-                       "treeflare.flare.psi.executor.SiteIds", "treeflare.flare.psi.executor.MeteredDhPSITaskHandler",
-                       "treeflare.flare.psi.executor.PsiSiteExecutor"}),
+                       "treeflare.flare.psi.executor.SiteIds", "treeflare.flare.psi.ecdh_executor.EcdhPsiExecutor"}),
 }
 
 

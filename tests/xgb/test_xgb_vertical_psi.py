@@ -234,12 +234,12 @@ def test_job_runs_psi_first_with_both_transports_and_never_horizontally(federati
         assert sorted(deploy) == sorted(["app_server", *(f"app_{s}" for s in SITES)])  # one app per site
         server = json.loads((out / "app_server" / "config" / "config_fed_server.json").read_text())
         workflows = [wf["id"] for wf in server["workflows"]]
-        psi = ["treeflare_psi_check", "treeflare_psi_dh", "treeflare_psi_result"]
+        psi = ["treeflare_psi_check", "treeflare_psi_ecdh", "treeflare_psi_result"]  # --psi ecdh, the default
         assert workflows == ([*psi, "xgb_controller"] if mode == "vertical" else ["xgb_controller"])
         for site in SITES:
             app = json.loads((out / f"app_{site}" / "config" / "config_fed_client.json").read_text())
             tasks = {t for e in app["executors"] for t in e["tasks"]}
-            assert ("PSI" in tasks) == (mode == "vertical") and ({"xgb_direct_train"} if transport == "direct"
+            assert ("treeflare_psi_check" in tasks) == (mode == "vertical") and ({"xgb_direct_train"} if transport == "direct"
                                                                   else {"config", "start"}) <= tasks
             loader = next(c for c in app["components"] if c["id"] == "dataloader")
             assert loader["args"].get("psi", False) is (mode == "vertical")

@@ -250,6 +250,19 @@ class MaskingKeys:
                 out -= m
         return out
 
+    def channel_key(self, other: str, peers: dict, purpose: str) -> bytes:
+        """A 32-byte key this site shares with ``other`` alone (both listed in ``peers``, the verified list): HKDF of
+        their X25519 secret, bound to the job, the pair, the participant list and ``purpose`` (what it encrypts)."""
+        if peers.get(self.site) != self.public or other == self.site or other not in peers:
+            raise SecAggError(f"{self.site}: no channel key with {str(other)[:80]!r} in this participant list")
+        try:
+            shared = self._private.exchange(x25519.X25519PublicKey.from_public_bytes(peers[other]))
+        except ValueError:
+            raise SecAggError(f"public_key of {other}: not a usable X25519 key") from None
+        info = _DOMAIN + b"|channel|" + json.dumps([self.job_id, str(purpose), sorted(peers),
+                                                    sorted((self.site, other))]).encode()
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+
 
 def pair_mask(shared: bytes, job_id: str, round_no: int, participants, pair, n: int,
               context: bytes = b"") -> np.ndarray:

@@ -56,6 +56,7 @@ from treeflare.data import DataError, prepare_federation, read_site, site_name, 
 from treeflare.data.federation import SiteData
 from treeflare.data.join import common_ids
 from treeflare.data.intersection import DEFAULT_MIN_ROWS, restrict
+from treeflare.psi.options import add_psi_args
 from treeflare.crypto.workers import is_address
 from treeflare.flare.progress import add_progress_args, printer_for
 from treeflare.flare.vertical.executor import WORKERS_ENV
@@ -138,6 +139,7 @@ def build_parser() -> Parser:
                    help=f"the fewest training rows the private set intersection must hold for training to start "
                         f"(default {DEFAULT_MIN_ROWS}: with fewer shared customers each aggregate the active site "
                         f"decrypts says a lot about each of them); --predict needs one row all parties hold")
+    add_psi_args(c)
     c.add_argument("--data-root", default=None,
                    help="the sites' data folder as the sites see it (default: the folder this script prepares)")
     add_binding_arg(c)
@@ -230,7 +232,8 @@ def build_job(args, params, data_root: Path | None, sites: list[str], job_info: 
         sites=sites, params=params.to_dict(), data_root=str(data_root) if data_root else "",
         schema=None if schema is None else schema.to_dict(), binding=args.binding, workers=args.workers,
         min_key_bits=args.key_bits if args.allow_insecure_key else 2048, min_node_rows=min(args.min_rows_node, 10),
-        psi_min_rows=args.psi_min_rows, task_timeout=args.task_timeout, job_info=job_info, name=JOB_NAME)
+        psi_min_rows=args.psi_min_rows, task_timeout=args.task_timeout, job_info=job_info, name=JOB_NAME,
+        psi={"method": args.psi, "max_ratio": args.psi_max_ratio})
 
 
 def shared_rows(tabs: list) -> list:

@@ -48,6 +48,7 @@ from treeflare.cli import check_args as shared_check_args
 from treeflare.cli import overlap_of, schema_source
 from treeflare.data import site_name, write_federation
 from treeflare.data.intersection import DEFAULT_MIN_ROWS
+from treeflare.psi.options import add_psi_args
 from treeflare.flare.progress import PROGRESS_ID, add_progress_args, printer_for
 from treeflare.flare.runner import add_run_args, one_poc, run_job
 from treeflare.flare.site_config import add_binding_arg
@@ -126,6 +127,7 @@ def build_parser() -> Parser:
     g.add_argument("--psi-min-rows", type=int, default=DEFAULT_MIN_ROWS,
                    help="vertical: the fewest training rows the parties' intersection (PSI) may hold; fewer fails "
                         "the job before any training")
+    add_psi_args(g)
     g.add_argument("--timing-dir", type=Path, help=argparse.SUPPRESS)  # benchmarks: loader timestamps
     # benchmarks: --engine treeflare's requests as FLARE aux messages or tasks instead of on its own connections
     g.add_argument("--engine-messaging", choices=["direct", "aux", "task"], default="direct", help=argparse.SUPPRESS)  # benchmarks: loader timestamps
@@ -230,7 +232,8 @@ def psi_args(folder: str, schema, args) -> dict:
     """Vertical mode: the PSI phase's settings. Each party reads its own ids (its binding or ``folder``), keeps the
     intersection in its run folder, and the loader reads it there."""
     return dict(kinds=("train", "test"), data_root=folder, schema=schema, binding=args.binding,
-                min_rows=args.psi_min_rows, task_timeout=args.task_timeout)
+                min_rows=args.psi_min_rows, task_timeout=args.task_timeout, method=args.psi,
+                max_ratio=args.psi_max_ratio)
 
 
 def build_recipe(folder: str, schema, params: dict, args, sites: list[str]):

@@ -25,6 +25,7 @@ from treeflare.cli import Parser, make_workspace
 from treeflare.cli import main_guard
 from treeflare.data import DataError, site_name
 from treeflare.data.intersection import DEFAULT_MIN_ROWS, KINDS
+from treeflare.psi.options import add_psi_args
 from treeflare.console import format_table
 from treeflare.files import write_json_atomic
 
@@ -48,7 +49,12 @@ def build_parser() -> Parser:
                    help="the sites' data folder as the sites see it (<DIR>/<site>/train.csv, as prepare_data.py "
                         "--vertical writes it), when they have no binding of their own (simulator, POC)")
     add_binding_arg(g)
-    g.add_argument("--task-timeout", type=int, default=600, help="seconds each site has for a check or result task")
+    add_psi_args(g)
+    g.add_argument("--workers", default=0, metavar="N",
+                   help="--psi ecdh: each party's blinding pool: N processes (0 = all cores) or dask-local:N (a "
+                        "site's $TREEFLARE_VERTICAL_WORKERS overrides it, and only it may name dask://HOST:PORT)")
+    g.add_argument("--task-timeout", type=int, default=600,
+                   help="seconds each site has for each task of the phase (a round of --psi ecdh included)")
     g.add_argument("--audit", action="store_true",
                    help="record every task and result crossing the server in <server run folder>/psi_audit.jsonl, "
                         "for a review of what the server sees (the file holds DH-PSI's encrypted messages)")
@@ -63,6 +69,12 @@ def check(args) -> list[str]:
         raise DataError(f"--psi-min-rows must be an integer >= 1, got {args.psi_min_rows}")
     if args.task_timeout < 1:
         raise DataError("--task-timeout must be at least 1 second")
+    from treeflare.crypto.workers import parse_workers
+
+    try:
+        args.workers = parse_workers(args.workers, "--workers", allow_address=False)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
         raise DataError(f"--kinds {args.kinds!r}: give distinct kinds of {', '.join(KINDS)}, comma-separated")

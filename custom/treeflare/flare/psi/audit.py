@@ -1,5 +1,6 @@
-"""A server filter that records every task's data and every result crossing the server, for a test or a reviewer
-to check what the server sees (``build_psi_job(..., audit=True)``; never part of a production job: it writes the
+"""A server filter that records every task's data and every result crossing the server (and, from the ECDH-PSI
+controller, every aux request and reply it relays: :func:`record_exchange`), for a test or a reviewer to check what
+the server sees (``build_psi_job(..., audit=True)``; never part of a production job: it writes the
 DH-PSI messages, encrypted under the sites' keys, to the server's run folder).
 
 Each message becomes one line of ``<server run folder>/psi_audit.jsonl``: ``{"chain": "task_data"|"task_result",
@@ -14,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 from nvflare.apis.filter import Filter, FilterChainType, FilterContextKey
 from nvflare.apis.fl_constant import FLContextKey
 
@@ -22,12 +24,14 @@ _LOCK = threading.Lock()
 
 
 def leaves(value, path: str = "", _seen: set | None = None) -> list:
-    """Every bytes, str and number in ``value`` (dicts, their keys, lists, tuples, sets, objects' attributes: the
+    """Every bytes (numpy arrays as their bytes), str and number in ``value`` (dicts, their keys, lists, tuples, sets, objects' attributes: the
     peer's FL context a result carries too), with where it is; an object met twice (a cycle) is walked once."""
     seen = set() if _seen is None else _seen
     out = []
     if isinstance(value, (bytes, bytearray, memoryview)):
         return [[path, "bytes", bytes(value).hex()]]
+    if isinstance(value, np.ndarray):  # the sealed messages of --psi ecdh (uint8), and any numeric array
+        return [[path, "bytes", value.tobytes().hex()]]
     if isinstance(value, str):
         return [[path, "str", value]]
     if isinstance(value, (int, float, bool)) or value is None:
@@ -57,6 +61,16 @@ class MessageRecorder(Filter):
         with _LOCK, open(run_dir / AUDIT_FILE, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
         return shareable
+
+
+def record_exchange(run_dir, label: str, requests: dict, replies: dict) -> None:
+    """The ECDH-PSI relay's round as the server saw it (its aux requests and the replies), one line each way, in the
+    same format as the filter's records (``chain`` ``aux_request`` / ``aux_reply``)."""
+    now = time.time()
+    with _LOCK, open(Path(run_dir) / AUDIT_FILE, "a", encoding="utf-8") as fh:
+        for chain, messages in (("aux_request", requests), ("aux_reply", replies)):
+            record = {"chain": chain, "task": label, "time": now, "leaves": leaves(dict(messages))}
+            fh.write(json.dumps(record) + "\n")
 
 
 def read_audit(run_dir) -> list[dict]:

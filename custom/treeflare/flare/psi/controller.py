@@ -57,6 +57,7 @@ from nvflare.app_common.workflows.broadcast_operator import BroadcastAndWait
 
 from ...data.intersection import DEFAULT_MIN_ROWS
 from ...files import write_json_atomic
+from ...psi.party import DEFAULT_MAX_RATIO, PsiError, check_ratio, check_sizes
 from ..progress import say
 from ..workflow import JobFailed, ResultWorkflow, collect, no_reply_reason, replies_of, wait_for_tasks
 from .protocol import (JOB_NAME, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, VERIFY_ITEMS, VERIFY_KEY,
@@ -95,8 +96,10 @@ def phase_state(fl_ctx, sites, kinds, min_rows) -> dict:
     return state
 
 
-def evaluate_check(sites, replies: dict, problems: dict, kinds, min_rows: int, parties: dict) -> None:
-    """The check phase's verdict: every site's ids checked, and enough training rows at each. Fills
+def evaluate_check(sites, replies: dict, problems: dict, kinds, min_rows: int, parties: dict,
+                   max_ratio: float | None = None) -> None:
+    """The check phase's verdict: every site's ids checked, enough training rows at each, and no party's set more
+    than ``max_ratio`` times the largest other's (``treeflare.psi.party.check_sizes``). Fills
     ``parties[site]["rows_before"]``; raises JobFailed naming the sites."""
     problems = dict(problems)
     for site, reply in replies.items():
@@ -113,6 +116,11 @@ def evaluate_check(sites, replies: dict, problems: dict, kinds, min_rows: int, p
         raise JobFailed("PSI check (before any encryption): " + "; ".join(
             f"{s}: {parties[s]['rows_before'][kind]} {kind} rows, fewer than the {min_rows} the intersection must "
             f"hold (min_rows, --psi-min-rows)" for s in short))
+    if max_ratio is not None:
+        try:
+            check_sizes({s: int(sum(parties[s]["rows_before"].values())) for s in sites}, sites, max_ratio)
+        except PsiError as exc:
+            raise JobFailed(f"PSI check (before any encryption): {exc} (--psi-max-ratio)") from None
 
 
 def evaluate_result(sites, replies: dict, problems: dict, kinds, min_rows: int, parties: dict) -> int:
@@ -159,6 +167,7 @@ class _PsiPhase(ResultWorkflow):
 
     def ask(self, name: str, fl_ctx, abort_signal, data: dict | None = None) -> tuple[dict, dict]:
         task = Task(name=name, data=Shareable({"request": data or request(self.kinds)}), timeout=self.task_timeout)
+        self.last_task = task
         collect(self, task, fl_ctx, self.sites, abort_signal)
         if abort_signal is not None and abort_signal.triggered:
             raise JobFailed(f"aborted during the PSI phase ({name})")
@@ -176,10 +185,20 @@ class _PsiPhase(ResultWorkflow):
 class PsiCheckController(_PsiPhase):
     PART = "check"
 
+    def __init__(self, *args, max_ratio: float = DEFAULT_MAX_RATIO, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_ratio = check_ratio(max_ratio)
+
     def run_workflow(self, result, run_dir, abort_signal, fl_ctx):
         say(fl_ctx, f"PSI: the {len(self.sites)} parties check their ids, then intersect them (the server sees none)")
+        result["max_ratio"] = self.max_ratio
+        t0 = time.time()
         replies, problems = self.ask(TASK_CHECK, fl_ctx, abort_signal)
-        evaluate_check(self.sites, replies, problems, self.kinds, self.min_rows, result["parties"])
+        # the first task of a job waits for every site to start and ask for it (seconds in the simulator): said
+        # apart, so that the phase's own time is what PSI costs
+        sent = [t for ct in self.last_task.client_tasks for t in [getattr(ct, "task_sent_time", None)] if t]
+        result["timings_s"]["waiting_for_sites"] = max(max(sent) - t0, 0.0) if sent else 0.0
+        evaluate_check(self.sites, replies, problems, self.kinds, self.min_rows, result["parties"], self.max_ratio)
 
 
 class PsiResultController(_PsiPhase):

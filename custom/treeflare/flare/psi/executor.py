@@ -8,7 +8,8 @@ tasks.
 * :class:`MeteredDhPSITaskHandler` -- NVFlare's ``DhPSITaskHandler``, counting the seconds this site spends in
   PSI tasks and the bytes of the PSI messages it receives and sends; every DH-PSI run (an attempt, or the identity
   check after one: ``controller``) starts clean at its ``PREPARE`` stage.
-* :class:`PsiSiteExecutor` -- our tasks around DH-PSI: the check before it (so a duplicate id never reaches
+* :class:`PsiSiteExecutor` -- our tasks around the protocol (DH-PSI, or ``ecdh_executor``'s ECDH-PSI): the check
+  before it (so a duplicate id never reaches
   NVFlare's own uniqueness check, whose error quotes the duplicates), the result after it, and the discard
   when the phase fails after DH-PSI.
 """
@@ -181,10 +182,11 @@ class PsiSiteExecutor(SiteExecutor):
 
     PUBLIC_ERRORS = (PsiProtocolError,)
 
-    def __init__(self, local_psi_id: str = LOCAL_PSI_ID, dh_psi_id: str = DH_PSI_ID):
+    def __init__(self, local_psi_id: str = LOCAL_PSI_ID, meter_id: str = DH_PSI_ID):
+        """``meter_id``: NVFlare's DH-PSI handler (metered), which counts the site's PSI seconds and bytes."""
         super().__init__()
         self.local_psi_id = local_psi_id
-        self.dh_psi_id = dh_psi_id
+        self.meter_id = meter_id
 
     def handlers(self) -> dict:
         return {TASK_CHECK: self._check, TASK_RESULT: self._result, TASK_DISCARD: self._discard}
@@ -213,13 +215,17 @@ class PsiSiteExecutor(SiteExecutor):
             if kind not in kinds or not set(ids) <= set(own[kind]):
                 raise DataError(f"{site}: its intersection names {kind} ids it does not hold",
                                 problem="the intersection names ids the party does not hold", site=site)
-        handler = fl_ctx.get_engine().get_component(self.dh_psi_id)
-        meter = handler if isinstance(handler, MeteredDhPSITaskHandler) else None
+        meter = self.meter(fl_ctx)
         reply = make_reply(ReturnCode.OK)
         reply["reply"] = result_reply({k: len(kept.get(k, [])) for k in kinds},
                                       meter.seconds if meter else 0.0, meter.bytes_sent if meter else 0,
                                       meter.bytes_received if meter else 0)
         return reply
+
+    def meter(self, fl_ctx):
+        """What counts this site's PSI seconds and bytes (None: nothing does)."""
+        handler = fl_ctx.get_engine().get_component(self.meter_id)
+        return handler if isinstance(handler, MeteredDhPSITaskHandler) else None
 
     def _discard(self, site: str, task: Shareable, fl_ctx) -> Shareable:
         delete_intersection(run_dir_of(fl_ctx))

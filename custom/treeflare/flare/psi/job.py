@@ -14,16 +14,20 @@ import time
 from pathlib import Path
 
 from ...data.intersection import DEFAULT_MIN_ROWS
+from ...psi.party import DEFAULT_MAX_RATIO, check_ratio
 from .controller import MeteredDhPSIController, PsiCheckController, PsiResultController, check_min_rows
 from .executor import DH_PSI_ID, LOCAL_PSI_ID, MeteredDhPSITaskHandler, PsiSiteExecutor, SiteIds
-from .protocol import (JOB_NAME, PSI_TASK, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT, check_kinds,
-                       intersection_dir)
+from .protocol import (JOB_NAME, PSI_TASK, RESULT_FILE, TASK_CHECK, TASK_DISCARD, TASK_RESULT,
+                       check_kinds, check_method, intersection_dir)
 
 SERVER_IDS = ("treeflare_psi_check", "treeflare_psi_dh", "treeflare_psi_result")
+ECDH_SERVER_ID = "treeflare_psi_ecdh"
+ECDH_EXECUTOR_ID = "treeflare_psi_ecdh_executor"
 
 
 def add_psi(job, sites, *, kinds=("train", "test"), data_root: str = "", schema=None, binding: str = "",
-            min_rows: int = DEFAULT_MIN_ROWS, task_timeout: int = 600) -> None:
+            min_rows: int = DEFAULT_MIN_ROWS, task_timeout: int = 600, method: str = "ecdh",
+            max_ratio: float = DEFAULT_MAX_RATIO, workers: int | str = 0, audit: bool = False) -> None:
     """Add the PSI phase to ``job`` (a ``FedJob``), **before** the job's own controller is added (server workflows
     run in the order added).
 
@@ -37,31 +41,49 @@ def add_psi(job, sites, *, kinds=("train", "test"), data_root: str = "", schema=
         binding: the named site binding to read ("" the default one).
         min_rows: the fewest training rows the intersection may hold (the job fails below it); a prediction
             run (no ``train`` kind) needs a non-empty intersection.
-        task_timeout: seconds each site has for our check and result tasks.
+        task_timeout: seconds each site has for each of the phase's tasks (a round of ECDH-PSI included).
+        method: ``"ecdh"`` (``treeflare.psi``: ECDH-PSI over X25519, the server relaying sealed messages) or
+            ``"nvflare"`` (NVFlare's DH-PSI on openmined-psi).
+        max_ratio: the largest a party's set may be over the largest other party's (the check stops the phase
+            before any encryption, naming the party; each site may lower it, ``$TREEFLARE_PSI_MAX_RATIO``).
+        workers: ``--psi ecdh``: each party's blinding pool (processes, 0 = all cores, or ``dask-local:N``).
+        audit: ``--psi ecdh``: the controller records every relayed request and reply (``audit.record_exchange``;
+            tests and reviews only).
     """
     sites = [str(s) for s in sites]
     if len(sites) < 2:
         raise ValueError("PSI needs at least 2 parties")
     kinds = check_kinds(list(kinds))
     min_rows = check_min_rows(min_rows)
+    method = check_method(method)
+    max_ratio = check_ratio(max_ratio)
     schema_dict = schema.to_dict() if hasattr(schema, "to_dict") else (dict(schema) if schema else None)
     id_only = {"id_column": schema_dict.get("id_column")} if schema_dict and schema_dict.get("id_column") else None
-    common = {"sites": sites, "kinds": kinds, "min_rows": min_rows}
-    job.to_server(PsiCheckController(**common, task_timeout=int(task_timeout)), id=SERVER_IDS[0])
-    job.to_server(MeteredDhPSIController(**common, task_timeout=int(task_timeout)), id=SERVER_IDS[1])
-    job.to_server(PsiResultController(**common, task_timeout=int(task_timeout)), id=SERVER_IDS[2])
-    from nvflare.app_common.psi.psi_executor import PSIExecutor
+    common = {"sites": sites, "kinds": kinds, "min_rows": min_rows, "task_timeout": int(task_timeout)}
+    job.to_server(PsiCheckController(**common, max_ratio=max_ratio), id=SERVER_IDS[0])
+    if method == "ecdh":
+        from .ecdh_controller import EcdhPsiController
+        from .ecdh_executor import EcdhPsiExecutor
 
-    job.to_clients(PSIExecutor(psi_algo_id=DH_PSI_ID), id="treeflare_psi_executor", tasks=[PSI_TASK])
-    job.to_clients(MeteredDhPSITaskHandler(local_psi_id=LOCAL_PSI_ID), id=DH_PSI_ID)
+        job.to_server(EcdhPsiController(**common, max_ratio=max_ratio, audit=audit), id=ECDH_SERVER_ID)
+        job.to_clients(EcdhPsiExecutor(sites=sites, local_psi_id=LOCAL_PSI_ID, max_ratio=max_ratio, workers=workers),
+                       id=ECDH_EXECUTOR_ID, tasks=[TASK_CHECK, TASK_RESULT, TASK_DISCARD])
+    else:
+        from nvflare.app_common.psi.psi_executor import PSIExecutor
+
+        job.to_server(MeteredDhPSIController(**common), id=SERVER_IDS[1])
+        job.to_clients(PSIExecutor(psi_algo_id=DH_PSI_ID), id="treeflare_psi_executor", tasks=[PSI_TASK])
+        job.to_clients(MeteredDhPSITaskHandler(local_psi_id=LOCAL_PSI_ID), id=DH_PSI_ID)
+        job.to_clients(PsiSiteExecutor(local_psi_id=LOCAL_PSI_ID, meter_id=DH_PSI_ID), id="treeflare_psi_tasks",
+                       tasks=[TASK_CHECK, TASK_RESULT, TASK_DISCARD])
+    job.to_server(PsiResultController(**common), id=SERVER_IDS[2])
     job.to_clients(SiteIds(kinds=kinds, data_root=str(data_root or ""), schema=id_only, binding=binding or ""),
                    id=LOCAL_PSI_ID)
-    job.to_clients(PsiSiteExecutor(local_psi_id=LOCAL_PSI_ID, dh_psi_id=DH_PSI_ID), id="treeflare_psi_tasks",
-                   tasks=[TASK_CHECK, TASK_RESULT, TASK_DISCARD])
 
 
 def build_psi_job(sites, *, kinds=("train", "test"), data_root: str = "", schema=None, binding: str = "",
-                  min_rows: int = DEFAULT_MIN_ROWS, task_timeout: int = 600, name: str = JOB_NAME, audit: bool = False):
+                  min_rows: int = DEFAULT_MIN_ROWS, task_timeout: int = 600, name: str = JOB_NAME, audit: bool = False,
+                  method: str = "ecdh", max_ratio: float = DEFAULT_MAX_RATIO, workers: int | str = 0):
     """The PSI phase as a job of its own (a :class:`~treeflare.flare.recipe.TreeflareRecipe`). ``audit``: a server filter records what crosses the server
     (``audit.MessageRecorder``; for tests and reviews: it writes the DH-PSI messages to the server's run folder)."""
     from nvflare.job_config.api import FedJob
@@ -79,8 +101,16 @@ def build_psi_job(sites, *, kinds=("train", "test"), data_root: str = "", schema
         job.to_server(MessageRecorder(), id="treeflare_psi_audit_result", filter_type=FilterType.TASK_RESULT,
                       tasks=tasks)
     add_psi(job, sites, kinds=kinds, data_root=data_root, schema=schema, binding=binding, min_rows=min_rows,
-            task_timeout=task_timeout)
+            task_timeout=task_timeout, method=method, max_ratio=max_ratio, workers=workers, audit=audit)
     return TreeflareRecipe(job, sites)
+
+
+def psi_options(args) -> dict:
+    """``add_psi``'s method, ratio and workers from a command's parsed ``--psi``, ``--psi-max-ratio`` and
+    ``--workers`` (defaults where the command has none)."""
+    return {"method": getattr(args, "psi", None) or "ecdh",
+            "max_ratio": float(getattr(args, "psi_max_ratio", None) or DEFAULT_MAX_RATIO),
+            "workers": getattr(args, "workers", 0) or 0}
 
 
 def psi_report(server: dict, run_dir, sites) -> dict:
@@ -104,7 +134,8 @@ def run_psi(args, sites, *, data_root: str = "", schema=None, kinds=("train", "t
     workspace = Path(args.workspace).resolve()
     job = build_psi_job(sites, kinds=kinds, data_root=data_root, schema=schema,
                         binding=getattr(args, "binding", "") or "", min_rows=args.psi_min_rows,
-                        task_timeout=int(getattr(args, "task_timeout", 600) or 600), audit=audit)
+                        task_timeout=int(getattr(args, "task_timeout", 600) or 600), audit=audit,
+                        **psi_options(args))
     start = time.perf_counter()
     run_dir = run_job(job, args, sites)
     server = read_server_result(run_dir, RESULT_FILE, workspace, JOB_NAME)

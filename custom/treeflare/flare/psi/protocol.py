@@ -1,13 +1,16 @@
-"""What the PSI phase's server and sites both name: our three tasks around NVFlare's DH-PSI task (``"PSI"``), where a
-party keeps its intersection, and the checks of the small dicts our tasks exchange (no NVFlare import here).
+"""What the PSI phase's server and sites both name: our tasks (and NVFlare's DH-PSI task ``"PSI"`` of ``--psi
+nvflare``), where a party keeps its intersection, and the checks of the small dicts our tasks exchange (no NVFlare import here).
 
 * ``TASK_CHECK`` (before any PSI message): request ``{"kinds": [...]}``; reply ``{"rows": {kind: n}}`` -- the site
   read and checked its ids (``data.intersection.check_ids``) or replied an error naming itself, never an id;
 * ``TASK_RESULT`` (after DH-PSI): request ``{"kinds": [...]}``; reply ``{"rows_after": {kind: n}, "seconds": s,
   "bytes_sent": b, "bytes_received": b}`` -- what the site kept and what PSI cost it;
+* ``ECDH_TOPIC`` (``--psi ecdh``, the default, between check and result; aux messages, not tasks): the relay's
+  requests of ``treeflare.psi``, a ``{"request": ...}`` of :mod:`treeflare.psi.session` in, its reply out (sealed
+  messages the server cannot open);
 * ``TASK_DISCARD`` (when the phase fails after DH-PSI, and between DH-PSI attempts): the site deletes its
   intersection; reply empty;
-* ``VERIFY_KEY`` (a field of DH-PSI's own ``PREPARE`` stage): true when the DH-PSI run that starts is the identity
+* ``VERIFY_KEY`` (``--psi nvflare`` only: a field of DH-PSI's own ``PREPARE`` stage): true when the DH-PSI run that starts is the identity
   check of the intersections (``controller`` says why), whose items are :func:`verification_items`.
 """
 
@@ -22,6 +25,8 @@ from ...data.intersection import KINDS
 TASK_CHECK = "treeflare_psi_check"
 TASK_RESULT = "treeflare_psi_result"
 TASK_DISCARD = "treeflare_psi_discard"
+ECDH_TOPIC = "treeflare.psi_ecdh"  # an aux message: one request of the ECDH-PSI relay (``treeflare.psi``)
+METHODS = ("ecdh", "nvflare")  # --psi: our ECDH-PSI (the default), or NVFlare's DH-PSI
 PSI_TASK = "PSI"  # NVFlare's DH-PSI task (PSIConst.TASK), named here so the job needs no NVFlare constant
 RESULT_FILE = "psi_result.json"
 JOB_NAME = "psi"
@@ -54,6 +59,12 @@ def verification_items(items) -> list[str]:
 def run_dir_of(fl_ctx) -> Path:
     """The run folder of the job at this participant (server or site), from its FL context."""
     return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+
+
+def check_method(method) -> str:
+    if method not in METHODS:
+        raise ValueError(f"the PSI method must be one of {', '.join(METHODS)}")
+    return str(method)
 
 
 def check_kinds(kinds) -> list[str]:

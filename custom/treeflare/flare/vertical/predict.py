@@ -84,7 +84,8 @@ def predict_main(args, job_name: str) -> int:
     id_column = ((parts.get(sites[0]) or {}).get("schema") or {}).get("id_column") or trained.get("id_column")
     id_column = id_column if isinstance(id_column, str) and id_column else None
     add_psi(job, sites, kinds=("predict",), data_root=str(data_root or ""), binding=getattr(args, "binding", "") or "",
-            schema={"id_column": id_column} if id_column else None, min_rows=1, task_timeout=args.task_timeout)
+            schema={"id_column": id_column} if id_column else None, min_rows=1, task_timeout=args.task_timeout,
+            method=getattr(args, "psi", None) or "ecdh", max_ratio=getattr(args, "psi_max_ratio", None) or 10.0)
     job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], task_timeout=args.task_timeout,
                                      job_info={"model_dir": str(model_dir)}, mode="predict"),
                   id="vertical_controller")

@@ -34,17 +34,18 @@ class VerticalTreeRecipe(TreeflareRecipe):
         workers: where a party's crypto runs (see ``VerticalExecutor``).
         min_key_bits, min_node_rows: the floors every party enforces on what the label holder asks.
         psi_min_rows: fewest shared ids the job goes on with.
+        psi: the PSI phase's method and ratio bound (``add_psi``'s ``method``, ``max_ratio``).
     """
 
     def __init__(self, *, sites, params: dict, data_root: str = "", schema: dict | None = None, binding: str = "",
                  workers: int | str = 0, min_key_bits: int = 2048, min_node_rows: int = 10,
                  psi_min_rows: int = DEFAULT_MIN_ROWS, task_timeout: int = 600, job_info: dict | None = None,
-                 name: str = JOB_NAME):
+                 name: str = JOB_NAME, psi: dict | None = None):
         sites, data_root = list(sites), site_path(data_root)
         job = FedJob(name=name, min_clients=len(sites))
         # the PSI phase first (server workflows run in the order added): each party keeps the ids all hold
         add_psi(job, sites, kinds=("train", "test"), data_root=data_root, schema=schema, binding=binding,
-                min_rows=psi_min_rows, task_timeout=task_timeout)
+                min_rows=psi_min_rows, task_timeout=task_timeout, workers=workers, **(psi or {}))
         job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], params=params,
                                          task_timeout=task_timeout, job_info=job_info or {}),
                       id="vertical_controller")

@@ -1,0 +1,140 @@
+"""A site's side of ``--psi ecdh``: the phase's check, result and discard tasks (:class:`PsiSiteExecutor`'s), and
+the relay's requests, which come as aux messages (``ECDH_TOPIC``: pushed to the site at once, where a task waits for
+the site's next poll), fed to its :class:`treeflare.psi.session.PsiSession`. Its intersection is written to its own
+run folder when the protocol ends (nothing before; a new start deletes an earlier one).
+
+The party's items are the ids its ``SiteIds`` component read and checked; its identity (startup kit) and the job id
+come from its own context, never from a task. Its blinding runs on a crypto worker pool (``crypto.workers``) when
+the run is large enough to pay for starting one (:data:`POOL_MIN_ITEMS`): the job's ``workers`` (processes, 0 = all
+cores, or ``dask-local:N``), or the site's own ``$TREEFLARE_VERTICAL_WORKERS`` (which alone may name a Dask
+scheduler, ``dask://HOST:PORT``). Sites of one simulator process share Python's lock, so a pool is also what lets
+them compute at once. ``$TREEFLARE_PSI_MAX_RATIO`` lowers the set-size ratio this site takes part with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.shareable import Shareable, make_reply
+
+from ...crypto.workers import WorkerPool, make_pool, parse_workers
+from ...data.errors import public_error
+from ...data.intersection import psi_items, write_intersection
+from ...psi.party import DEFAULT_MAX_RATIO, PsiError, check_ratio
+from ...psi.session import PsiSession
+from ..icdta4fl.executor import _job_id, site_identity
+from .executor import LOCAL_PSI_ID, PsiSiteExecutor, delete_intersection
+from .protocol import ECDH_TOPIC, PsiProtocolError, intersection_dir, run_dir_of
+
+WORKERS_ENV = "TREEFLARE_VERTICAL_WORKERS"
+RATIO_ENV = "TREEFLARE_PSI_MAX_RATIO"
+POOL_MIN_ITEMS = 40_000  # below this many items in all lists, a worker process costs more than it saves
+POOL_MODULES = ("treeflare.psi.group",)
+
+
+def site_ratio(job_ratio: float) -> float:
+    """The lower of the job's ratio bound and this site's own (``$TREEFLARE_PSI_MAX_RATIO``)."""
+    own = os.environ.get(RATIO_ENV, "").strip()
+    if not own:
+        return job_ratio
+    try:
+        value = float(own)
+    except ValueError:
+        raise PsiProtocolError(f"${RATIO_ENV} must be a number from 1 to 1e6") from None
+    return min(job_ratio, check_ratio(value, f"${RATIO_ENV}"))
+
+
+class EcdhPsiExecutor(PsiSiteExecutor):
+    PUBLIC_ERRORS = (PsiError, PsiProtocolError)
+
+    def __init__(self, sites: list | None = None, local_psi_id: str = LOCAL_PSI_ID,
+                 max_ratio: float = DEFAULT_MAX_RATIO, workers: int | str = 0):
+        """``sites``: the job's parties (this site's configuration: it takes part with no other). ``max_ratio``:
+        the job's bound on one party's set over the largest other's. ``workers``: the blinding's pool, as the
+        vertical job's ``--workers`` (a number or ``dask-local:N``; only the site's environment names a scheduler)."""
+        super().__init__(local_psi_id=local_psi_id)
+        self.sites = [str(s) for s in sites or []]
+        self.max_ratio = check_ratio(max_ratio)
+        self.workers = parse_workers(workers, "EcdhPsiExecutor workers", allow_address=False)
+        self.session: PsiSession | None = None
+        self.pool = None
+        self.saved = False
+        self.seconds = 0.0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def meter(self, fl_ctx):
+        return self
+
+    def handle_event(self, event_type: str, fl_ctx):
+        if event_type == EventType.START_RUN:
+            fl_ctx.get_engine().register_aux_message_handler(topic=ECDH_TOPIC, message_handle_func=self._on_aux)
+        elif event_type == EventType.END_RUN:
+            self._close_pool()
+
+    def _on_aux(self, topic: str, request: Shareable, fl_ctx) -> Shareable:
+        site = fl_ctx.get_identity_name()
+        try:
+            return self._ecdh(site, request, fl_ctx)
+        except Exception as exc:  # noqa: BLE001 -- a failure is a reply naming the request, never a crash
+            self.log_error(fl_ctx, f"{ECDH_TOPIC} failed at {site}: {type(exc).__name__}: {exc}")
+            self.failed(fl_ctx)
+            reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            reply["error"] = public_error(exc, passthrough=self.PUBLIC_ERRORS)
+            return reply
+
+    def _pool(self, req):
+        sizes = req.get("sizes") if isinstance(req, dict) else None
+        total = sum(v for v in sizes.values() if isinstance(v, int)) if isinstance(sizes, dict) else 0
+        own = os.environ.get(WORKERS_ENV, "").strip()
+        workers = parse_workers(own, f"${WORKERS_ENV}") if own else self.workers
+        if total < POOL_MIN_ITEMS and not own:
+            return None
+        if workers == 0:
+            workers = max(os.cpu_count() or 1, 1)
+        if workers == 1:
+            return WorkerPool(1, POOL_MODULES)  # one process of its own: out of the site's lock
+        return make_pool(workers, POOL_MODULES)
+
+    def _ecdh(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        req = task.get("request")
+        t0 = time.perf_counter()
+        run_dir = run_dir_of(fl_ctx)
+        if isinstance(req, dict) and req.get("type") == "start":
+            self.close()
+            comp = self._local(fl_ctx)
+            delete_intersection(run_dir)  # a new run starts from nothing
+            items = psi_items(comp.ids(fl_ctx))
+            self.pool = self._pool(req)
+            self.session = PsiSession(site, items, job_id=_job_id(fl_ctx), sites=self.sites,
+                                      identity=site_identity(fl_ctx, site), max_ratio=site_ratio(self.max_ratio),
+                                      pool=self.pool)
+        if self.session is None:
+            raise PsiProtocolError("an ECDH-PSI round before its start")
+        reply_data = self.session.handle(req)
+        if self.session.done and not self.saved:
+            write_intersection(intersection_dir(run_dir), self.session.kept_items(), site=site)
+            self.saved = True
+            self._close_pool()
+            self.log_info(fl_ctx, f"{site}: PSI done, {len(self.session.kept_items())} shared items kept")
+        self.bytes_sent, self.bytes_received = self.session.bytes_sent, self.session.bytes_received
+        self.seconds += time.perf_counter() - t0
+        reply = make_reply(ReturnCode.OK)
+        reply["reply"] = reply_data
+        return reply
+
+    def _close_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def close(self) -> None:
+        self._close_pool()
+        self.session, self.saved = None, False
+        self.seconds, self.bytes_sent, self.bytes_received = 0.0, 0, 0
+
+    def failed(self, fl_ctx) -> None:
+        self._close_pool()
