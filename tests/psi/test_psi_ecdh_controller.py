@@ -111,8 +111,9 @@ def test_a_party_stalling_mid_psi_ends_the_phase_within_the_timeout_naming_it(tm
 
 def test_a_party_failing_or_breaking_the_protocol_ends_the_phase_naming_it(tmp_path):
     items, _ = world(3, 60, 20)
-    _, _, panics, _ = run(tmp_path / "a", items, {"site-3": ("error", 2)})
+    parties, _, panics, _ = run(tmp_path / "a", items, {"site-3": ("error", 2)})
     assert panics == ["PSI (ECDH): site-3: ECDH-PSI round 2 failed: RuntimeError"]
+    assert parties.discarded == [(TASK_DISCARD, SITES)]  # a site that answers is asked to delete too
     parties = Parties(items)
     real = parties.sessions["site-1"].handle
     parties.sessions["site-1"].handle = lambda req: {**real(req), "extra": 1} if req.get("round") == 2 else real(req)

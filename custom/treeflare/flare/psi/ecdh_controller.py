@@ -54,8 +54,8 @@ class EcdhPsiController(_PsiPhase):
         except StopIteration as stop:
             result["ecdh"] = {**stop.value, "chunk": self.chunk, "max_ratio": self.max_ratio,
                               "seconds": time.perf_counter() - t0}
-        except (PsiError, JobFailed) as exc:
-            self._discard(fl_ctx, abort_signal, getattr(exc, "site", None))
+        except (PsiError, JobFailed) as exc:  # every site deletes what it kept, but one that stopped answering
+            self._discard(fl_ctx, abort_signal, exc.site if isinstance(exc, PsiSiteFailed) else None)
             raise JobFailed(f"PSI (ECDH): {exc}") from None
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
@@ -83,7 +83,7 @@ class EcdhPsiController(_PsiPhase):
             if answer is None or rc in (ReturnCode.TIMEOUT, ReturnCode.COMMUNICATION_ERROR):
                 raise PsiSiteFailed(site, f"no reply to {label} within {self.task_timeout} s (a stalled or gone party)")
             if rc != ReturnCode.OK:
-                raise PsiSiteFailed(site, f"{label} failed: {str(answer.get('error') or rc)[:2000]}")
+                raise JobFailed(f"{site}: {label} failed: {str(answer.get('error') or rc)[:2000]}")
             replies[site] = answer.get("reply")
         if self.audit:
             record_exchange(run_dir_of(fl_ctx), label, reqs, replies)

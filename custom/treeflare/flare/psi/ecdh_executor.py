@@ -4,20 +4,21 @@ the site's next poll), fed to its :class:`treeflare.psi.session.PsiSession`. Its
 run folder when the protocol ends (nothing before; a new start deletes an earlier one).
 
 The party's items are the ids its ``SiteIds`` component read and checked; its identity (startup kit) and the job id
-come from its own context, never from a task. Its blinding runs on a crypto worker pool (``crypto.workers``) when
-the run is large enough to pay for starting one (:data:`POOL_MIN_ITEMS`): the job's ``workers`` (processes, 0 = all
-cores, or ``dask-local:N``), or the site's own ``$TREEFLARE_VERTICAL_WORKERS`` (which alone may name a Dask
-scheduler, ``dask://HOST:PORT``). Sites of one simulator process share Python's lock, so a pool is also what lets
-them compute at once. ``$TREEFLARE_PSI_MAX_RATIO`` lowers the set-size ratio this site takes part with.
+come from its own context, never from a task. Its blinding runs on a crypto worker pool (``crypto.workers``, started
+while the phase's check runs) when the run is large enough to pay for starting one (:data:`POOL_MIN_ITEMS`): the
+job's ``workers`` (processes, 0 = all cores, in the simulator each party's share of them, or ``dask-local:N``), or the
+site's own ``$TREEFLARE_VERTICAL_WORKERS`` (which alone may name a Dask scheduler, ``dask://HOST:PORT``). Sites of one
+simulator process share Python's lock, so a pool is also what lets them compute at once. ``$TREEFLARE_PSI_MAX_RATIO`` lowers the set-size ratio this site takes part with.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from nvflare.apis.event_type import EventType
-from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
 from ...crypto.workers import WorkerPool, make_pool, parse_workers
@@ -61,6 +62,8 @@ class EcdhPsiExecutor(PsiSiteExecutor):
         self.workers = parse_workers(workers, "EcdhPsiExecutor workers", allow_address=False)
         self.session: PsiSession | None = None
         self.pool = None
+        self._pool_thread: threading.Thread | None = None
+        self._pool_error: Exception | None = None
         self.saved = False
         self.seconds = 0.0
         self.bytes_sent = 0
@@ -86,32 +89,58 @@ class EcdhPsiExecutor(PsiSiteExecutor):
             reply["error"] = public_error(exc, passthrough=self.PUBLIC_ERRORS)
             return reply
 
-    def _pool(self, req):
-        sizes = req.get("sizes") if isinstance(req, dict) else None
-        total = sum(v for v in sizes.values() if isinstance(v, int)) if isinstance(sizes, dict) else 0
+    def _check(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        """The phase's check; a site whose set is large starts its blinding pool meanwhile (worker processes take a
+        moment to start), so that the protocol's first round does not wait for it."""
+        reply = super()._check(site, task, fl_ctx)
+        self.close()
+        n = sum(len(v) for v in self._local(fl_ctx).ids(fl_ctx).values())
+        if n * 2 >= POOL_MIN_ITEMS or os.environ.get(WORKERS_ENV, "").strip():
+            simulated = bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))
+            self._pool_thread = threading.Thread(target=self._start_pool, args=(simulated,), daemon=True,
+                                                 name="psi-pool-start")
+            self._pool_thread.start()
+        return reply
+
+    def _start_pool(self, simulated: bool) -> None:
+        try:
+            self.pool = self._make_pool(simulated)
+        except Exception as exc:  # noqa: BLE001 -- the start request reports it (the site's own settings)
+            self._pool_error = exc
+
+    def _make_pool(self, simulated: bool):
         own = os.environ.get(WORKERS_ENV, "").strip()
         workers = parse_workers(own, f"${WORKERS_ENV}") if own else self.workers
-        if total < POOL_MIN_ITEMS and not own:
-            return None
         if workers == 0:
-            workers = max(os.cpu_count() or 1, 1)
+            # all cores; in the simulator every party runs on this one machine: its share of them
+            workers = max((os.cpu_count() or 1) // (len(self.sites) if simulated else 1), 1)
         if workers == 1:
             return WorkerPool(1, POOL_MODULES)  # one process of its own: out of the site's lock
         return make_pool(workers, POOL_MODULES)
+
+    def _pool(self):
+        """The pool started at the check (None: none, the set is small)."""
+        if self._pool_thread is not None:
+            self._pool_thread.join()
+            self._pool_thread = None
+        if self._pool_error is not None:
+            error, self._pool_error = self._pool_error, None
+            raise error
+        return self.pool
 
     def _ecdh(self, site: str, task: Shareable, fl_ctx) -> Shareable:
         req = task.get("request")
         t0 = time.perf_counter()
         run_dir = run_dir_of(fl_ctx)
         if isinstance(req, dict) and req.get("type") == "start":
-            self.close()
+            if self.session is not None:  # a second start: the run begins again from nothing
+                self.close()
             comp = self._local(fl_ctx)
             delete_intersection(run_dir)  # a new run starts from nothing
             items = psi_items(comp.ids(fl_ctx))
-            self.pool = self._pool(req)
             self.session = PsiSession(site, items, job_id=_job_id(fl_ctx), sites=self.sites,
                                       identity=site_identity(fl_ctx, site), max_ratio=site_ratio(self.max_ratio),
-                                      pool=self.pool)
+                                      pool=self._pool())
         if self.session is None:
             raise PsiProtocolError("an ECDH-PSI round before its start")
         reply_data = self.session.handle(req)
@@ -132,6 +161,8 @@ class EcdhPsiExecutor(PsiSiteExecutor):
             self.pool = None
 
     def close(self) -> None:
+        if self._pool_thread is not None:
+            self._pool()  # the pool being started: let it start, then close it
         self._close_pool()
         self.session, self.saved = None, False
         self.seconds, self.bytes_sent, self.bytes_received = 0.0, 0, 0
