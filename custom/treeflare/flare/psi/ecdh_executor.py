@@ -7,8 +7,8 @@ The party's items are the ids its ``SiteIds`` component read and checked; its id
 come from its own context, never from a task. Its blinding runs on a crypto worker pool (``crypto.workers``, started
 while the phase's check runs) when the run is large enough to pay for starting one (:data:`POOL_MIN_ITEMS`): the
 job's ``workers`` (processes, 0 = all cores, in the simulator each party's share of them, or ``dask-local:N``), or the
-site's own ``$TREEFLARE_VERTICAL_WORKERS`` (which alone may name a Dask scheduler, ``dask://HOST:PORT``). Sites of one
-simulator process share Python's lock, so a pool is also what lets them compute at once. ``$TREEFLARE_PSI_MAX_RATIO`` lowers the set-size ratio this site takes part with.
+site's own ``$TREEFLARE_VERTICAL_WORKERS`` (which alone may name a Dask scheduler, ``dask://HOST:PORT``); one worker
+is the site's own process. ``$TREEFLARE_PSI_MAX_RATIO`` lowers the set-size ratio this site takes part with.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from ...crypto.workers import WorkerPool, make_pool, parse_workers
+from ...crypto.workers import make_pool, parse_workers
 from ...data.errors import public_error
 from ...data.intersection import psi_items, write_intersection
 from ...psi.party import DEFAULT_MAX_RATIO, PsiError, check_ratio
@@ -115,7 +115,7 @@ class EcdhPsiExecutor(PsiSiteExecutor):
             # all cores; in the simulator every party runs on this one machine: its share of them
             workers = max((os.cpu_count() or 1) // (len(self.sites) if simulated else 1), 1)
         if workers == 1:
-            return WorkerPool(1, POOL_MODULES)  # one process of its own: out of the site's lock
+            return None  # the site's own process blinds (a worker process would only add its start and a copy)
         return make_pool(workers, POOL_MODULES)
 
     def _pool(self):
