@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 # the docs page holding each block this script writes (tests/package/test_docs.py checks the markers are there)
@@ -167,10 +168,10 @@ def run_workflow(items: list[list[str]], fpr: float = DEFAULT_FPR):
     parties = {f"site-{i + 1}": Party(f"site-{i + 1}", it) for i, it in enumerate(items)}
     controller = InProcessController(parties)
 
-    class Engine:  # what DhPSIWorkFlow.prepare_sites asks of the server's engine
+    class Engine:  # what DhPSIWorkFlow.prepare_sites asks of the server's engine: its clients, with their names
         @staticmethod
         def get_clients():
-            return list(parties)
+            return [SimpleNamespace(name=name) for name in parties]
 
     ctx = FLContext()
     ctx.set_prop(ReservedKey.ENGINE, Engine(), private=True, sticky=False)

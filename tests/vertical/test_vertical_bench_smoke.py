@@ -1,7 +1,6 @@
 """scripts/bench_vertical.py's peers and memory sections at a tiny size: every party in its own process, the
 messages between them framed without pickle, the plaintext-oracle identity, the memory per party, and the memory
 regression check's non-zero exit.  (A smoke test: no timing is asserted; the figures come from the full run.)"""
-import importlib.util
 import io
 import json
 import subprocess
@@ -10,20 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flare_helpers import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-runner = _load("vertical_bench_runner")
-bench = _load("bench_vertical")
+runner = load_script("scripts/vertical_bench_runner.py", "vertical_bench_runner")
+bench = load_script("scripts/bench_vertical.py", "bench_vertical")  # scripts/ importable: it imports bench_common
 
 
 def _run_tree(cmd, timeout: float, **kw) -> subprocess.CompletedProcess:
