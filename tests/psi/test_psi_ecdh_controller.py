@@ -136,3 +136,108 @@ def test_the_check_stops_a_party_far_larger_than_the_others_before_any_encryptio
     assert parties["site-2"]["rows_before"] == {"train": 7000, "test": 800}  # the sizes stay in the report
     evaluate_check(SITES, replies, {}, ["train", "test"], 1, {s: {} for s in SITES}, max_ratio=100.0)
     assert PsiCheckController(sites=SITES, max_ratio=3.5).max_ratio == 3.5
+
+
+# ---- the sites' executors behind the controller: when an intersection is written ---------------------------------
+
+class Sites:
+    """Each site's ``EcdhPsiExecutor`` (with its ``SiteIds``), answering the controller's aux messages and the
+    phase's tasks as FLARE would deliver them; ``lose``: the site whose reply to the round that made it done is lost
+    after the site handled it (its link went down on the way back)."""
+
+    def __init__(self, tmp_path, lose=None):
+        from test_psi_inprocess import three_parties
+
+        from treeflare.flare.psi.ecdh_executor import EcdhPsiExecutor
+        from treeflare.flare.psi.executor import LOCAL_PSI_ID, SiteIds
+
+        self.held = three_parties(tmp_path / "data")
+        self.lose, self.root, self.discarded = lose, tmp_path, []
+        self.execs, self.ctx = {}, {}
+        for site in SITES:
+            comp = SiteIds(kinds=["train", "test"], data_root=str(tmp_path / "data"), schema={"id_column": "pid"})
+            ex = EcdhPsiExecutor(sites=SITES)
+            for obj in (comp, ex):
+                for level in ("log_info", "log_warning", "log_error", "log_debug"):
+                    setattr(obj, level, lambda *a, **k: None)
+            run_dir = tmp_path / "runs" / site
+            run_dir.mkdir(parents=True)
+            workspace = SimpleNamespace(get_run_dir=lambda job_id, d=run_dir: str(d),
+                                        get_startup_kit_dir=lambda d=run_dir: str(d / "no_kit"))
+            engine = SimpleNamespace(get_component={LOCAL_PSI_ID: comp}.get, get_workspace=lambda w=workspace: w)
+            self.ctx[site] = SimpleNamespace(get_identity_name=lambda s=site: s, get_engine=lambda e=engine: e,
+                                             get_job_id=lambda: "job", get_peer_context=lambda: None,
+                                             get_prop=lambda k, d=None: True if k == "__simulate_mode__" else d)
+            self.execs[site] = ex
+
+    def task(self, name, site):
+        from nvflare.apis.shareable import Shareable
+
+        return self.execs[site].execute(name, Shareable({"request": {"kinds": ["train", "test"]}}), self.ctx[site],
+                                        Signal())
+
+    def send_aux_request(self, targets, topic, request, timeout, fl_ctx, **_):
+        (site,) = targets
+        reply = self.execs[site]._on_aux(topic, request, self.ctx[site])
+        if self.lose == site and self.execs[site].session.done:
+            return {}
+        return {site: reply}
+
+    @contextlib.contextmanager
+    def new_context(self):
+        yield None
+
+    def kept(self, site):
+        path = self.root / "runs" / site / "psi" / "intersection.json"
+        return json.loads(path.read_text())["ids"] if path.is_file() else None
+
+
+def run_sites(tmp_path, lose=None):
+    from treeflare.flare.psi.protocol import TASK_CHECK
+
+    sites = Sites(tmp_path, lose)
+    rows = {}
+    for site in SITES:
+        reply = sites.task(TASK_CHECK, site)
+        assert reply.get_return_code() == ReturnCode.OK, reply.get("error")
+        rows[site] = reply["reply"]["rows"]
+    ctx = context(tmp_path / "server", sites)
+    (tmp_path / "server").mkdir()
+    ctx.set_prop("treeflare.psi.phase", {"parties": {s: {"rows_before": rows[s]} for s in SITES}, "timings_s": {},
+                                         "status": "running"})
+    ctl = EcdhPsiController(sites=SITES, kinds=["train", "test"], min_rows=1, task_timeout=5, chunk=16)
+    panics = []
+    ctl.system_panic = lambda reason, fl_ctx: panics.append(reason)
+    ctl.log_error = ctl.log_warning = ctl.log_info = lambda *a, **k: None
+
+    def broadcast(task, fl_ctx, targets=None, **kw):
+        for site in targets:
+            sites.discarded.append(site)
+            sites.task(task.name, site)
+        task.completion_status = "ok"
+    ctl.broadcast, ctl.cancel_task = broadcast, lambda *a, **k: None
+    ctl.control_flow(Signal(), ctx)
+    return sites, panics
+
+
+def test_a_site_writes_its_intersection_only_at_the_result_task(tmp_path):
+    from treeflare.flare.psi.protocol import TASK_RESULT
+
+    sites, panics = run_sites(tmp_path)
+    assert panics == [] and all(sites.execs[s].session.done for s in SITES)
+    assert [sites.kept(s) for s in SITES] == [None] * 3  # every party is done, nothing written yet
+    truth = {k: sorted(set.intersection(*(set(sites.held[s][k]) for s in SITES))) for k in ("train", "test")}
+    for site in SITES:
+        reply = sites.task(TASK_RESULT, site)
+        assert reply.get_return_code() == ReturnCode.OK and reply["reply"]["rows_after"] == {
+            k: len(v) for k, v in truth.items()}
+        assert sites.kept(site) == truth and reply["reply"]["seconds"] > 0 and reply["reply"]["bytes_sent"] > 0
+
+
+def test_a_site_whose_last_reply_is_lost_keeps_nothing_nor_does_any_other(tmp_path):
+    """site-1 (the leader) is done after the last round, but its reply never reaches the server: the phase fails,
+    naming it; no site was sent the result task, so none wrote an intersection."""
+    sites, panics = run_sites(tmp_path / "lost", lose="site-1")
+    assert len(panics) == 1 and panics[0].startswith("PSI (ECDH): site-1: no reply to ECDH-PSI round ")
+    assert sites.execs["site-1"].session.done
+    assert [sites.kept(s) for s in SITES] == [None] * 3 and sites.discarded == ["site-2", "site-3"]

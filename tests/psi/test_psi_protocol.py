@@ -97,7 +97,49 @@ def test_blinding_commutes_and_hides_the_hash():
 def test_the_chains_end_at_the_leader_and_its_own_at_the_comparer():
     assert chains(["b", "a"]) == {"a": ["b"], "b": ["a"]}
     assert chains(["s1", "s2", "s3", "s4"]) == {"s1": ["s3", "s4", "s2"], "s2": ["s3", "s4", "s1"],
-                                                  "s3": ["s2", "s4", "s1"], "s4": ["s2", "s3", "s1"]}
+                                                  "s3": ["s4", "s2", "s1"], "s4": ["s2", "s3", "s1"]}
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 9])
+def test_no_party_but_the_leader_receives_two_lists_under_the_same_keys(n):
+    """Two lists under the same keys could be compared by whoever holds both: their common items match. The keys a
+    list carries when it reaches a party are its owner's and those of the parties before on its chain."""
+    sites = [f"site-{i}" for i in range(1, n + 1)]
+    arrivals: dict = {}
+    for owner, chain in chains(sites).items():
+        assert sorted(chain + [owner]) == sites  # every party once
+        for place, party in enumerate(chain):
+            arrivals.setdefault(party, []).append(frozenset([owner, *chain[:place]]))
+    for party, keysets in arrivals.items():
+        if party != "site-1":
+            assert len(set(keysets)) == len(keysets), party
+
+
+def test_with_four_and_five_parties_no_middle_party_can_compare_two_lists():
+    """The same, measured: every list chunk a party other than the leader received, by owner; two owners' lists
+    share no value at any of them, although every list holds the common items."""
+    for n in (4, 5):
+        items, common = world(n, 60, 25, seed=n)
+        sessions = sessions_for(items)
+        got: dict = {}
+        real = PsiParty.step
+
+        def spy(self, inbox):
+            for _, h, body in inbox:
+                if h.get("t") == "list":
+                    got.setdefault(self.site, {}).setdefault(h["owner"], set()).update(
+                        body[i:i + 32] for i in range(0, len(body), 32))
+            return real(self, inbox)
+        PsiParty.step = spy
+        try:
+            run_in_process(sessions, {s: len(v) for s, v in items.items()}, max_ratio=10, chunk=16)
+        finally:
+            PsiParty.step = real
+        assert all(sorted(s.kept_items()) == common for s in sessions.values())
+        for party, lists in got.items():
+            owners = sorted(lists)
+            overlaps = [(a, b) for i, a in enumerate(owners) for b in owners[i + 1:] if lists[a] & lists[b]]
+            assert overlaps == [] if party != "site-1" else overlaps, (n, party)
 
 
 # ---- the set-size bound ----------------------------------------------------------------------------------------

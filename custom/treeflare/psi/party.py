@@ -8,13 +8,15 @@ first, the *comparer* C the second.
 1. **Lists.** Each party shuffles its items (a secret permutation: positions say nothing of the rows), hashes and
    blinds them under its own key and streams them, ``CHUNK`` items a message, along its *chain*: every other party
    once, each applying its key and passing the chunk on, without reordering. Every list's chain ends at L, except
-   L's own, which ends at C. The last party of a chain holds that list fully blinded (``F``), in its owner's order.
+   L's own, which ends at C; the chains are rotations of one cycle, so that no party but L ever holds two lists under
+   the same keys (:func:`chains`). The last party of a chain holds that list fully blinded (``F``), in its owner's order.
    Both (all) parties blind their own chunks and their partners' in the same rounds: nobody waits for a whole list.
 2. **Two parties.** L returns C's fully blinded list to C, chunk by chunk as it blinds it; C then holds both lists
    fully blinded, keeps its items found in L's, and tells L the positions in L's list that it found in its own: each
    learns the intersection, and nothing else (the standard ECDH-PSI).
 3. **Three or more.** L holds ``F`` of every other party's list and intersects them: ``Z``, padded with random values
-   to the size of the smallest of those lists (a size every party knows) and shuffled, goes to C, which holds
+   to ``PAD_FACTOR`` times the size of the smallest of those lists (a size every party knows) and shuffled, goes to C,
+   which holds
    ``F`` of L's list and answers which values of ``Z`` it found (and at which positions of L's list). L checks no
    padding was claimed, and tells every other party the positions of its list in the intersection. No party ever
    holds its own items fully blinded beside another single party's list: the intersection of all is the only
@@ -31,8 +33,7 @@ A message that breaks any of this stops the party with :class:`PsiError` naming 
 
 from __future__ import annotations
 
-import secrets
-import struct
+import os
 
 import numpy as np
 
@@ -42,6 +43,9 @@ CHUNK = 65536  # items a list message carries: ~2 MB of group elements, a few se
 PIECE = 8192  # items one worker-pool task blinds (a round's work is split into pieces for the pool)
 MAX_ITEMS = 10**9
 DEFAULT_MAX_RATIO = 10.0
+# Z (three or more parties) is padded to this many times the smallest other list: a comparer that claims a value of
+# Z it did not find hits padding, and is caught, with probability at least 1 - 1/PAD_FACTOR per value it claims
+PAD_FACTOR = 4
 
 
 class PsiError(ValueError):
@@ -82,14 +86,24 @@ def check_sizes(sizes, sites, max_ratio: float) -> dict[str, int]:
 
 def chains(sites) -> dict[str, list[str]]:
     """The parties each list passes, in order, after its owner: every other party, L (the first site) last; L's own
-    list ends at C (the second)."""
+    list ends at C (the second).
+
+    The non-leaders' chains are rotations of one cycle (the owner's successors in it, then L): the list of the owner j
+    places before a party arrives there under the keys of the j places, a run of the cycle ending just before it, so
+    no party but L ever holds two lists under the same keys, which it could compare (L's own list carries L's key,
+    which no other list has before L)."""
     sites = sorted(sites)
-    leader, comparer = sites[0], sites[1]
-    out = {}
-    for owner in sites:
-        last = comparer if owner == leader else leader
-        out[owner] = [s for s in sites if s not in (owner, last)] + [last]
+    leader, others = sites[0], sites[1:]
+    out = {leader: others[1:] + others[:1]}
+    for j, owner in enumerate(others):
+        out[owner] = [others[(j + t) % len(others)] for t in range(1, len(others))] + [leader]
     return out
+
+
+def secret_permutation(n: int) -> np.ndarray:
+    """A uniformly random permutation of ``n`` from the operating system's CSPRNG (64-bit random keys sorted; a tie,
+    about n^2 / 2^65, only fixes the order of the two): positions revealed later say nothing of it."""
+    return np.argsort(np.frombuffer(os.urandom(8 * n), dtype=np.uint64), kind="stable")
 
 
 def _positions(body: bytes, count: int) -> np.ndarray:
@@ -120,16 +134,18 @@ class PsiParty:
         self.leader, self.comparer = self.sites[0], self.sites[1]
         self.chains = chains(self.sites)
         self.key = group.new_key()
-        self.order = np.random.default_rng(secrets.randbits(128)).permutation(len(self.items))
+        self.order = secret_permutation(len(self.items))
         self.sent = 0  # own items blinded and sent
         self.arrived = {o: 0 for o in self.sites if o != self.site}  # items of each list that reached this party
         self.full: dict[str, bytearray] = {}  # lists this party holds fully blinded (match keys, owner's order)
         for owner, chain in self.chains.items():
             if chain[-1] == self.site:
                 self.full[owner] = bytearray()
+        self.delivered: dict[str, str] = {}  # who passed each fully blinded list to this party
+        self.seen: dict[str, set] = {}  # each list's values as they arrived here (a repeat names its sender)
         self.returned = bytearray()  # two parties, at C: its own list fully blinded, as L returns it
         self.z = bytearray()  # three or more, at C: the padded intersection of the others' lists
-        self.z_size = min(self.sizes[s] for s in self.sites if s != self.leader)
+        self.z_size = PAD_FACTOR * min(self.sizes[s] for s in self.sites if s != self.leader)
         self.padding: np.ndarray | None = None  # at L: which values of Z are padding
         self.z_values: list[bytes] | None = None
         self.matches_sent = False
@@ -179,6 +195,8 @@ class PsiParty:
             kind = header.get("t")
             if kind == "list":
                 lists.append(self._check_list(frm, header, body))
+                if sum(1 for x in lists if x[1] == lists[-1][1]) > 1:  # an honest chain passes one chunk a round
+                    raise PsiError(frm, f"sent more than one chunk of {lists[-1][1]}'s list in one round")
             else:
                 other.append((frm, kind, header, body))
         jobs = [(frm, body) for frm, _owner, _h, _s, body in lists]
@@ -202,7 +220,7 @@ class PsiParty:
 
     def _check_list(self, frm, header, body):
         owner, hop, start, count = (header.get(k) for k in ("owner", "hop", "start", "count"))
-        if owner not in self.arrived:
+        if not isinstance(owner, str) or owner not in self.arrived:
             raise PsiError(frm, "sent a list chunk of no other party of the run")
         chain = self.chains[owner]
         place = chain.index(self.site)
@@ -214,6 +232,11 @@ class PsiParty:
         if start != self.arrived[owner] or want <= 0 or count != want or len(body) != count * group.POINT_BYTES:
             raise PsiError(frm, f"sent a chunk of {owner}'s list that does not continue it as declared "
                                 f"({n} items, {self.chunk} a chunk)")
+        seen = self.seen.setdefault(owner, set())
+        before = len(seen)
+        seen.update(body[i:i + group.MATCH_BYTES] for i in range(0, len(body), group.POINT_BYTES))
+        if len(seen) != before + count:  # distinct items stay distinct under any keys: the sender made the repeat
+            raise PsiError(frm, f"sent {owner}'s list with a value twice (one value for two items)")
         self.arrived[owner] += count
         return frm, owner, hop, start, body
 
@@ -226,6 +249,7 @@ class PsiParty:
                      values)]
         keys = b"".join(group.match_keys(values))
         self.full[owner] += keys
+        self.delivered[owner] = chain[place - 1] if place else owner
         if len(self.sites) == 2 and self.site == self.leader:  # L returns C's list to C as it blinds it
             return [(owner, {"t": "final", "start": start, "count": count}, keys)]
         return []
@@ -234,13 +258,13 @@ class PsiParty:
         return len(self.full[owner]) == self.sizes[owner] * group.MATCH_BYTES
 
     def _keys(self, buf, owner: str, whose: str) -> list[bytes]:
-        """The match keys of a fully blinded list; no value twice (else the owner, or a party that passed its list
-        on, sent one value for two items)."""
+        """The match keys of a fully blinded list; no value twice (else ``whose``, the party that sent it here, or
+        one before it on its way, sent one value for two items)."""
         mb = group.MATCH_BYTES
         keys = [bytes(buf[i:i + mb]) for i in range(0, len(buf), mb)]
         if len(set(keys)) != len(keys):
-            raise PsiError(whose, f"{owner}'s list came out with a value twice (its owner or a party that passed "
-                                  "it on sent one value for two items)")
+            raise PsiError(whose, f"{owner}'s list came out with a value twice (sent so by {whose}, or by a party "
+                                  "before it on the list's way)")
         return keys
 
     # ---------------------------------------------------------------- finishing
@@ -297,7 +321,7 @@ class PsiParty:
         return []
 
     def _comparer_two(self) -> list:
-        theirs = self._keys(self.full[self.leader], self.leader, self.leader)
+        theirs = self._keys(self.full[self.leader], self.leader, self.delivered[self.leader])
         mine = self._keys(self.returned, self.site, self.leader)
         in_theirs, in_mine = set(theirs), set(mine)
         own = np.array([p for p, v in enumerate(mine) if v in in_theirs], dtype=np.int64)
@@ -306,21 +330,22 @@ class PsiParty:
         return [(self.leader, {"t": "matches", "count": int(their.size)}, their.tobytes())]
 
     def _leader_z(self) -> list:
-        lists = [set(self._keys(self.full[o], o, o)) for o in sorted(self.full)]
+        lists = [set(self._keys(self.full[o], o, self.delivered[o])) for o in sorted(self.full)]
         common = set.intersection(*lists)
-        values = sorted(common) + [secrets.token_bytes(group.MATCH_BYTES) for _ in range(self.z_size - len(common))]
+        mb = group.MATCH_BYTES
+        noise = os.urandom(mb * (self.z_size - len(common)))
+        values = sorted(common) + [noise[i:i + mb] for i in range(0, len(noise), mb)]
         padding = np.zeros(self.z_size, dtype=bool)
         padding[len(common):] = True
-        order = np.random.default_rng(secrets.randbits(128)).permutation(self.z_size)
+        order = secret_permutation(self.z_size)
         self.z_values = [values[i] for i in order]
         self.padding = padding[order]
         blob = b"".join(self.z_values)
-        mb = group.MATCH_BYTES
         return [(self.comparer, {"t": "z", "start": s, "count": min(self.chunk, self.z_size - s)},
                  blob[s * mb:(s + min(self.chunk, self.z_size - s)) * mb]) for s in range(0, self.z_size, self.chunk)]
 
     def _comparer_many(self) -> list:
-        theirs = self._keys(self.full[self.leader], self.leader, self.leader)
+        theirs = self._keys(self.full[self.leader], self.leader, self.delivered[self.leader])
         mb = group.MATCH_BYTES
         z = [bytes(self.z[i:i + mb]) for i in range(0, len(self.z), mb)]
         in_theirs, in_z = set(theirs), set(z)
@@ -352,7 +377,7 @@ class PsiParty:
         found = {self.z_values[q] for q in hits}
         out = []
         for owner in sorted(self.full):
-            keys = self._keys(self.full[owner], owner, owner)
+            keys = self._keys(self.full[owner], owner, self.delivered[owner])
             pos = np.array([p for p, v in enumerate(keys) if v in found], dtype="<u4")
             out.append((owner, {"t": "positions", "count": int(pos.size)}, pos.tobytes()))
         self.kept, self.done = mine, True

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..crypto import secagg
 from . import group
-from .party import CHUNK, PsiError, check_ratio, check_sizes
+from .party import CHUNK, PAD_FACTOR, PsiError, check_ratio, check_sizes
 
 HEADER_ROOM = 4096 + 16 + 64  # a message's header, GCM tag and framing, beside its body
 
@@ -23,6 +23,12 @@ def max_rounds(sizes, chunk: int) -> int:
     """Rounds an honest run needs at most: every list's chunks through its chain, then the finish, with room."""
     longest = math.ceil(max(sizes.values()) / chunk)
     return longest + 2 * len(sizes) + 8
+
+
+def max_messages(sizes, chunk: int) -> int:
+    """The most messages an honest party sends in one round: a chunk of each list it passes on, its own, and the
+    leader's padded intersection, all of it in one round."""
+    return 4 * len(sizes) + 64 + math.ceil(PAD_FACTOR * max(sizes.values()) / chunk)
 
 
 def max_blob(sizes, chunk: int) -> int:
@@ -47,7 +53,9 @@ def relay(sites, sizes, *, max_ratio: float, chunk: int = CHUNK):
         except secagg.SecAggError as exc:
             raise PsiError(s, str(exc)) from None
         keys.append(reply["key"])
-    limit, biggest = max_rounds(sizes, chunk), max_blob(sizes, chunk)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
+        raise ValueError("chunk must be an integer from 1 to 2^20")
+    limit, biggest, most = max_rounds(sizes, chunk), max_blob(sizes, chunk), max_messages(sizes, chunk)
     inbox = {s: [] for s in sites}
     relayed = messages = 0
     for r in range(1, limit + 1):
@@ -59,10 +67,11 @@ def relay(sites, sizes, *, max_ratio: float, chunk: int = CHUNK):
         for s in sites:
             reply = replies.get(s)
             if not isinstance(reply, dict) or set(reply) != {"outbox", "done"} or not isinstance(reply["done"], bool) \
-                    or not isinstance(reply["outbox"], list) or len(reply["outbox"]) > 4 * len(sites) + 64:
+                    or not isinstance(reply["outbox"], list) or len(reply["outbox"]) > most:
                 raise PsiError(s, "its round reply must be {outbox: a list of messages, done: a bool}")
             for msg in reply["outbox"]:
-                if not isinstance(msg, dict) or set(msg) != {"to", "blob"} or msg["to"] not in inbox or msg["to"] == s:
+                if not isinstance(msg, dict) or set(msg) != {"to", "blob"} or not isinstance(msg["to"], str) \
+                        or msg["to"] not in inbox or msg["to"] == s:
                     raise PsiError(s, "a message must be {to: another party of the run, blob}")
                 blob = msg["blob"]
                 if not isinstance(blob, np.ndarray) or blob.dtype != np.uint8 or blob.ndim != 1:

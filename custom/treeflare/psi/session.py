@@ -23,7 +23,7 @@ import numpy as np
 
 from ..crypto import secagg
 from .envelope import Channels, EnvelopeError
-from .party import CHUNK, DEFAULT_MAX_RATIO, PsiError, PsiParty, check_ratio
+from .party import DEFAULT_MAX_RATIO, PsiError, PsiParty, check_ratio
 
 MAX_SITES = 64
 
@@ -71,12 +71,15 @@ class PsiSession:
         sites = req.get("sites")
         if not isinstance(sites, list) or sorted(str(s) for s in sites) != self.sites or len(sites) > MAX_SITES:
             raise PsiError("relay", "the run's parties are not the ones this site's job names")
-        job_ratio = req.get("max_ratio")
-        ratio = min(check_ratio(job_ratio, "the job's max_ratio"), self.max_ratio)
-        chunk = req.get("chunk")
-        sizes = req.get("sizes")
+        job_ratio, chunk, sizes = req.get("max_ratio"), req.get("chunk"), req.get("sizes")
+        try:
+            ratio = min(check_ratio(job_ratio, "the job's max_ratio"), self.max_ratio)
+            if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
+                raise ValueError("chunk must be an integer from 1 to 2^20")
+        except ValueError as exc:
+            raise PsiError("relay", f"the start request: {exc}") from None
         self.party = PsiParty(self.site, self.sites, self.items, salt=self.job_id.encode(), sizes=sizes,
-                              max_ratio=ratio, chunk=chunk if isinstance(chunk, int) else CHUNK, pool=self.pool)
+                              max_ratio=ratio, chunk=chunk, pool=self.pool)
         setup = {"sites": self.sites, "sizes": {s: int(sizes[s]) for s in self.sites}, "max_ratio": float(job_ratio),
                  "chunk": self.party.chunk}
         self.digest = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).digest()
@@ -103,7 +106,8 @@ class PsiSession:
                 raise PsiError("relay", "keys after the first round")
             opened = []
             for msg in inbox:
-                if not isinstance(msg, dict) or set(msg) != {"from", "blob"} or msg["from"] not in self.sites:
+                if not isinstance(msg, dict) or set(msg) != {"from", "blob"} or not isinstance(msg["from"], str) \
+                        or msg["from"] not in self.sites:
                     raise PsiError("relay", "an inbox message must be {from: a party, blob}")
                 blob = blob_of(msg["blob"], "an inbox message's blob")
                 self.bytes_received += len(blob)

@@ -37,7 +37,9 @@ class EcdhPsiController(_PsiPhase):
         (``audit.record_exchange``), for a test or reviewer to check what the server sees."""
         super().__init__(sites=sites, kinds=kinds, min_rows=min_rows, task_timeout=task_timeout, **kwargs)
         self.max_ratio = check_ratio(max_ratio)
-        self.chunk = int(chunk)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
+            raise ValueError("chunk must be an integer from 1 to 2^20")
+        self.chunk = chunk
         self.audit = bool(audit)
 
     def run_workflow(self, result, run_dir, abort_signal, fl_ctx):
@@ -57,6 +59,9 @@ class EcdhPsiController(_PsiPhase):
         except (PsiError, JobFailed) as exc:  # every site deletes what it kept, but one that stopped answering
             self._discard(fl_ctx, abort_signal, exc.site if isinstance(exc, PsiSiteFailed) else None)
             raise JobFailed(f"PSI (ECDH): {exc}") from None
+        except Exception:  # noqa: BLE001 -- a bug, or a reply nothing foresaw: the job fails with it, nothing kept
+            self._discard(fl_ctx, abort_signal, None)
+            raise
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
 

@@ -1,7 +1,8 @@
 """A site's side of ``--psi ecdh``: the phase's check, result and discard tasks (:class:`PsiSiteExecutor`'s), and
 the relay's requests, which come as aux messages (``ECDH_TOPIC``: pushed to the site at once, where a task waits for
 the site's next poll), fed to its :class:`treeflare.psi.session.PsiSession`. Its intersection is written to its own
-run folder when the protocol ends (nothing before; a new start deletes an earlier one).
+run folder at the phase's result task, which comes only after every party is done (nothing before; a new start
+deletes an earlier one).
 
 The party's items are the ids its ``SiteIds`` component read and checked; its identity (startup kit) and the job id
 come from its own context, never from a task. Its blinding runs on a crypto worker pool (``crypto.workers``, started
@@ -64,7 +65,7 @@ class EcdhPsiExecutor(PsiSiteExecutor):
         self.pool = None
         self._pool_thread: threading.Thread | None = None
         self._pool_error: Exception | None = None
-        self.saved = False
+        self.saved = self.finished = False
         self.seconds = 0.0
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -144,16 +145,24 @@ class EcdhPsiExecutor(PsiSiteExecutor):
         if self.session is None:
             raise PsiProtocolError("an ECDH-PSI round before its start")
         reply_data = self.session.handle(req)
-        if self.session.done and not self.saved:
-            write_intersection(intersection_dir(run_dir), self.session.kept_items(), site=site)
-            self.saved = True
+        if self.session.done and not self.finished:
+            self.finished = True
             self._close_pool()
-            self.log_info(fl_ctx, f"{site}: PSI done, {len(self.session.kept_items())} shared items kept")
+            self.log_info(fl_ctx, f"{site}: ECDH-PSI done, {len(self.session.kept_items())} shared items (kept once "
+                                  "the server's result task says every party is done)")
         self.bytes_sent, self.bytes_received = self.session.bytes_sent, self.session.bytes_received
         self.seconds += time.perf_counter() - t0
         reply = make_reply(ReturnCode.OK)
         reply["reply"] = reply_data
         return reply
+
+    def _result(self, site: str, task: Shareable, fl_ctx) -> Shareable:
+        """The phase's result task comes only once the relay has seen every party done: the intersection is written
+        now, so that a phase that fails (a party late with its last reply, say) leaves nothing at any site."""
+        if self.session is not None and self.session.done and not self.saved:
+            write_intersection(intersection_dir(run_dir_of(fl_ctx)), self.session.kept_items(), site=site)
+            self.saved = True
+        return super()._result(site, task, fl_ctx)
 
     def _close_pool(self) -> None:
         if self.pool is not None:
@@ -164,7 +173,7 @@ class EcdhPsiExecutor(PsiSiteExecutor):
         if self._pool_thread is not None:
             self._pool()  # the pool being started: let it start, then close it
         self._close_pool()
-        self.session, self.saved = None, False
+        self.session, self.saved, self.finished = None, False, False
         self.seconds, self.bytes_sent, self.bytes_received = 0.0, 0, 0
 
     def failed(self, fl_ctx) -> None:
