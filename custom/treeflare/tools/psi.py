@@ -56,8 +56,9 @@ def build_parser() -> Parser:
     g.add_argument("--task-timeout", type=int, default=600,
                    help="seconds each site has for each task of the phase (a round of --psi ecdh included)")
     g.add_argument("--audit", action="store_true",
-                   help="record every task and result crossing the server in <server run folder>/psi_audit.jsonl, "
-                        "for a review of what the server sees (the file holds DH-PSI's encrypted messages)")
+                   help="record every task, result and relayed message crossing the server in <server run "
+                        "folder>/psi_audit.jsonl, for a review of what the server sees (the file holds the PSI's "
+                        "sealed or blinded messages)")
     add_run_args(parser)
     return parser
 
