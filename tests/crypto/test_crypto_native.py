@@ -421,6 +421,49 @@ def test_kernel_refuses_values_and_widths_it_cannot_take(kern):
             nat.horner_many([[1, 2]], widths)
 
 
+@pytest.mark.parametrize("bits", [2048, 3008, 3072, 4096])
+@pytest.mark.parametrize("near", ["the top", "half"])
+def test_kernel_moduli_that_fill_their_limbs(kern, bits, near):
+    """The portable kernel gives a modulus no spare limb (m < 2^(64 L): 32 limbs for 2048 bits, 64 for 4096), so its
+    products' results reach 2^(64 L) and take the masked subtraction of m, most often where m is near 2^(64 L):
+    packing (squarings on both sides of its long-operand threshold, 48 limbs), segment products and secret powers
+    still equal gmpy2's, inputs in [m, 2^(64 L)) included, and an input at 2^(64 L) or above is refused, never
+    truncated."""
+    import gmpy2
+    import numpy as np
+
+    m = mpz((1 << bits) - 2 * secrets.randbelow(1 << 40) - 1) if near == "the top" else \
+        mpz((1 << (bits - 1)) + 2 * secrets.randbelow(1 << 40) + 1)
+    nat = native.products(m)
+    assert nat is not None
+    if kern == "portable":
+        assert nat.L == bits // 64 and nat.shift == bits
+    R = mpz(1) << nat.shift
+    high = [v for v in (m, m + 1, min(2 * m, R) - 1) if v < min(2 * m, R)]      # allowed: below 2m and below R
+    vals = [mpz(secrets.randbelow(int(m))) for _ in range(21)] + high + [mpz(0), mpz(1), m - 1]
+    widths = [139, 7, 64, 1, 139]
+    groups = [vals[i:i + 5] for i in range(0, len(vals) - 4, 3)]
+    want = []
+    for gr in groups:
+        acc = gr[-1] % m
+        for c, w in zip(reversed(gr[:-1]), reversed(widths[:-1])):
+            acc = gmpy2.powmod(acc, mpz(1) << w, m) * c % m
+        want.append(acc)
+    assert nat.horner_many(groups, widths) == want
+    table = nat.load(vals)
+    idx = np.random.default_rng(bits).integers(0, len(vals), size=400).astype(np.int32)
+    starts = np.arange(0, 401, 40)
+    prods = [functools.reduce(lambda x, y: x * y % m, (vals[i] for i in idx[a:b]), mpz(1))
+             for a, b in zip(starts[:-1], starts[1:])]
+    assert nat.values(nat.segment_products(table, idx, starts)) == prods
+    e = mpz(secrets.randbits(bits // 2) | 1)
+    ps = native.pow_sec(m, e)
+    assert ps.pow_many(vals) == [gmpy2.powmod_sec(v % m, e, m) for v in vals]
+    for bad in (R, R + 5, 2 * m):
+        with pytest.raises(ValueError, match="outside"):
+            nat.horner_many([[bad, 1]], [64, 64])
+
+
 @pytest.mark.parametrize("obfuscation", ["full", "djn"])
 def test_batch_decryption_equals_one_by_one(any_kernel, obfuscation):
     key = PaillierPrivateKey.generate(512, obfuscation)

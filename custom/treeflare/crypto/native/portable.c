@@ -1,15 +1,21 @@
 /* The portable C kernel of treeflare.crypto.native: the functions of fixed_base.c (the AVX-512 IFMA kernel),
-   same names, same C signatures, same contracts (values below 2m in, below 2m out; the Python side converts and
-   checks against gmpy2 before it trusts a modulus), for CPUs without IFMA (x86-64 before Ice Lake or Zen 4,
-   aarch64).  Plain C99 plus unsigned __int128 (GCC and Clang on every 64-bit target): no intrinsics, so one source
-   builds on x86-64 and aarch64 alike; a separate file because fixed_base.c includes <immintrin.h>, which an aarch64
-   compiler does not have, and because each file is compiled and cached on its own (loader.py).
+   same names, same C signatures, same contracts (values below the kernel's bound in and out: 2m there, R here, see
+   below; the Python side converts and checks against gmpy2 before it trusts a modulus), for CPUs without IFMA
+   (x86-64 before Ice Lake or Zen 4, aarch64).  Plain C99 plus unsigned __int128 (GCC and Clang on every 64-bit
+   target): no intrinsics, so one source builds on x86-64 and aarch64 alike; a separate file because fixed_base.c
+   includes <immintrin.h>, which an aarch64 compiler does not have, and because each file is compiled and cached on
+   its own (loader.py).
 
-   The kernel's form: L limbs of 64 bits, little-endian, 4m < 2^(64 L), Montgomery radix R = 2^(64 L).  One
-   product at a time, by product scanning (column by column, a three-word accumulator in registers, the Montgomery
-   quotient digits interleaved: "FIPS"), which on 4096-bit moduli runs at about one 64x64-bit multiplication per
-   cycle; squarings compute each cross product once.  Neither has a branch or a memory access that depends on the
-   values, so the secret exponentiation (fb_powm_sec_many) is constant-time in its exponent as in fixed_base.c.
+   The kernel's form: L limbs of 64 bits, little-endian, m < R = 2^(64 L) (the Montgomery radix): no spare limb,
+   so a 2048-bit p^2 takes 32 limbs and a 4096-bit n^2 64 (the 4m < R of fixed_base.c's lazy bound would take 33
+   and 65: 3-6% more multiplications).  Every value in and out is below R, not necessarily below m ("almost
+   Montgomery" products): a product's result is below R + m, and where it reaches R (its carry limb is 1), m is
+   subtracted, with a mask, not a branch.  Leaving Montgomery form gives at most m (the Python side reduces).
+   One product at a time, by product scanning (column by column, a three-word accumulator in registers, the
+   Montgomery quotient digits interleaved: "FIPS"), which runs at about one 64x64-bit multiplication per cycle;
+   squarings compute each cross product once (on long operands in the same loop as the reduction's products).
+   Neither has a branch or a memory access that depends on the values, so the secret exponentiation
+   (fb_powm_sec_many) is constant-time in its exponent as in fixed_base.c.
 
    Compiles clean with -Wall -Wextra (tests/crypto/test_crypto_native.py).  The ctypes declarations in
    treeflare/crypto/native/loader.py serve both kernels: change all three together. */
@@ -19,7 +25,7 @@
 
 typedef uint64_t u64;
 typedef unsigned __int128 u128;
-#define MAXL 130 /* limbs: moduli up to 8192 bits (n^2 of a 4096-bit key); _MAX_LIMBS in __init__.py */
+#define MAXL 130 /* limbs: moduli up to 8192 bits (n^2 of a 4096-bit key); _MAX_DIGITS in __init__.py */
 
 int fb_supported(void) { return 1; }
 
@@ -47,10 +53,22 @@ int fb_digit_bits(void) { return 64; }
         T += U + (A < B);                                                                                          \
     } while (0)
 
-/* out = a b / R mod m, < 2m, for a, b < 2m.  Column i < L finds the quotient digit t[i] that clears it; columns
-   L .. 2L-1 are the result.  The products a b and the reduction terms t m go into separate accumulators, added
-   once per column: two carry chains the CPU runs side by side (about 10% faster than one).  out may alias a
-   or b: out[k] is written after the last column that reads a[k], b[k]. */
+/* out (L limbs) and the carry c (0 or 1) above them hold a value below R + m: subtract m where c is 1, with a
+   mask (no branch): below R after */
+static void carry_sub(u64 *out, u64 c, const u64 *m, long L) {
+    u64 mask = (u64)0 - c, borrow = 0;
+    for (long i = 0; i < L; i++) {
+        u128 d = (u128)out[i] - (m[i] & mask) - borrow;
+        out[i] = (u64)d;
+        borrow = (u64)(d >> 64) & 1;
+    }
+}
+
+/* out = a b / R mod m, < R, for a, b < R (m < R odd).  Column i < L finds the quotient digit t[i] that clears it;
+   columns L .. 2L-1 are the result, below (R^2 + R m) / R = R + m: where it carries into limb L, m is subtracted.
+   The products a b and the reduction terms t m go into separate accumulators, added once per column: two carry
+   chains the CPU runs side by side (about 10% faster than one).  out may alias a or b: out[k] is written after
+   the last column that reads a[k], b[k]. */
 static void mont_mul(u64 *out, const u64 *a, const u64 *b, const u64 *m, u64 minv, long L) {
     u64 t[MAXL];
     u128 acc = 0;
@@ -74,10 +92,12 @@ static void mont_mul(u64 *out, const u64 *a, const u64 *b, const u64 *m, u64 min
         NEXT_COLUMN();
     }
     out[L - 1] = (u64)acc;
+    carry_sub(out, (u64)(acc >> 64), m, L);
 }
 
-/* out = a^2 / R mod m (< 2m): as mont_mul, each cross product a[j] a[i-j] (j < i-j) once, then doubled. */
-static void mont_sqr(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
+/* out = a^2 / R mod m (< R): as mont_mul, each cross product a[j] a[i-j] (j < i-j) once, then doubled.  Short
+   operands (a 2048-bit p^2): the cross products and the reduction's products in two loops per column. */
+static void mont_sqr_short(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
     u64 t[MAXL];
     u128 acc = 0;
     u64 top = 0;
@@ -101,6 +121,64 @@ static void mont_sqr(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
         NEXT_COLUMN();
     }
     out[L - 1] = (u64)acc;
+    carry_sub(out, (u64)(acc >> 64), m, L);
+}
+
+/* mont_sqr for long operands (a 4096-bit n^2): while a column has cross products left, each step takes one cross
+   product and one of the reduction's (two carry chains), then the rest of the reduction's, four per step (about
+   3-8% faster than mont_sqr_short there; slower on short operands, whose columns are too short to pay for it). */
+static void mont_sqr_long(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
+    u64 t[MAXL];
+    u128 acc = 0;
+    u64 top = 0;
+    for (long i = 0; i < 2 * L - 1; i++) {
+        long lo = i < L ? 0 : i - L + 1, hi = i < L ? i : L;
+        long ch = (i + 1) / 2; /* cross products a[j] a[i-j] for lo <= j < ch (j < i - j) */
+        u128 cross = 0, r = 0;
+        u64 ctop = 0, rt = 0;
+        const u64 *ai = a + i, *mi = m + i;
+        long j = lo;
+        for (; j + 2 <= ch; j += 2) {
+            MAC3(cross, ctop, a[j], ai[-j]);
+            MAC3(r, rt, t[j], mi[-j]);
+            MAC3(cross, ctop, a[j + 1], ai[-j - 1]);
+            MAC3(r, rt, t[j + 1], mi[-j - 1]);
+        }
+        for (; j < ch; j++) {
+            MAC3(cross, ctop, a[j], ai[-j]);
+            MAC3(r, rt, t[j], mi[-j]);
+        }
+        for (; j + 4 <= hi; j += 4) {
+            MAC3(r, rt, t[j], mi[-j]);
+            MAC3(r, rt, t[j + 1], mi[-j - 1]);
+            MAC3(r, rt, t[j + 2], mi[-j - 2]);
+            MAC3(r, rt, t[j + 3], mi[-j - 3]);
+        }
+        for (; j < hi; j++) MAC3(r, rt, t[j], mi[-j]);
+        ctop = (ctop << 1) | (u64)(cross >> 127);
+        cross <<= 1;
+        ADD3(acc, top, cross, ctop);
+        ADD3(acc, top, r, rt);
+        if (!(i & 1)) MAC(a[i / 2], a[i / 2]);
+        if (i < L) {
+            t[i] = (u64)acc * minv;
+            MAC(t[i], m[0]);
+        } else {
+            out[i - L] = (u64)acc;
+        }
+        NEXT_COLUMN();
+    }
+    out[L - 1] = (u64)acc;
+    carry_sub(out, (u64)(acc >> 64), m, L);
+}
+
+#define SQR_LONG 48 /* limbs: mont_sqr_long from here (measured: 4096-bit n^2, 64 limbs, gains; 32 limbs lose) */
+
+static void mont_sqr(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
+    if (L >= SQR_LONG)
+        mont_sqr_long(out, a, m, minv, L);
+    else
+        mont_sqr_short(out, a, m, minv, L);
 }
 
 /* the kernel's form is 64-bit limbs already: n64 limbs -> L limbs, zero-padded (the name is fixed_base.c's, whose
@@ -124,7 +202,7 @@ static void store_normal(const u64 *x, const u64 *m, u64 minv, long L, u64 *out,
     memset(out + k, 0, (n64 - k) * sizeof(u64));
 }
 
-/* out[e] = prod_i table[i][digits[e][i]] mod m (normal form, < 2m, n64 limbs each).
+/* out[e] = prod_i table[i][digits[e][i]] mod m (normal form, <= m, n64 limbs each).
    table: rows x 256 entries of L limbs in Montgomery form (x R mod m); one = R mod m. */
 int fb_pow_many(const u64 *table, long rows, long L, const u64 *m, u64 minv, const u64 *one, const uint8_t *digits,
                 long count, u64 *out, long n64) {
@@ -141,7 +219,7 @@ int fb_pow_many(const u64 *table, long rows, long L, const u64 *m, u64 minv, con
 
 /* Horner packing (fixed_base.c's fb_horner_many): for each group v_0..v_(g-1), acc = v_(g-1), then for
    k = 0..g-2: acc = acc^(2^shifts[k]) * v_(g-2-k) mod m.  r2 = R^2 mod m (values in normal form), or NULL (values
-   in Montgomery form already).  Results < 2m, n64 limbs. */
+   in Montgomery form already).  Results <= m, n64 limbs. */
 int fb_horner_many(const u64 *vals, long g, const long *shifts, long L, const u64 *m, u64 minv, const u64 *r2,
                    long count, u64 *out, long n64) {
     if (L < 1 || L > MAXL || g < 1) return -1;
@@ -161,7 +239,7 @@ int fb_horner_many(const u64 *vals, long g, const long *shifts, long L, const u6
     return 0;
 }
 
-/* into Montgomery form (x R mod m, < 2m) for count values (< 2m); r2 = R^2 mod m */
+/* into Montgomery form (x R mod m, < R) for count values (< R); r2 = R^2 mod m */
 int fb_to_mont(const u64 *vals, long count, long L, const u64 *m, u64 minv, const u64 *r2, u64 *out) {
     if (L < 1 || L > MAXL) return -1;
     for (long e = 0; e < count; e++) mont_mul(out + e * L, vals + e * L, r2, m, minv, L);
@@ -205,7 +283,7 @@ int fb_segprod(const u64 *tab, long n_tab, const int32_t *idx, long n_idx, const
 
 /* vals^e mod m (fixed_base.c's fb_powm_sec_many): constant time with respect to e, fixed 4-bit windows from the
    top, every window 4 squarings and one multiplication by a table entry chosen by reading all 16 entries with
-   masks.  Results < 2m, n64 limbs. */
+   masks.  Results <= m, n64 limbs. */
 int fb_powm_sec_many(const u64 *vals, long count, const uint8_t *exp, long exp_bytes, long L, const u64 *m,
                      u64 minv, const u64 *r2, u64 *out, long n64) {
     if (L < 1 || L > MAXL || exp_bytes < 1) return -1;
