@@ -420,13 +420,14 @@ def main(argv=None) -> None:
     rows = _stored(store)["rows"]
     text = tables(rows)
     note = (f"`scripts/bench_psi.py` on this {os.cpu_count()}-core machine ({_cpu()}; NVFlare {_nvflare_version()}): "
-            f"ECDH-PSI is X25519 through OpenSSL (`cryptography`), each party's blinding on a worker pool of its own "
-            f"(`--workers 0`: all cores), chunks of 65,536 ids, the server relaying sealed messages as aux "
-            f"messages; DH-PSI is openmined-psi on P-256 with the Bloom filter's FPR {DEFAULT_FPR:g}. Ids random "
+            f"ECDH-PSI is X25519 through OpenSSL (`cryptography`), each simulated site a process of its own that "
+            f"blinds in it (`--workers 0`: in the simulator each party's share of the cores, here one, so no worker "
+            f"pool), chunks of 65,536 ids, the server relaying sealed messages as aux messages; DH-PSI is "
+            f"openmined-psi on P-256 with the Bloom filter's FPR {DEFAULT_FPR:g}. Ids random "
             f"16-hex-digit strings, {args.overlap:g} of each party's held by all (seeds 0..repeats-1); medians over "
             f"the repeats; each row's date, load average and commit are in scripts/results/psi_bench.json. "
-            f"Commands: `python scripts/bench_psi.py` (10k, 100k, small runs), `--sizes 1000000 --repeats 1 "
-            f"--methods ecdh --no-small` (1M).")
+            f"Commands: `python scripts/bench_psi.py` (10k, 100k, small runs), `--sizes 1000000 --parties 2,3 "
+            f"--repeats 1 --methods ecdh --no-small` (1M; DH-PSI not rerun there: 1,883 s for 2 parties at issue 22).")
     write_text_atomic(RESULTS / f"{stem}.md", "# The PSI phase\n\n" + text + "\n\n" + note + "\n")
     print(text)
     if not args.quick and not args.no_docs:
