@@ -122,21 +122,28 @@ def test_a_chunk_sent_out_of_its_chain_or_as_another_owner_is_refused():
     assert err.site == "site-3" and "out of its chain" in str(err)
 
 
-def test_a_comparer_claiming_a_padding_value_is_caught_by_the_leader():
-    items, _ = world(3, 40, 10)  # Z holds 12 shared values and 28 padding values
-
-    def lie(out):
+def rewrite_matches(change):
+    """A comparer's change to its matches message: ``change(where, hits) -> (where, hits)``, the header's counts made
+    to agree (every field consistent with the lie)."""
+    def edit(out):
         res = []
         for to, h, b in out:
             if h.get("t") == "matches":
                 n = h["count"]
-                where, hits = np.frombuffer(b[:4 * n], "<u4"), np.frombuffer(b[4 * n:], "<u4")
-                hits = np.arange(40, dtype="<u4")[:n + 1]  # every field consistent: n+1 positions, n+1 hits
-                where = np.arange(n + 1, dtype="<u4")
-                h, b = {**h, "count": n + 1, "z": n + 1}, where.tobytes() + hits.tobytes()
+                where, hits = change(np.frombuffer(b[:4 * n], "<u4"), np.frombuffer(b[4 * n:], "<u4"))
+                h, b = {**h, "count": len(where), "z": len(hits)}, where.astype("<u4").tobytes() + \
+                    hits.astype("<u4").tobytes()
             res.append((to, h, b))
         return res
-    _, err = run_with(items, 64, {"site-2": lie})
+    return edit
+
+
+def test_a_comparer_claiming_a_padding_value_is_caught_by_the_leader():
+    items, _ = world(3, 40, 10)  # Z holds 4 x 40 values: 12 shared, the rest padding
+
+    def claim_all(where, hits):  # n+1 positions, n+1 hits: the first n+1 values of Z
+        return np.arange(len(where) + 1), np.arange(len(hits) + 1)
+    _, err = run_with(items, 64, {"site-2": rewrite_matches(claim_all)})
     assert err.site == "site-2" and "claimed a match on a padding value" in str(err)
 
 
@@ -283,20 +290,11 @@ def test_a_comparer_claiming_a_value_it_did_not_find_is_caught_at_least_three_ti
     base, _ = world(3, 40, 4, pairwise=30)  # site-2 and site-3 share 30 items the leader lacks
     caught = 0
     for trial in range(40):
-        def lie(out):
-            res = []
-            for to, h, b in out:
-                if h.get("t") == "matches":
-                    n = h["count"]
-                    where, hits = np.frombuffer(b[:4 * n], "<u4"), np.frombuffer(b[4 * n:], "<u4")
-                    free = np.setdiff1d(np.arange(4 * 10, dtype=np.int64), hits)  # Z's size: 4 x the smallest list
-                    extra = int(rng.choice(free))
-                    hits = np.sort(np.append(hits, extra)).astype("<u4")
-                    free_pos = np.setdiff1d(np.arange(40), where)  # a position of the leader's list not claimed
-                    where = np.sort(np.append(where, int(rng.choice(free_pos)))).astype("<u4")
-                    h, b = {**h, "count": n + 1, "z": n + 1}, where.tobytes() + hits.tobytes()
-                res.append((to, h, b))
-            return res
+        def one_more(where, hits):  # a value of Z not found, and a position of the leader's list not claimed
+            extra = int(rng.choice(np.setdiff1d(np.arange(4 * 10), hits)))  # Z's size: 4 x the smallest list
+            at = int(rng.choice(np.setdiff1d(np.arange(40), where)))
+            return np.sort(np.append(where, at)), np.sort(np.append(hits, extra))
+        lie = rewrite_matches(one_more)
         items = {s: list(v) for s, v in base.items()}
         items["site-3"] = items["site-3"][:10]  # the smallest other list: Z holds 4 x 10 values
         sessions = sessions_for(items)

@@ -95,6 +95,30 @@ static void mont_mul(u64 *out, const u64 *a, const u64 *b, const u64 *m, u64 min
     carry_sub(out, (u64)(acc >> 64), m, L);
 }
 
+/* The end of a squaring's column i, both variants: the cross products doubled, added with the reduction's and the
+   square a[i/2]^2, the quotient digit (columns below L) or the result digit; then, after the last column, the top
+   digit and the masked subtraction. */
+#define SQR_COLUMN_END()                                                                                           \
+    do {                                                                                                           \
+        ctop = (ctop << 1) | (u64)(cross >> 127);                                                                  \
+        cross <<= 1;                                                                                               \
+        ADD3(acc, top, cross, ctop);                                                                               \
+        ADD3(acc, top, r, rt);                                                                                     \
+        if (!(i & 1)) MAC(a[i / 2], a[i / 2]);                                                                     \
+        if (i < L) {                                                                                               \
+            t[i] = (u64)acc * minv;                                                                                \
+            MAC(t[i], m[0]);                                                                                       \
+        } else {                                                                                                   \
+            out[i - L] = (u64)acc;                                                                                 \
+        }                                                                                                          \
+        NEXT_COLUMN();                                                                                             \
+    } while (0)
+#define SQR_FINISH()                                                                                               \
+    do {                                                                                                           \
+        out[L - 1] = (u64)acc;                                                                                     \
+        carry_sub(out, (u64)(acc >> 64), m, L);                                                                    \
+    } while (0)
+
 /* out = a^2 / R mod m (< R): as mont_mul, each cross product a[j] a[i-j] (j < i-j) once, then doubled.  Short
    operands (a 2048-bit p^2): the cross products and the reduction's products in two loops per column. */
 static void mont_sqr_short(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
@@ -107,21 +131,9 @@ static void mont_sqr_short(u64 *out, const u64 *a, const u64 *m, u64 minv, long 
         u64 ctop = 0, rt = 0;
         for (long j = lo; j < i - j; j++) MAC3(cross, ctop, a[j], a[i - j]);
         for (long j = lo; j < hi; j++) MAC3(r, rt, t[j], m[i - j]);
-        ctop = (ctop << 1) | (u64)(cross >> 127);
-        cross <<= 1;
-        ADD3(acc, top, cross, ctop);
-        ADD3(acc, top, r, rt);
-        if (!(i & 1)) MAC(a[i / 2], a[i / 2]);
-        if (i < L) {
-            t[i] = (u64)acc * minv;
-            MAC(t[i], m[0]);
-        } else {
-            out[i - L] = (u64)acc;
-        }
-        NEXT_COLUMN();
+        SQR_COLUMN_END();
     }
-    out[L - 1] = (u64)acc;
-    carry_sub(out, (u64)(acc >> 64), m, L);
+    SQR_FINISH();
 }
 
 /* mont_sqr for long operands (a 4096-bit n^2): while a column has cross products left, each step takes one cross
@@ -155,21 +167,9 @@ static void mont_sqr_long(u64 *out, const u64 *a, const u64 *m, u64 minv, long L
             MAC3(r, rt, t[j + 3], mi[-j - 3]);
         }
         for (; j < hi; j++) MAC3(r, rt, t[j], mi[-j]);
-        ctop = (ctop << 1) | (u64)(cross >> 127);
-        cross <<= 1;
-        ADD3(acc, top, cross, ctop);
-        ADD3(acc, top, r, rt);
-        if (!(i & 1)) MAC(a[i / 2], a[i / 2]);
-        if (i < L) {
-            t[i] = (u64)acc * minv;
-            MAC(t[i], m[0]);
-        } else {
-            out[i - L] = (u64)acc;
-        }
-        NEXT_COLUMN();
+        SQR_COLUMN_END();
     }
-    out[L - 1] = (u64)acc;
-    carry_sub(out, (u64)(acc >> 64), m, L);
+    SQR_FINISH();
 }
 
 #define SQR_LONG 48 /* limbs: mont_sqr_long from here (measured: 4096-bit n^2, 64 limbs, gains; 32 limbs lose) */
