@@ -241,3 +241,16 @@ def test_a_site_whose_last_reply_is_lost_keeps_nothing_nor_does_any_other(tmp_pa
     assert len(panics) == 1 and panics[0].startswith("PSI (ECDH): site-1: no reply to ECDH-PSI round ")
     assert sites.execs["site-1"].session.done
     assert [sites.kept(s) for s in SITES] == [None] * 3 and sites.discarded == ["site-2", "site-3"]
+
+
+def test_a_sites_bad_worker_setting_fails_its_start_by_name_and_close_never_raises(tmp_path, monkeypatch):
+    from treeflare.flare.psi.ecdh_executor import WORKERS_ENV, EcdhPsiExecutor
+    from treeflare.psi.party import PsiError
+
+    monkeypatch.setenv(WORKERS_ENV, "dask://")
+    ex = EcdhPsiExecutor(sites=SITES)
+    ex._start_pool(False)
+    assert isinstance(ex._pool_error, Exception) and "$TREEFLARE_VERTICAL_WORKERS must be" in str(ex._pool_error)
+    assert isinstance(ex._pool_error, ex.PUBLIC_ERRORS) and not isinstance(ex._pool_error, PsiError)
+    ex.close()  # the error stays with the start that needed the pool
+    assert ex._pool_error is None and ex.pool is None

@@ -111,7 +111,10 @@ class EcdhPsiExecutor(PsiSiteExecutor):
 
     def _make_pool(self, simulated: bool):
         own = os.environ.get(WORKERS_ENV, "").strip()
-        workers = parse_workers(own, f"${WORKERS_ENV}") if own else self.workers
+        try:  # the message names the setting, never its value (an address)
+            workers = parse_workers(own, f"${WORKERS_ENV}") if own else self.workers
+        except ValueError as exc:
+            raise PsiProtocolError(str(exc)) from None
         if workers == 0:
             # all cores; in the simulator every party runs on this one machine: its share of them
             workers = max((os.cpu_count() or 1) // (len(self.sites) if simulated else 1), 1)
@@ -170,8 +173,10 @@ class EcdhPsiExecutor(PsiSiteExecutor):
             self.pool = None
 
     def close(self) -> None:
-        if self._pool_thread is not None:
-            self._pool()  # the pool being started: let it start, then close it
+        if self._pool_thread is not None:  # the pool being started: let it start, then close it
+            self._pool_thread.join()
+            self._pool_thread = None
+        self._pool_error = None
         self._close_pool()
         self.session, self.saved, self.finished = None, False, False
         self.seconds, self.bytes_sent, self.bytes_received = 0.0, 0, 0
