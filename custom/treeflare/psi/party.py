@@ -62,6 +62,13 @@ def check_ratio(value, what: str = "max_ratio") -> float:
     return float(value)
 
 
+def check_chunk(value) -> int:
+    """Items a list message carries: an integer from 1 to 2^20 (every party and the relay agree on it)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+        raise ValueError("chunk must be an integer from 1 to 2^20")
+    return value
+
+
 def check_sizes(sizes, sites, max_ratio: float) -> dict[str, int]:
     """``sizes`` ({site: number of items}) for exactly ``sites``, each party's at most ``max_ratio`` times the
     largest of the others' (else :class:`PsiError` naming the party: it could probe the others' sets with ids it
@@ -128,9 +135,7 @@ class PsiParty:
         self.sizes = check_sizes(sizes, self.sites, check_ratio(max_ratio))
         if self.sizes[self.site] != len(self.items):
             raise PsiError(self.site, "the size declared for this party is not the number of its items")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
-            raise ValueError("chunk must be an integer from 1 to 2^20")
-        self.chunk, self.salt, self.pool = chunk, bytes(salt), pool
+        self.chunk, self.salt, self.pool = check_chunk(chunk), bytes(salt), pool
         self.leader, self.comparer = self.sites[0], self.sites[1]
         self.chains = chains(self.sites)
         self.key = group.new_key()

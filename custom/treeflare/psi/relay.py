@@ -14,7 +14,7 @@ import numpy as np
 
 from ..crypto import secagg
 from . import group
-from .party import CHUNK, PAD_FACTOR, PsiError, check_ratio, check_sizes
+from .party import CHUNK, PAD_FACTOR, PsiError, check_chunk, check_ratio, check_sizes
 
 HEADER_ROOM = 4096 + 16 + 64  # a message's header, GCM tag and framing, beside its body
 
@@ -53,8 +53,7 @@ def relay(sites, sizes, *, max_ratio: float, chunk: int = CHUNK):
         except secagg.SecAggError as exc:
             raise PsiError(s, str(exc)) from None
         keys.append(reply["key"])
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
-        raise ValueError("chunk must be an integer from 1 to 2^20")
+    check_chunk(chunk)
     limit, biggest, most = max_rounds(sizes, chunk), max_blob(sizes, chunk), max_messages(sizes, chunk)
     inbox = {s: [] for s in sites}
     relayed = messages = 0

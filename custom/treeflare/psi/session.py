@@ -23,7 +23,7 @@ import numpy as np
 
 from ..crypto import secagg
 from .envelope import Channels, EnvelopeError
-from .party import DEFAULT_MAX_RATIO, PsiError, PsiParty, check_ratio
+from .party import DEFAULT_MAX_RATIO, PsiError, PsiParty, check_chunk, check_ratio
 
 MAX_SITES = 64
 
@@ -74,8 +74,7 @@ class PsiSession:
         job_ratio, chunk, sizes = req.get("max_ratio"), req.get("chunk"), req.get("sizes")
         try:
             ratio = min(check_ratio(job_ratio, "the job's max_ratio"), self.max_ratio)
-            if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
-                raise ValueError("chunk must be an integer from 1 to 2^20")
+            check_chunk(chunk)
         except ValueError as exc:
             raise PsiError("relay", f"the start request: {exc}") from None
         self.party = PsiParty(self.site, self.sites, self.items, salt=self.job_id.encode(), sizes=sizes,

@@ -18,7 +18,7 @@ from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
-from ...psi.party import CHUNK, DEFAULT_MAX_RATIO, PsiError, check_ratio
+from ...psi.party import CHUNK, DEFAULT_MAX_RATIO, PsiError, check_chunk, check_ratio
 from ...psi.relay import relay
 from ..progress import say
 from ..workflow import JobFailed, collect
@@ -37,9 +37,7 @@ class EcdhPsiController(_PsiPhase):
         (``audit.record_exchange``), for a test or reviewer to check what the server sees."""
         super().__init__(sites=sites, kinds=kinds, min_rows=min_rows, task_timeout=task_timeout, **kwargs)
         self.max_ratio = check_ratio(max_ratio)
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
-            raise ValueError("chunk must be an integer from 1 to 2^20")
-        self.chunk = chunk
+        self.chunk = check_chunk(chunk)
         self.audit = bool(audit)
 
     def run_workflow(self, result, run_dir, abort_signal, fl_ctx):

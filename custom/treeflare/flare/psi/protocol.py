@@ -21,12 +21,12 @@ import math
 from pathlib import Path
 
 from ...data.intersection import KINDS
+from ...psi.options import METHODS  # --psi: our ECDH-PSI (the default), or NVFlare's DH-PSI
 
 TASK_CHECK = "treeflare_psi_check"
 TASK_RESULT = "treeflare_psi_result"
 TASK_DISCARD = "treeflare_psi_discard"
 ECDH_TOPIC = "treeflare.psi_ecdh"  # an aux message: one request of the ECDH-PSI relay (``treeflare.psi``)
-METHODS = ("ecdh", "nvflare")  # --psi: our ECDH-PSI (the default), or NVFlare's DH-PSI
 PSI_TASK = "PSI"  # NVFlare's DH-PSI task (PSIConst.TASK), named here so the job needs no NVFlare constant
 RESULT_FILE = "psi_result.json"
 JOB_NAME = "psi"

@@ -27,7 +27,7 @@ from ...data.separators import check_separator
 from ...data.federation import write_marked_folder
 from ...files import write_json_atomic
 from ...vertical.model_parts import find_model_parts, model_sites, prediction_site_files
-from ..psi.job import add_psi, psi_report
+from ..psi.job import add_psi, psi_options, psi_report
 from ..psi.protocol import RESULT_FILE as PSI_RESULT
 from ..recipe import TreeflareRecipe
 from ..runner import find_site_file, one_poc, read_server_result, run_job
@@ -85,7 +85,7 @@ def predict_main(args, job_name: str) -> int:
     id_column = id_column if isinstance(id_column, str) and id_column else None
     add_psi(job, sites, kinds=("predict",), data_root=str(data_root or ""), binding=getattr(args, "binding", "") or "",
             schema={"id_column": id_column} if id_column else None, min_rows=1, task_timeout=args.task_timeout,
-            method=getattr(args, "psi", None) or "ecdh", max_ratio=getattr(args, "psi_max_ratio", None) or 10.0)
+            **{k: v for k, v in psi_options(args).items() if k in ("method", "max_ratio")})
     job.to_server(VerticalController(active_site=sites[0], passive_sites=sites[1:], task_timeout=args.task_timeout,
                                      job_info={"model_dir": str(model_dir)}, mode="predict"),
                   id="vertical_controller")
