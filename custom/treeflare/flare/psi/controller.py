@@ -473,10 +473,16 @@ class MeteredDhPSIController(DhPSIController):
     def _discard(self, fl_ctx, abort_signal, without: str | None = None) -> None:
         """The sites (but ``without``, one that did not answer) delete what DH-PSI's passes saved (a failed attempt
         or phase keeps nothing)."""
-        targets = [s for s in self.sites if s != without]
-        try:
-            task = Task(name=TASK_DISCARD, data=Shareable({"request": request(self.kinds)}),
-                        timeout=min(self.task_timeout, 60))
-            collect(self, task, fl_ctx, targets, abort_signal)
-        except Exception as exc:  # noqa: BLE001 -- the job fails anyway; the reason above is the one to report
-            self.log_warning(fl_ctx, f"PSI: the sites could not be asked to delete their intersection: {exc}")
+        discard_at_sites(self, fl_ctx, abort_signal, without)
+
+
+def discard_at_sites(controller, fl_ctx, abort_signal, without: str | None = None) -> None:
+    """``controller``'s sites, but ``without`` (one that stopped answering), delete what they kept of a failed PSI
+    (``TASK_DISCARD``, at most 60 s); a failure to ask them is logged, the job's own reason is the one reported."""
+    targets = [s for s in controller.sites if s != without]
+    try:
+        task = Task(name=TASK_DISCARD, data=Shareable({"request": request(controller.kinds)}),
+                    timeout=min(controller.task_timeout, 60))
+        collect(controller, task, fl_ctx, targets, abort_signal)
+    except Exception as exc:  # noqa: BLE001 -- the job fails anyway; the reason above is the one to report
+        controller.log_warning(fl_ctx, f"PSI: the sites could not be asked to delete their intersection: {exc}")

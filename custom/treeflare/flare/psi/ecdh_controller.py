@@ -14,17 +14,16 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from nvflare.apis.controller_spec import Task
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
 from ...psi.party import CHUNK, DEFAULT_MAX_RATIO, PsiError, check_chunk, check_ratio
 from ...psi.relay import relay
 from ..progress import say
-from ..workflow import JobFailed, collect
+from ..workflow import JobFailed
 from .audit import record_exchange
-from .controller import PsiSiteFailed, _PsiPhase
-from .protocol import ECDH_TOPIC, TASK_DISCARD, run_dir_of
+from .controller import PsiSiteFailed, _PsiPhase, discard_at_sites
+from .protocol import ECDH_TOPIC, run_dir_of
 
 
 class EcdhPsiController(_PsiPhase):
@@ -55,10 +54,10 @@ class EcdhPsiController(_PsiPhase):
             result["ecdh"] = {**stop.value, "chunk": self.chunk, "max_ratio": self.max_ratio,
                               "seconds": time.perf_counter() - t0}
         except (PsiError, JobFailed) as exc:  # every site deletes what it kept, but one that stopped answering
-            self._discard(fl_ctx, abort_signal, exc.site if isinstance(exc, PsiSiteFailed) else None)
+            discard_at_sites(self, fl_ctx, abort_signal, exc.site if isinstance(exc, PsiSiteFailed) else None)
             raise JobFailed(f"PSI (ECDH): {exc}") from None
         except Exception:  # noqa: BLE001 -- a bug, or a reply nothing foresaw: the job fails with it, nothing kept
-            self._discard(fl_ctx, abort_signal, None)
+            discard_at_sites(self, fl_ctx, abort_signal)
             raise
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
@@ -91,13 +90,3 @@ class EcdhPsiController(_PsiPhase):
         if self.audit:
             record_exchange(run_dir_of(fl_ctx), label, reqs, replies)
         return replies
-
-    def _discard(self, fl_ctx, abort_signal, without: str | None) -> None:
-        """Every site but ``without`` (the one at fault, which may not answer) deletes what it kept."""
-        targets = [s for s in self.sites if s != without]
-        try:
-            task = Task(name=TASK_DISCARD, data=Shareable({"request": {"kinds": self.kinds}}),
-                        timeout=min(self.task_timeout, 60))
-            collect(self, task, fl_ctx, targets, abort_signal)
-        except Exception as exc:  # noqa: BLE001 -- the phase fails anyway; the reason above is the one to report
-            self.log_warning(fl_ctx, f"PSI: the sites could not be asked to delete their intersection: {exc}")
