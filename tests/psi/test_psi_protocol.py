@@ -263,7 +263,7 @@ def test_the_leader_learns_the_sizes_of_the_others_intersections_and_no_more(thr
     size of every intersection among them; not which of its own items are in them (the test above)."""
     items, common, sessions, transcript, seen = three
     leader = sessions["site-1"].party
-    lists = {o: set(leader._keys(buf, o, o)) for o, buf in leader.full.items()}
+    lists = {o: set(leader._keys(buf)) for o, buf in leader.full.items()}
     assert len(lists["site-2"] & lists["site-3"]) == len(set(items["site-2"]) & set(items["site-3"]))
 
 

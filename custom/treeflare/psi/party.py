@@ -146,7 +146,6 @@ class PsiParty:
         for owner, chain in self.chains.items():
             if chain[-1] == self.site:
                 self.full[owner] = bytearray()
-        self.delivered: dict[str, str] = {}  # who passed each fully blinded list to this party
         self.seen: dict[str, set] = {}  # each list's values as they arrived here (a repeat names its sender)
         self.returned = bytearray()  # two parties, at C: its own list fully blinded, as L returns it
         self.z = bytearray()  # three or more, at C: the padded intersection of the others' lists
@@ -254,7 +253,6 @@ class PsiParty:
                      values)]
         keys = b"".join(group.match_keys(values))
         self.full[owner] += keys
-        self.delivered[owner] = chain[place - 1] if place else owner
         if len(self.sites) == 2 and self.site == self.leader:  # L returns C's list to C as it blinds it
             return [(owner, {"t": "final", "start": start, "count": count}, keys)]
         return []
@@ -262,15 +260,12 @@ class PsiParty:
     def _complete(self, owner: str) -> bool:
         return len(self.full[owner]) == self.sizes[owner] * group.MATCH_BYTES
 
-    def _keys(self, buf, owner: str, whose: str) -> list[bytes]:
-        """The match keys of a fully blinded list; no value twice (else ``whose``, the party that sent it here, or
-        one before it on its way, sent one value for two items)."""
+    @staticmethod
+    def _keys(buf) -> list[bytes]:
+        """The match keys of a fully blinded list. Its values were checked distinct as they arrived (``seen``), so
+        they stay distinct but by a 2^-128 chance; only the list L returns to C (two parties) is checked here."""
         mb = group.MATCH_BYTES
-        keys = [bytes(buf[i:i + mb]) for i in range(0, len(buf), mb)]
-        if len(set(keys)) != len(keys):
-            raise PsiError(whose, f"{owner}'s list came out with a value twice (sent so by {whose}, or by a party "
-                                  "before it on the list's way)")
-        return keys
+        return [bytes(buf[i:i + mb]) for i in range(0, len(buf), mb)]
 
     # ---------------------------------------------------------------- finishing
     def _finish_message(self, frm, kind, header, body) -> list:
@@ -326,8 +321,10 @@ class PsiParty:
         return []
 
     def _comparer_two(self) -> list:
-        theirs = self._keys(self.full[self.leader], self.leader, self.delivered[self.leader])
-        mine = self._keys(self.returned, self.site, self.leader)
+        theirs = self._keys(self.full[self.leader])
+        mine = self._keys(self.returned)
+        if len(set(mine)) != len(mine):
+            raise PsiError(self.leader, f"returned {self.site}'s list with a value twice (one value for two items)")
         in_theirs, in_mine = set(theirs), set(mine)
         own = np.array([p for p, v in enumerate(mine) if v in in_theirs], dtype=np.int64)
         their = np.array([p for p, v in enumerate(theirs) if v in in_mine], dtype="<u4")
@@ -335,7 +332,7 @@ class PsiParty:
         return [(self.leader, {"t": "matches", "count": int(their.size)}, their.tobytes())]
 
     def _leader_z(self) -> list:
-        lists = [set(self._keys(self.full[o], o, self.delivered[o])) for o in sorted(self.full)]
+        lists = [set(self._keys(self.full[o])) for o in sorted(self.full)]
         common = set.intersection(*lists)
         mb = group.MATCH_BYTES
         noise = os.urandom(mb * (self.z_size - len(common)))
@@ -350,7 +347,7 @@ class PsiParty:
                  blob[s * mb:(s + min(self.chunk, self.z_size - s)) * mb]) for s in range(0, self.z_size, self.chunk)]
 
     def _comparer_many(self) -> list:
-        theirs = self._keys(self.full[self.leader], self.leader, self.delivered[self.leader])
+        theirs = self._keys(self.full[self.leader])
         mb = group.MATCH_BYTES
         z = [bytes(self.z[i:i + mb]) for i in range(0, len(self.z), mb)]
         in_theirs, in_z = set(theirs), set(z)
@@ -382,7 +379,7 @@ class PsiParty:
         found = {self.z_values[q] for q in hits}
         out = []
         for owner in sorted(self.full):
-            keys = self._keys(self.full[owner], owner, self.delivered[owner])
+            keys = self._keys(self.full[owner])
             pos = np.array([p for p, v in enumerate(keys) if v in found], dtype="<u4")
             out.append((owner, {"t": "positions", "count": int(pos.size)}, pos.tobytes()))
         self.kept, self.done = mine, True
