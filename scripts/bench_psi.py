@@ -437,9 +437,7 @@ def main(argv=None) -> None:
 
 
 def _stored(store: Path) -> dict:
-    doc = json.loads(store.read_text()) if store.exists() else {"rows": {}}
-    doc["rows"] = {k: v for k, v in doc["rows"].items() if "method" in v}  # rows of the earlier, DH-PSI-only script
-    return doc
+    return json.loads(store.read_text()) if store.exists() else {"rows": {}}
 
 
 def _cpu() -> str:
