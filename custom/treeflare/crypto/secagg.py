@@ -239,10 +239,7 @@ class MaskingKeys:
         for other in participants:
             if other == self.site:
                 continue
-            try:
-                shared = self._private.exchange(x25519.X25519PublicKey.from_public_bytes(peers[other]))
-            except ValueError:
-                raise SecAggError(f"public_key of {other}: not a usable X25519 key") from None
+            shared = self._shared(other, peers)
             m = pair_mask(shared, self.job_id, round_no, participants, (self.site, other), out.size, context)
             if other > self.site:
                 out += m
@@ -250,15 +247,19 @@ class MaskingKeys:
                 out -= m
         return out
 
+    def _shared(self, other: str, peers: dict) -> bytes:
+        """This site's X25519 secret with ``other`` (its key in ``peers``)."""
+        try:
+            return self._private.exchange(x25519.X25519PublicKey.from_public_bytes(peers[other]))
+        except ValueError:
+            raise SecAggError(f"public_key of {other}: not a usable X25519 key") from None
+
     def channel_key(self, other: str, peers: dict, purpose: str) -> bytes:
         """A 32-byte key this site shares with ``other`` alone (both listed in ``peers``, the verified list): HKDF of
         their X25519 secret, bound to the job, the pair, the participant list and ``purpose`` (what it encrypts)."""
         if peers.get(self.site) != self.public or other == self.site or other not in peers:
             raise SecAggError(f"{self.site}: no channel key with {str(other)[:80]!r} in this participant list")
-        try:
-            shared = self._private.exchange(x25519.X25519PublicKey.from_public_bytes(peers[other]))
-        except ValueError:
-            raise SecAggError(f"public_key of {other}: not a usable X25519 key") from None
+        shared = self._shared(other, peers)
         info = _DOMAIN + b"|channel|" + json.dumps([self.job_id, str(purpose), sorted(peers),
                                                     sorted((self.site, other))]).encode()
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
