@@ -154,12 +154,21 @@ def test_switched_off_falls_back_to_python():
     assert _status_in_subprocess({"TREEFLARE_NATIVE": "0"}) == "off (TREEFLARE_NATIVE=0)"
 
 
+def _has_adx() -> bool:
+    """Whether this CPU has BMI2 and ADX (x86-64 only): the portable kernel's mulx/adcx/adox path."""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
+    return platform.machine() in ("x86_64", "AMD64") and " bmi2" in flags and " adx" in flags
+
+
 @pytest.mark.skipif(_c_compiler() is None, reason="no C compiler here")
 def test_portable_kernel_forced_and_ifma_only(tmp_path):
     """TREEFLARE_NATIVE=portable runs the portable kernel on any CPU (IFMA or not), and says so; =ifma runs the
     IFMA kernel or none (never the portable one)."""
     cache = {"TREEFLARE_NATIVE_CACHE": str(tmp_path / "c")}
     assert _status_in_subprocess({"TREEFLARE_NATIVE": "portable", **cache}) == \
+        f"on (portable 64-bit C{' with mulx/adcx/adox' if _has_adx() else ''}; TREEFLARE_NATIVE=portable)"
+    assert _status_in_subprocess({"TREEFLARE_NATIVE": "portable", "TREEFLARE_PORTABLE_ADX": "0", **cache}) == \
         "on (portable 64-bit C; TREEFLARE_NATIVE=portable)"
     assert [f.name.split("_")[0] for f in (tmp_path / "c").iterdir()] == ["portable"]     # IFMA's not even built
     st = _status_in_subprocess({"TREEFLARE_NATIVE": "ifma", **cache})
@@ -462,6 +471,21 @@ def test_kernel_moduli_that_fill_their_limbs(kern, bits, near):
     for bad in (R, R + 5, 2 * m):
         with pytest.raises(ValueError, match="outside"):
             nat.horner_many([[bad, 1]], [64, 64])
+
+
+@pytest.mark.skipif(not _has_adx() or _c_compiler() is None, reason="no mulx/adcx/adox path on this CPU")
+def test_portable_kernel_c_path_where_the_assembly_is_switched_off():
+    """The portable kernel has two paths on x86-64 (mulx/adcx/adox assembly where the CPU has BMI2 and ADX, plain C
+    elsewhere, as on aarch64); the tests in this file run the one this CPU picks, so the C path runs the arithmetic
+    tests too, in a process with TREEFLARE_PORTABLE_ADX=0 (which test_portable_kernel_forced_and_ifma_only shows
+    takes effect)."""
+    env = {**os.environ, "TREEFLARE_NATIVE": "portable", "TREEFLARE_PORTABLE_ADX": "0"}
+    picked = ("(moduli_that_fill_their_limbs or segment_products_equal_gmpy2 or secret_powers_equal_powmod_sec "
+              "or packing_equals_python) and picked")      # (the portable parameter would repeat the same kernel)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        __file__, "-k", picked], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout and " skipped" not in r.stdout, r.stdout[-500:]
 
 
 @pytest.mark.parametrize("obfuscation", ["full", "djn"])

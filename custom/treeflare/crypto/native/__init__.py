@@ -121,13 +121,15 @@ def _load_locked():
     if lib.fb_digit_bits() != 64:
         _STATUS = "off: another library was loaded in place of the portable kernel"
         return None
-    _LIB, _STATUS = _Kernel(lib, "portable", 64, full_width=True), f"{_PORTABLE}; {why})"
+    lib.fb_portable_adx.restype = ctypes.c_int
+    how = " with mulx/adcx/adox" if lib.fb_portable_adx() else ""     # x86-64 with BMI2 and ADX, unless switched off
+    _LIB, _STATUS = _Kernel(lib, "portable", 64, full_width=True), f"{_PORTABLE}{how}; {why})"
     return _LIB
 
 
 def status() -> str:
-    """'on (AVX-512 IFMA)', 'on (portable 64-bit C; <why not IFMA>)', or 'off...' with the reason (loads the
-    kernel if that was not tried yet)."""
+    """'on (AVX-512 IFMA)', 'on (portable 64-bit C[ with mulx/adcx/adox]; <why not IFMA>)', or 'off...' with the
+    reason (loads the kernel if that was not tried yet)."""
     _load()
     return _STATUS
 

@@ -17,6 +17,15 @@
    Neither has a branch or a memory access that depends on the values, so the secret exponentiation
    (fb_powm_sec_many) is constant-time in its exponent as in fixed_base.c.
 
+   On x86-64 with BMI2 and ADX (mulx, adcx, adox: Intel since Broadwell, AMD since Zen 1) the products and squarings
+   take another path, because C's 128-bit sums make one serial carry chain: operand scanning in inline assembly, the
+   whole product (each cross product once for a squaring) and then the reduction, row by row, each row t += x[0..n-1] y
+   with two carry chains side by side (adcx: the product's high words, adox: the running sum).  About 12-15% faster
+   products and 25% faster squarings from 22 to 64 limbs (Zen 4), the same results to the bit (the same R, the same
+   quotient, the same masked subtraction), no branch or address that depends on the values either.  Chosen once, at the
+   first product, from cpuid; TREEFLARE_PORTABLE_ADX=0 keeps the C path (to compare the two: both are in the one
+   library, which loader.py caches by its source).  Elsewhere (aarch64) only the C is compiled.
+
    Compiles clean with -Wall -Wextra (tests/crypto/test_crypto_native.py).  The ctypes declarations in
    treeflare/crypto/native/loader.py serve both kernels: change all three together. */
 
@@ -69,7 +78,7 @@ static void carry_sub(u64 *out, u64 c, const u64 *m, long L) {
    The products a b and the reduction terms t m go into separate accumulators, added once per column: two carry
    chains the CPU runs side by side (about 10% faster than one).  out may alias a or b: out[k] is written after
    the last column that reads a[k], b[k]. */
-static void mont_mul(u64 *out, const u64 *a, const u64 *b, const u64 *m, u64 minv, long L) {
+static void mont_mul_c(u64 *out, const u64 *a, const u64 *b, const u64 *m, u64 minv, long L) {
     u64 t[MAXL];
     u128 acc = 0;
     u64 top = 0;
@@ -174,11 +183,173 @@ static void mont_sqr_long(u64 *out, const u64 *a, const u64 *m, u64 minv, long L
 
 #define SQR_LONG 48 /* limbs: mont_sqr_long from here (measured: 4096-bit n^2, 64 limbs, gains; 32 limbs lose) */
 
-static void mont_sqr(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
+static void mont_sqr_c(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
     if (L >= SQR_LONG)
         mont_sqr_long(out, a, m, minv, L);
     else
         mont_sqr_short(out, a, m, minv, L);
+}
+
+#if defined(__x86_64__) && defined(__LP64__)
+#include <cpuid.h>
+#include <stdlib.h>
+
+/* One step of addmul_adx: (hi:lo) = x[k] y (mulx), lo += the previous step's hi (H, the CF chain) and t[k] (the OF
+   chain), stored to t[k]; the new hi goes to N. */
+#define ADX_STEP(k, H, N)                                                                                          \
+    "mulx " #k "(%[x]), %[lo], %[" #N "]\n\t"                                                                      \
+    "adcx %[" #H "], %[lo]\n\t"                                                                                    \
+    "adox " #k "(%[t]), %[lo]\n\t"                                                                                 \
+    "mov %[lo], " #k "(%[t])\n\t"
+
+/* t[0..n-1] += x[0..n-1] y (n >= 1); returns the word carried out above t[n-1].  The loops move their pointers with
+   lea and test their counter with jrcxz, neither of which touches the flags, so the two chains run through the
+   whole row: the n mod 4 single steps, 4 more where n mod 8 >= 4, then blocks of 8. */
+__attribute__((target("bmi2,adx"), always_inline)) static inline u64 addmul_adx(u64 *t, const u64 *x, long n,
+                                                                               u64 y) {
+    u64 h0 = 0, h1, lo, z;
+    long cnt = n & 3, four = (n >> 2) & 1, blocks = n >> 3;
+    __asm__ volatile("xor %k[z], %k[z]\n\t" /* z = 0, CF = OF = 0 */
+                     "jrcxz 2f\n"
+                     "1:\n\t" ADX_STEP(0, h0, h1) "mov %[h1], %[h0]\n\t"
+                     "lea 8(%[x]), %[x]\n\t"
+                     "lea 8(%[t]), %[t]\n\t"
+                     "lea -1(%%rcx), %%rcx\n\t"
+                     "jrcxz 2f\n\t"
+                     "jmp 1b\n"
+                     "2:\n\t"
+                     "mov %[four], %%rcx\n\t"
+                     "jrcxz 3f\n\t" ADX_STEP(0, h0, h1) ADX_STEP(8, h1, h0) ADX_STEP(16, h0, h1)
+                         ADX_STEP(24, h1, h0)
+                     "lea 32(%[x]), %[x]\n\t"
+                     "lea 32(%[t]), %[t]\n"
+                     "3:\n\t"
+                     "mov %[blocks], %%rcx\n\t"
+                     "jrcxz 5f\n\t" /* jrcxz reaches 127 bytes: 9f through a jmp */
+                     "jmp 4f\n"
+                     "5:\n\t"
+                     "jmp 9f\n"
+                     "4:\n\t" ADX_STEP(0, h0, h1) ADX_STEP(8, h1, h0) ADX_STEP(16, h0, h1) ADX_STEP(24, h1, h0)
+                         ADX_STEP(32, h0, h1) ADX_STEP(40, h1, h0) ADX_STEP(48, h0, h1) ADX_STEP(56, h1, h0)
+                     "lea 64(%[x]), %[x]\n\t"
+                     "lea 64(%[t]), %[t]\n\t"
+                     "lea -1(%%rcx), %%rcx\n\t"
+                     "jrcxz 9f\n\t"
+                     "jmp 4b\n"
+                     "9:\n\t"
+                     "adcx %[z], %[h0]\n\t" /* below 2^64: t + x y < 2^(64 (n + 1)) */
+                     "adox %[z], %[h0]\n\t"
+                     : [t] "+r"(t), [x] "+r"(x), [h0] "+r"(h0), [h1] "=&r"(h1), [lo] "=&r"(lo), [z] "=&r"(z),
+                       "+c"(cnt)
+                     : [four] "r"(four), [blocks] "r"(blocks), "d"(y)
+                     : "cc", "memory");
+    return h0;
+}
+
+/* s (2L limbs, a's cross products) = 2 s + the squares a[i]^2 at limbs 2i, 2i+1: doubling on the CF chain (adcx
+   w, w), the squares on the OF chain; no carry out (a^2 < R^2). */
+__attribute__((target("bmi2,adx"))) static void sqr_diag_adx(u64 *s, const u64 *a, long L) {
+    u64 dx, lo, hi, w, z;
+    __asm__ volatile("xor %k[z], %k[z]\n"
+                     "1:\n\t"
+                     "mov (%[a]), %%rdx\n\t"
+                     "mulx %%rdx, %[lo], %[hi]\n\t"
+                     "mov (%[s]), %[w]\n\t"
+                     "adcx %[w], %[w]\n\t"
+                     "adox %[lo], %[w]\n\t"
+                     "mov %[w], (%[s])\n\t"
+                     "mov 8(%[s]), %[w]\n\t"
+                     "adcx %[w], %[w]\n\t"
+                     "adox %[hi], %[w]\n\t"
+                     "mov %[w], 8(%[s])\n\t"
+                     "lea 8(%[a]), %[a]\n\t"
+                     "lea 16(%[s]), %[s]\n\t"
+                     "lea -1(%%rcx), %%rcx\n\t"
+                     "jrcxz 9f\n\t"
+                     "jmp 1b\n"
+                     "9:\n\t"
+                     : [s] "+r"(s), [a] "+r"(a), "+c"(L), "=&d"(dx), [lo] "=&r"(lo), [hi] "=&r"(hi), [w] "=&r"(w),
+                       [z] "=&r"(z)
+                     :
+                     : "cc", "memory");
+}
+
+/* out = s / R mod m, almost (< R), for s < R^2 (2L limbs, overwritten): row i adds q m at limb i, q clearing
+   it; the row's carry word and the carry bit of the row before go into limb i + L. */
+__attribute__((target("bmi2,adx"))) static void redc_adx(u64 *out, u64 *s, const u64 *m, u64 minv, long L) {
+    u64 cy = 0;
+    for (long i = 0; i < L; i++) {
+        u128 v = (u128)s[i + L] + addmul_adx(s + i, m, L, s[i] * minv) + cy;
+        s[i + L] = (u64)v;
+        cy = (u64)(v >> 64);
+    }
+    memcpy(out, s + L, L * sizeof(u64));
+    carry_sub(out, cy, m, L);
+}
+
+/* mont_mul and mont_sqr by operand scanning: the whole product (rows a[i] b), then the reduction (rows q m) */
+__attribute__((target("bmi2,adx"))) static void mont_mul_adx(u64 *out, const u64 *a, const u64 *b, const u64 *m,
+                                                             u64 minv, long L) {
+    u64 s[2 * MAXL];
+    memset(s, 0, L * sizeof(u64));
+    for (long i = 0; i < L; i++) s[i + L] = addmul_adx(s + i, b, L, a[i]);
+    redc_adx(out, s, m, minv, L);
+}
+
+__attribute__((target("bmi2,adx"))) static void mont_sqr_adx(u64 *out, const u64 *a, const u64 *m, u64 minv,
+                                                             long L) {
+    u64 s[2 * MAXL];
+    memset(s, 0, L * sizeof(u64));
+    s[2 * L - 1] = 0;
+    for (long i = 0; i + 1 < L; i++) s[i + L] = addmul_adx(s + 2 * i + 1, a + i + 1, L - 1 - i, a[i]);
+    sqr_diag_adx(s, a, L);
+    redc_adx(out, s, m, minv, L);
+}
+
+static int adx_state = -1; /* -1 before the first product, then whether the mulx/adcx/adox path runs */
+
+static int adx_init(void) {
+    unsigned eax, ebx = 0, ecx, edx;
+    const char *env = getenv("TREEFLARE_PORTABLE_ADX");
+    int on = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & bit_BMI2) && (ebx & bit_ADX) &&
+             !(env && env[0] == '0');
+    __atomic_store_n(&adx_state, on, __ATOMIC_RELAXED);
+    return on;
+}
+
+static inline int use_adx(void) {
+    int s = __atomic_load_n(&adx_state, __ATOMIC_RELAXED);
+    return s >= 0 ? s : adx_init();
+}
+#endif
+
+static void mont_mul(u64 *out, const u64 *a, const u64 *b, const u64 *m, u64 minv, long L) {
+#if defined(__x86_64__) && defined(__LP64__)
+    if (use_adx()) {
+        mont_mul_adx(out, a, b, m, minv, L);
+        return;
+    }
+#endif
+    mont_mul_c(out, a, b, m, minv, L);
+}
+
+static void mont_sqr(u64 *out, const u64 *a, const u64 *m, u64 minv, long L) {
+#if defined(__x86_64__) && defined(__LP64__)
+    if (use_adx()) {
+        mont_sqr_adx(out, a, m, minv, L);
+        return;
+    }
+#endif
+    mont_sqr_c(out, a, m, minv, L);
+}
+
+/* which path the products take: 1 for mulx/adcx/adox, 0 for the C (the report's native_kernel says which) */
+int fb_portable_adx(void) {
+#if defined(__x86_64__) && defined(__LP64__)
+    return use_adx();
+#else
+    return 0;
+#endif
 }
 
 /* the kernel's form is 64-bit limbs already: n64 limbs -> L limbs, zero-padded (the name is fixed_base.c's, whose
