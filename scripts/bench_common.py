@@ -4,6 +4,7 @@ the docs blocks the scripts own."""
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 from treeflare.files import write_text_atomic
@@ -22,6 +23,18 @@ def bench_settings(**extra) -> dict:
         commit = None
     return {"time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "loadavg": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count(), "commit": commit, **extra}
+
+
+def cpu_model() -> str:
+    """The CPU's model name, its architecture and whether it has AVX-512 IFMA (recorded in every row)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("model name", "Model"))), "")
+    flags = next((ln for ln in lines if ln.startswith(("flags", "Features"))), "")
+    return (f"{name or platform.processor() or 'unknown CPU'} ({platform.machine()}, "
+            f"{'with' if ' avx512ifma' in flags else 'without'} AVX-512 IFMA)")
 
 
 def write_bench_block(path, name: str, markdown: str) -> Path:

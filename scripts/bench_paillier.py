@@ -83,7 +83,7 @@ def main() -> None:
         rows.append(r)
         print(f"{bits}: {r}", flush=True)
     base = next((r for r in rows if r["key_bits"] == 2048), None)  # the target and the ratios are about 2048 bits
-    table = [[r["key_bits"], r["security_bits"], f"{r['keygen_s_median']:.1f} ({', '.join(f'{v:.0f}' for v in r['keygen_s_runs'])})",
+    table = [[r["key_bits"], r["security_bits"], f"{r['keygen_s_median']:.1f} ({', '.join(f'{v:.1f}' for v in r['keygen_s_runs'])})",
               f"{r['enc_per_s_full']:,.0f}", f"{r['enc_per_s_djn']:,.0f}", f"{r['dec_per_s']:,.0f}", f"{r['add_per_s']:,.0f}",
               f"{base['enc_per_s_full'] / r['enc_per_s_full']:.1f}x" if base else "not measured", r["ciphertext_bytes"],
               r["gbdt_pairs_per_ct_100k_rows_p53"], f"{r['loadavg_1m_after']:.1f}"]

@@ -51,7 +51,6 @@ import csv
 import importlib.util
 import json
 import os
-import platform
 import resource
 import secrets
 import shutil
@@ -73,7 +72,7 @@ BENCH_BLOCKS = {"vertical": "docs/vertical.md", "vertical_peers": "docs/vertical
                 "vertical_kernels": "README.md"}
 
 from treeflare.crypto import PaillierKeyHolder, SlotLayout  # noqa: E402
-from bench_common import bench_settings, write_bench_block# noqa: E402
+from bench_common import bench_settings, cpu_model, write_bench_block  # noqa: E402
 from treeflare.files import write_json_atomic, write_text_atomic# noqa: E402
 from treeflare.vertical import VerticalData, VerticalParams  # noqa: E402
 
@@ -445,6 +444,9 @@ DEFAULT_PEER_ARMS = "paillier,ou,ou32,dask1,dask2"
 # the arithmetic of an arm: its TREEFLARE_NATIVE, and how the status it reports must start (else the measured code
 # cannot run that arithmetic, and the row says so)
 ARM_NATIVE = {"paillier_portable": ("portable", "on (portable"), "paillier_python": ("0", "off"),
+              # scripts/bench_vertical_noifma.py's arms: each scheme on each kernel
+              "paillier_ifma": ("ifma", "on (AVX-512 IFMA)"), "ou32_ifma": ("ifma", "on (AVX-512 IFMA)"),
+              "ou32_portable": ("portable", "on (portable"),
               "ifma": ("ifma", "on (AVX-512 IFMA)"), "portable": ("portable", "on (portable"), "python": ("0", "off")}
 KERNEL_ARMS = [("ifma", "Paillier, AVX-512 IFMA C kernel (TREEFLARE_NATIVE=ifma)"),
                ("portable", "Paillier, portable 64-bit C kernel (TREEFLARE_NATIVE=portable: what a CPU without "
@@ -453,16 +455,6 @@ KERNEL_ARMS = [("ifma", "Paillier, AVX-512 IFMA C kernel (TREEFLARE_NATIVE=ifma)
 KERNEL_TARGET = 0.4          # portable kernel's s per tree / Python's, at most (issue 38)
 
 
-def cpu_model() -> str:
-    """The CPU's model name, its architecture and whether it has AVX-512 IFMA (recorded in every row)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("model name", "Model"))), "")
-    flags = next((ln for ln in lines if ln.startswith(("flags", "Features"))), "")
-    return (f"{name or platform.processor() or 'unknown CPU'} ({platform.machine()}, "
-            f"{'with' if ' avx512ifma' in flags else 'without'} AVX-512 IFMA)")
 # memory budget per party: a fixed part (interpreter, libraries, idle workers) + a part per million rows,
 # set from issue 25's target of 8 GB per party at 1,000,000 rows of the FATE shape
 MEMORY_BUDGET_FIXED_GB = 0.5

@@ -136,3 +136,29 @@ def test_kernels_section_records_cpu_and_kernel_in_every_row(tmp_path):
     page = (tmp_path / "kernels_tiny.md").read_text()
     assert "x Python" in page and bench.cpu_model() in page and "0.4x the Python path" in page
     assert (REPO / "README.md").read_text() == readme_before      # a tiny run never writes the docs
+
+
+def test_noifma_script_pairs_each_scheme_on_both_kernels(tmp_path):
+    """scripts/bench_vertical_noifma.py (issue 38): per shape and scheme, the IFMA and the portable arm of one run,
+    each forced by TREEFLARE_NATIVE and checked against the kernel the run reported (a CPU without IFMA fails that
+    arm with the reason), both compared with the plaintext oracle, the FedTree target on the a9a OU row; no docs."""
+    readme_before = (REPO / "README.md").read_text()
+    cmd = [sys.executable, str(SCRIPTS / "bench_vertical_noifma.py"), "--tiny", "--key-bits", "1024", "--shapes", "a9a",
+           "--schemes", "ou32", "--repeats", "1", "--code-ref", "worktree", "--results-dir", str(tmp_path)]
+    proc = _run_tree(cmd, 240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads((tmp_path / "noifma_tiny.json").read_text())
+    rows = {r["arm"]: r for r in res["rows"]}
+    assert set(rows) == {"ou32_ifma", "ou32_portable"} and res["partial"] is False
+    assert rows["ou32_portable"]["native_kernel"].startswith("on (portable")
+    if "with AVX-512 IFMA" in bench.cpu_model():
+        assert rows["ou32_ifma"]["native_kernel"] == "on (AVX-512 IFMA)"
+    else:
+        assert "asked TREEFLARE_NATIVE=ifma" in rows["ou32_ifma"]["failed"]
+    for r in rows.values():
+        assert r["cpu"] == bench.cpu_model() and r["precision"] == 32
+        if r.get("runs"):
+            assert r["identical_to_oracle"] is True and r["per_tree_s"] > 0
+    page = (tmp_path / "noifma_tiny.md").read_text()
+    assert "portable <= 5.25 s (FedTree" in page and bench.cpu_model() in page
+    assert (REPO / "README.md").read_text() == readme_before      # a tiny run never writes the docs
