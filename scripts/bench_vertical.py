@@ -814,23 +814,32 @@ def kernels_section(args, tmp: Path, log, save=lambda rows: None) -> list:
     arms = [a for a in KERNEL_ARMS if a[0] in args.kernel_arms.split(",")]
     rows = [{"section": "kernels", "workload": "fate", "description": desc, "arm": arm, "arm_label": label,
              "n_train": n, "trees_per_run": P.n_trees, "depth": depth, "bins": 32, "key_bits": P.key_bits,
-             "obfuscation": P.obfuscation, "workers": P.workers, "cpu": cpu_model(), "target_s_per_tree": None,
-             "runs_all": []} for arm, label in arms]
-    for rep in range(args.kernel_repeats):
-        for row in rows:                           # interleaved: every arm sees the same load drift
-            res = split_run(dpath, P, tmp, args.code_path, arm=row["arm"])
-            row["runs_all"].append(res)
-            log(f"kernels {row['arm']} rep {rep}: " + (f"FAILED {res['failed']}" if "failed" in res else
+             "obfuscation": P.obfuscation, "workers": P.workers, "cpu": cpu_model(), "target_s_per_tree": None}
+            for arm, label in arms]
+    interleaved_runs(rows, args.kernel_repeats, lambda arm: split_run(dpath, P, tmp, args.code_path, arm=arm), orc,
+                     lambda m: log("kernels " + m))
+    save(rows)
+    return rows
+
+
+def interleaved_runs(rows: list, repeats: int, run_one, orc: dict, log) -> None:
+    """``repeats`` rounds of ``run_one(arm)`` for every row's arm (interleaved: every arm sees the same load drift),
+    then each row summarised against the oracle run ``orc`` (:func:`summarise_runs`; a failed run is left out of the
+    figures and the row keeps its reason)."""
+    runs_of = {id(row): [] for row in rows}
+    for rep in range(repeats):
+        for row in rows:
+            res = run_one(row["arm"])
+            runs_of[id(row)].append(res)
+            log(f"{row['arm']} rep {rep}: " + (f"FAILED {res['failed']}" if "failed" in res else
                 f"per tree {res['per_tree_s']:.2f}s (trees {', '.join(f'{t:.2f}' for t in res['tree_s'])})  "
                 f"{res['native_kernel']}  load {res['loadavg_1m_before']:.2f}"))
     for row in rows:
-        runs = row.pop("runs_all")
+        runs = runs_of[id(row)]
         row["runs"] = [r for r in runs if "failed" not in r]
         if len(row["runs"]) < len(runs):
             row["failed"] = next(r["failed"] for r in runs if "failed" in r)
         summarise_runs(row, orc)
-    save(rows)
-    return rows
 
 
 def kernels_markdown(res: dict | None) -> tuple[str, str]:

@@ -59,21 +59,10 @@ def measure(args, log, save) -> list:
                          "kernel_arm": k, "arm": f"{scheme}_{k}", "arm_label": f"{label}, {k}",
                          "precision": P.precision, "cpu": cpu_model(), "n_train": n_train, "trees_per_run": P.n_trees,
                          "depth": P.max_depth, "bins": P.bins, "key_bits": P.key_bits, "workers": P.workers,
-                         "target_s_per_tree": None, "runs_all": []} for k in KERNELS]
-                for rep in range(bv.repeats_for(args.repeats, name)):
-                    for row in pair:                   # interleaved: both arms see the same load drift
-                        res = bv.split_run(dpath, P, tmp, code, arm=row["arm"])
-                        row["runs_all"].append(res)
-                        log(f"{name} {row['arm']} rep {rep}: " + (
-                            f"FAILED {res['failed']}" if "failed" in res else
-                            f"per tree {res['per_tree_s']:.2f}s  {res['native_kernel']}  "
-                            f"load {res['loadavg_1m_before']:.2f}"))
-                for row in pair:
-                    runs = row.pop("runs_all")
-                    row["runs"] = [r for r in runs if "failed" not in r]
-                    if len(row["runs"]) < len(runs):
-                        row["failed"] = next(r["failed"] for r in runs if "failed" in r)
-                    bv.summarise_runs(row, orc)
+                         "target_s_per_tree": None} for k in KERNELS]
+                bv.interleaved_runs(pair, bv.repeats_for(args.repeats, name),
+                                    lambda arm: bv.split_run(dpath, P, tmp, code, arm=arm), orc,
+                                    lambda m: log(f"{name} {m}"))
                 rows += pair
                 save(rows)
         return rows
