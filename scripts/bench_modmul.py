@@ -7,7 +7,9 @@ Okamoto-Uchiyama's n).  Arms, each in its own process, interleaved, ``--repeats`
 
 * ``gmpy2``: the Python path (``TREEFLARE_NATIVE=0``): ``a * b % m`` per product, ``powmod(a, 2^w, m)`` per w
   squarings, as ``pub.add`` and ``pub.shift`` run them;
-* ``portable`` and ``ifma``: the package's C kernels (``TREEFLARE_NATIVE=portable`` / ``ifma``), through the calls
+* ``portable``, ``portable-c`` and ``ifma``: the package's C kernels (``TREEFLARE_NATIVE=portable`` / ``ifma``; the
+  portable kernel as this CPU picks it, mulx/adcx/adox assembly on x86-64 with BMI2 and ADX, and its C path,
+  ``TREEFLARE_PORTABLE_ADX=0``, which aarch64 and older x86-64 run), through the calls
   the histogram engine makes (``segment_products``: chains of products; ``horner_mont``: w squarings per field),
   many at once (IFMA: eight lanes);
 * ``gmp-mpn``: GMP's public mpn layer, the library inside gmpy2, called from C with no interpreter
@@ -42,9 +44,11 @@ BENCH_BLOCKS = {"vertical_modmul": "docs/vertical.md"}
 from bench_common import bench_settings, cpu_model, write_bench_block  # noqa: E402
 from treeflare.files import write_json_atomic  # noqa: E402
 
-ARMS = ["gmpy2", "portable", "ifma", "gmp-mpn", "openssl"]
+ARMS = ["gmpy2", "portable", "portable-c", "ifma", "gmp-mpn", "openssl"]
 LABELS = {"gmpy2": "gmpy2 from Python (the Python path, TREEFLARE_NATIVE=0)",
-          "portable": "treeflare portable C kernel (64-bit limbs; TREEFLARE_NATIVE=portable)",
+          "portable": "treeflare portable kernel, 64-bit limbs, as this CPU picks it (TREEFLARE_NATIVE=portable)",
+          "portable-c": "treeflare portable kernel, its C path (TREEFLARE_PORTABLE_ADX=0: what aarch64 and x86-64 "
+                        "without ADX run)",
           "ifma": "treeflare AVX-512 IFMA C kernel (8 lanes of 52-bit digits; TREEFLARE_NATIVE=ifma)",
           "gmp-mpn": "GMP mpn from C (gmpy2's library: mpn_mul_n / mpn_sqr, mpn_tdiv_qr)",
           "openssl": "OpenSSL libcrypto from C (BN_mod_mul_montgomery: mulx/adcx/adox assembly on x86-64)"}
@@ -75,6 +79,10 @@ static void limbs(const char *hex, u64 *out, long L) {   /* hex -> little-endian
         out[i / 16] |= v << (4 * (i % 16));
     }
 }
+static void print_limbs(const u64 *x, long L) {          /* big-endian hex */
+    for (long i = L - 1; i >= 0; i--) printf("%016llx", (unsigned long long)x[i]);
+    printf("\n");
+}
 int main(int argc, char **argv) {
     if (argc != 8) return 2;
     void *h = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
@@ -90,10 +98,11 @@ int main(int argc, char **argv) {
         double t0 = now();
         for (long i = 0; i < N; i++) { mul_n(t, a, b, L); tdiv_qr(q, a, 0, t, 2 * L, m, L); }
         tm = (now() - t0) / N;
+        print_limbs(a, L);                                    /* a b^N mod m: checked by the Python side */
         t0 = now();
         for (long i = 0; i < N; i++) { sqr(t, a, L); tdiv_qr(q, a, 0, t, 2 * L, m, L); }
         ts = (now() - t0) / N;
-        printf("%016llx\n", (unsigned long long)a[0]);   /* keeps the loops' results live */
+        print_limbs(a, L);                                    /* then ^(2^N) */
     } else {
         void *(*ctx_new)(void) = sym(h, "BN_CTX_new");
         void *(*mont_new)(void) = sym(h, "BN_MONT_CTX_new");
@@ -101,15 +110,22 @@ int main(int argc, char **argv) {
         int (*mont_set)(void *, const void *, void *) = sym(h, "BN_MONT_CTX_set");
         int (*to_mont)(void *, const void *, void *, void *) = sym(h, "BN_to_montgomery");
         int (*mul_mont)(void *, const void *, const void *, void *, void *) = sym(h, "BN_mod_mul_montgomery");
-        void *ctx = ctx_new(), *mont = mont_new(), *m = NULL, *a = NULL, *b = NULL;
+        int (*from_mont)(void *, const void *, void *, void *) = sym(h, "BN_from_montgomery");
+        char *(*bn2hex)(const void *) = sym(h, "BN_bn2hex");
+        void *(*bn_new)(void) = sym(h, "BN_new");
+        void *ctx = ctx_new(), *mont = mont_new(), *m = NULL, *a = NULL, *b = NULL, *r = bn_new();
         if (!hex2bn(&m, argv[4]) || !hex2bn(&a, argv[5]) || !hex2bn(&b, argv[6]) || !mont_set(mont, m, ctx) ||
             !to_mont(a, a, mont, ctx) || !to_mont(b, b, mont, ctx)) return 4;
         double t0 = now();
         for (long i = 0; i < N; i++) if (!mul_mont(a, a, b, mont, ctx)) return 5;
         tm = (now() - t0) / N;
+        if (!from_mont(r, a, mont, ctx)) return 6;
+        printf("%s\n", bn2hex(r));
         t0 = now();
         for (long i = 0; i < N; i++) if (!mul_mont(a, a, a, mont, ctx)) return 5;
         ts = (now() - t0) / N;
+        if (!from_mont(r, a, mont, ctx)) return 6;
+        printf("%s\n", bn2hex(r));
     }
     printf("%.6f %.6f\n", tm * 1e6, ts * 1e6);
     return 0;
@@ -158,7 +174,7 @@ def measure_kernel(arm: str, bits: int, n: int) -> dict:
     m, a, b = _operands(bits, bits)
     nat = native.products(m)
     status = native.status()
-    want = "on (AVX-512 IFMA)" if arm == "ifma" else "on (portable"
+    want = {"ifma": "on (AVX-512 IFMA)", "portable": "on (portable", "portable-c": "on (portable 64-bit C;"}[arm]
     if nat is None or not status.startswith(want):
         return {"unavailable": f"this CPU or build runs no {arm} kernel ({status})"}
     rng = np.random.default_rng(bits)
@@ -201,13 +217,27 @@ def measure_reference(arm: str, bits: int, n: int, workdir: Path) -> dict:
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return {"unavailable": f"the harness failed ({proc.returncode}: {proc.stderr.strip()[:200]})"}
-    prod, sq = (float(v) for v in proc.stdout.split()[-2:])
+    *values, times = proc.stdout.split("\n")[-4:-1] if proc.stdout.count("\n") >= 3 else ([], "")
+    # the harness's own results, checked: a b^N mod m after the products, then its 2^N-th power (a number a wrong
+    # call would also produce, only faster, is refused)
+    after_products = a * pow(b, n, m) % m
+    want = [after_products, pow(after_products, 1 << n, m)]
+    try:
+        got = [int(v, 16) for v in values]
+    except ValueError:
+        got = []
+    if got != want:
+        return {"unavailable": "the harness's results differ from Python's (a wrong call into the library)"}
+    prod, sq = (float(v) for v in times.split())
     return {"product_us": prod, "squaring_us": sq, "library": Path(lib).name}
 
 
 def run_arm(arm: str, bits: int, n: int, workdir: Path) -> dict:
     """One measurement in a fresh process (the kernel is chosen once per process, from TREEFLARE_NATIVE)."""
-    env = dict(os.environ, TREEFLARE_NATIVE={"gmpy2": "0", "portable": "portable", "ifma": "ifma"}.get(arm, "0"))
+    env = dict(os.environ, TREEFLARE_NATIVE={"gmpy2": "0", "portable": "portable", "portable-c": "portable",
+                                             "ifma": "ifma"}.get(arm, "0"))
+    if arm == "portable-c":
+        env["TREEFLARE_PORTABLE_ADX"] = "0"
     proc = subprocess.run([sys.executable, __file__, "--_arm", arm, "--bits", str(bits), "--ops", str(n),
                            "--_workdir", str(workdir)], capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -237,7 +267,8 @@ def render(results: dict) -> str:
         p, s = _cell(rows, arm, bits_list[-1], "product_us"), _cell(rows, arm, bits_list[-1], "squaring_us")
         ratio = (f"{p / base['product_us']:.2f}, {s / base['squaring_us']:.2f}"
                  if None not in (p, s) and None not in base.values() else "-")
-        label = LABELS[arm] + (f" (not run: {why})" if why and p is None else "")
+        kernel = next((r["kernel"] for r in rows if r["arm"] == arm and "kernel" in r), None)
+        label = LABELS[arm] + (f": {kernel}" if kernel else "") + (f" (not run: {why})" if why and p is None else "")
         lines.append("| " + " | ".join([label] + cells + [ratio]) + " |")
     s = settings
     need = (f" The vertical job's per-tree time is these operations almost entirely (scripts/bench_vertical.py's "
@@ -267,7 +298,7 @@ def main(argv=None) -> int:
         bits, wd = bits_list[0], Path(a._workdir)
         if a._arm == "gmpy2":
             out = measure_python(bits, a.ops)
-        elif a._arm in ("portable", "ifma"):
+        elif a._arm in ("portable", "portable-c", "ifma"):
             out = measure_kernel(a._arm, bits, a.ops)
         else:
             out = measure_reference(a._arm, bits, a.ops, wd)

@@ -83,7 +83,11 @@ def render(res: dict) -> str:
         def cell(r):
             if not r.get("runs"):
                 return f"failed: {r.get('failed')}"
-            return f"{bv.fmt(r['per_tree_s'], 2)} ({', '.join(f'{t:.2f}' for t in r['tree_s_all'])})"
+            return (f"{bv.fmt(r['per_tree_s'], 2)} ({', '.join(f'{t:.2f}' for t in r['tree_s_all'])}; "
+                    f"{r['native_kernel']})")
+
+        def same(r):
+            return str(r.get("identical_to_oracle")) + (f" ({r['oracle_note']})" if r.get("oracle_note") else "")
 
         ok = a.get("runs") and b.get("runs")
         q = b["per_tree_s"] / a["per_tree_s"] if ok else None
@@ -98,16 +102,18 @@ def render(res: dict) -> str:
         loads = "; ".join(", ".join(f"{x:.1f}" for x in r.get("loadavg_runs", [])) for r in (a, b))
         tab.append("| " + " | ".join([
             a["description"], SCHEMES[scheme][0], cell(a), cell(b), "" if q is None else f"{q:.2f}x", target, met,
-            f"{a.get('identical_to_oracle')}, {b.get('identical_to_oracle')}", loads]) + " |")
+            f"{same(a)}, {same(b)}", loads]) + " |")
     part = " **Stopped before every arm ran** (the rows are those it measured)." if res.get("partial") else ""
     return (f"**Without AVX-512 IFMA, at the peers' shapes** (run {S['time']}, commit {S['commit']}, {S['cores']} cores "
             f"({S['cpu']}) shared with other work, load average {S['loadavg']} at start; "
             f"`scripts/bench_vertical_noifma.py {' '.join(S['argv'])}`).{part} Both arms in one run, interleaved, "
             f"each party in its own process with 2 local worker processes, {S['key_bits']}-bit keys, `full` "
             f"randomness, {S['trees']} tree(s) per run; seconds per tree = the median of every tree (the figures in "
-            f"brackets); key generation and binning, once per run, are not in them. The portable arm is this CPU "
-            f"forced to the kernel a CPU without IFMA runs (`TREEFLARE_NATIVE=portable`): the same code and the same "
-            f"64-bit multiplier, not another machine.\n\n" + "\n".join(tab) + "\n")
+            f"brackets, then the kernel as the run reported it); key generation and binning, once per run, are not in "
+            f"them. The portable arm is this CPU forced to the kernel a CPU without IFMA runs "
+            f"(`TREEFLARE_NATIVE=portable`), not another machine: on x86-64 with BMI2 and ADX (since Broadwell and Zen "
+            f"1) its mulx/adcx/adox path, as here; aarch64 and older x86-64 run its C path, 12-25% slower per "
+            f"operation (`scripts/bench_modmul.py`'s table in docs/vertical.md).\n\n" + "\n".join(tab) + "\n")
 
 
 def main(argv=None) -> int:
@@ -134,13 +140,13 @@ def main(argv=None) -> int:
     name = "noifma_tiny" if a.tiny else "noifma"
 
     def save(rows, done=False):
-        # after every pair of arms, so that a run stopped midway keeps what it measured (marked partial)
+        # after every pair of arms, so that a run stopped midway keeps what it measured (marked partial), page too
         res.update(rows=rows, loadavg_end=[round(x, 2) for x in os.getloadavg()], partial=not done)
         write_json_atomic(d / f"{name}.json", res)
+        write_text_atomic(d / f"{name}.md", "# Vertical benchmark without AVX-512 IFMA\n\n" + render(res))
 
     save(measure(a, lambda m: print(m, flush=True), save), done=True)
     md = render(json.loads((d / f"{name}.json").read_text()))
-    write_text_atomic(d / f"{name}.md", "# Vertical benchmark without AVX-512 IFMA\n\n" + md)
     print(md)
     if not a.tiny:
         write_bench_block(REPO / BENCH_BLOCKS["vertical_noifma"], "vertical_noifma", md)

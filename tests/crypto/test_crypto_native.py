@@ -477,9 +477,9 @@ def test_kernel_moduli_that_fill_their_limbs(kern, bits, near):
 def test_portable_kernel_c_path_where_the_assembly_is_switched_off():
     """The portable kernel has two paths on x86-64 (mulx/adcx/adox assembly where the CPU has BMI2 and ADX, plain C
     elsewhere, as on aarch64); the tests in this file run the one this CPU picks, so the C path runs the arithmetic
-    tests too, in a process with TREEFLARE_PORTABLE_ADX=0 (which test_portable_kernel_forced_and_ifma_only shows
-    takes effect)."""
+    tests too, in a process with TREEFLARE_PORTABLE_ADX=0 (checked to take effect)."""
     env = {**os.environ, "TREEFLARE_NATIVE": "portable", "TREEFLARE_PORTABLE_ADX": "0"}
+    assert _status_in_subprocess(env) == "on (portable 64-bit C; TREEFLARE_NATIVE=portable)"
     picked = ("(moduli_that_fill_their_limbs or segment_products_equal_gmpy2 or secret_powers_equal_powmod_sec "
               "or packing_equals_python) and picked")      # (the portable parameter would repeat the same kernel)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",

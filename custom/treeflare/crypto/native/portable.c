@@ -239,8 +239,10 @@ __attribute__((target("bmi2,adx"), always_inline)) static inline u64 addmul_adx(
                      "9:\n\t"
                      "adcx %[z], %[h0]\n\t" /* below 2^64: t + x y < 2^(64 (n + 1)) */
                      "adox %[z], %[h0]\n\t"
-                     : [t] "+r"(t), [x] "+r"(x), [h0] "+r"(h0), [h1] "=&r"(h1), [lo] "=&r"(lo), [z] "=&r"(z),
-                       "+c"(cnt)
+                     /* every written operand early-clobber: four and blocks (often equal to h0 or cnt, e.g. 0)
+                        are read after t, x, h0 and rcx change, so no input may share their registers */
+                     : [t] "+&r"(t), [x] "+&r"(x), [h0] "+&r"(h0), [h1] "=&r"(h1), [lo] "=&r"(lo), [z] "=&r"(z),
+                       "+&c"(cnt)
                      : [four] "r"(four), [blocks] "r"(blocks), "d"(y)
                      : "cc", "memory");
     return h0;
