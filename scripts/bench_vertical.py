@@ -871,8 +871,9 @@ def kernels_markdown(res: dict | None) -> tuple[str, str]:
              f"processes per party, each party in its own process; {S['key_bits']}-bit Paillier, `{S['obfuscation']}` "
              f"randomness; {_settings_line(S)}).{part} The IFMA arm is what this "
              "CPU picks by itself; the portable arm is what a CPU without AVX-512 IFMA (x86-64 before Zen 4 or Ice "
-             "Lake, aarch64) picks; the Python arm is `TREEFLARE_NATIVE=0`. Key generation is not in the per-tree "
-             "times." + verdict)
+             "Lake, aarch64) picks: on x86-64 with ADX its mulx/adcx/adox path (the kernel column says which ran), on "
+             "aarch64 its C path, slower per operation (`scripts/bench_modmul.py`'s table in docs/vertical.md); the "
+             "Python arm is `TREEFLARE_NATIVE=0`. Key generation is not in the per-tree times." + verdict)
     block = [intro, "", *tab, ""]
     return "\n".join(["# Vertical benchmark: C kernels", "", *block]), "\n".join(block)
 

@@ -106,7 +106,7 @@ def render(res: dict) -> str:
     part = " **Stopped before every arm ran** (the rows are those it measured)." if res.get("partial") else ""
     return (f"**Without AVX-512 IFMA, at the peers' shapes** (run {S['time']}, commit {S['commit']}, {S['cores']} cores "
             f"({S['cpu']}) shared with other work, load average {S['loadavg']} at start; "
-            f"`scripts/bench_vertical_noifma.py {' '.join(S['argv'])}`).{part} Both arms in one run, interleaved, "
+            f"`{' '.join(['scripts/bench_vertical_noifma.py', *S['argv']])}`).{part} Both arms in one run, interleaved, "
             f"each party in its own process with 2 local worker processes, {S['key_bits']}-bit keys, `full` "
             f"randomness, {S['trees']} tree(s) per run; seconds per tree = the median of every tree (the figures in "
             f"brackets, then the kernel as the run reported it); key generation and binning, once per run, are not in "
@@ -127,31 +127,40 @@ def main(argv=None) -> int:
                     help="the commit measured (git archive; default HEAD), or 'worktree'")
     ap.add_argument("--tiny", action="store_true", help="a few hundred rows (the smoke test's size; no docs block)")
     ap.add_argument("--results-dir", default=str(REPO / "scripts" / "results" / "vertical_bench"))
+    ap.add_argument("--render-only", action="store_true",
+                    help="no runs: write the page and the README block again from the stored results")
     a = ap.parse_args(argv)
     if bad := set(a.shapes.split(",")) - {"a9a", "fate"} or set(a.schemes.split(",")) - set(SCHEMES):
         ap.error(f"unknown shapes or schemes: {sorted(bad)}")
-    commit = "working tree" if a.code_ref == "worktree" else subprocess.run(
-        ["git", "rev-parse", "--short", a.code_ref], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    res = {"settings": {**bench_settings(argv=sys.argv[1:] if argv is None else list(argv), key_bits=a.key_bits,
-                                         trees=a.trees, repeats=a.repeats, cpu=cpu_model()), "commit": commit},
-           "rows": []}
     d = Path(a.results_dir)
     d.mkdir(parents=True, exist_ok=True)
     name = "noifma_tiny" if a.tiny else "noifma"
 
-    def save(rows, done=False):
-        # after every pair of arms, so that a run stopped midway keeps what it measured (marked partial), page too
-        res.update(rows=rows, loadavg_end=[round(x, 2) for x in os.getloadavg()], partial=not done)
-        write_json_atomic(d / f"{name}.json", res)
-        write_text_atomic(d / f"{name}.md", "# Vertical benchmark without AVX-512 IFMA\n\n" + render(res))
+    def publish(res: dict) -> str:
+        md = render(res)
+        write_text_atomic(d / f"{name}.md", "# Vertical benchmark without AVX-512 IFMA\n\n" + md)
+        return md
 
-    save(measure(a, lambda m: print(m, flush=True), save), done=True)
-    md = render(json.loads((d / f"{name}.json").read_text()))
+    if not a.render_only:
+        commit = "working tree" if a.code_ref == "worktree" else subprocess.run(
+            ["git", "rev-parse", "--short", a.code_ref], cwd=REPO, capture_output=True, text=True,
+            check=True).stdout.strip()
+        res = {"settings": {**bench_settings(argv=sys.argv[1:] if argv is None else list(argv), key_bits=a.key_bits,
+                                             trees=a.trees, repeats=a.repeats, cpu=cpu_model()), "commit": commit},
+               "rows": []}
+
+        def save(rows, done=False):
+            # after every pair of arms, so that a run stopped midway keeps what it measured (marked partial), page too
+            res.update(rows=rows, loadavg_end=[round(x, 2) for x in os.getloadavg()], partial=not done)
+            write_json_atomic(d / f"{name}.json", res)
+            publish(res)
+
+        save(measure(a, lambda m: print(m, flush=True), save), done=True)
+    md = publish(json.loads((d / f"{name}.json").read_text()))
     print(md)
     if not a.tiny:
         write_bench_block(REPO / BENCH_BLOCKS["vertical_noifma"], "vertical_noifma", md)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
