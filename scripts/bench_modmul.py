@@ -238,8 +238,8 @@ def run_arm(arm: str, bits: int, n: int, workdir: Path) -> dict:
                                              "ifma": "ifma"}.get(arm, "0"))
     if arm == "portable-c":
         env["TREEFLARE_PORTABLE_ADX"] = "0"
-    proc = subprocess.run([sys.executable, __file__, "--_arm", arm, "--bits", str(bits), "--ops", str(n),
-                           "--_workdir", str(workdir)], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run([sys.executable, __file__, "--one-arm", arm, "--bits", str(bits), "--ops", str(n),
+                           "--one-arm-workdir", str(workdir)], capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
         return {"unavailable": f"the arm's process failed: {proc.stderr.strip().splitlines()[-1:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -290,18 +290,18 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--out", default=str(REPO / "scripts/results/vertical_bench/modmul.json"))
-    ap.add_argument("--_arm", help=argparse.SUPPRESS)
-    ap.add_argument("--_workdir", help=argparse.SUPPRESS)
+    ap.add_argument("--one-arm", help=argparse.SUPPRESS)
+    ap.add_argument("--one-arm-workdir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     bits_list = [int(b) for b in a.bits.split(",")]
-    if a._arm:                                          # one measurement, in this (fresh) process
-        bits, wd = bits_list[0], Path(a._workdir)
-        if a._arm == "gmpy2":
+    if a.one_arm:                                       # one measurement, in this (fresh) process
+        bits, wd = bits_list[0], Path(a.one_arm_workdir)
+        if a.one_arm == "gmpy2":
             out = measure_python(bits, a.ops)
-        elif a._arm in ("portable", "portable-c", "ifma"):
-            out = measure_kernel(a._arm, bits, a.ops)
+        elif a.one_arm in ("portable", "portable-c", "ifma"):
+            out = measure_kernel(a.one_arm, bits, a.ops)
         else:
-            out = measure_reference(a._arm, bits, a.ops, wd)
+            out = measure_reference(a.one_arm, bits, a.ops, wd)
         print(json.dumps(out))
         return 0
     arms = [x for x in a.arms.split(",") if x]
