@@ -24,7 +24,8 @@
    products and 25% faster squarings from 22 to 64 limbs (Zen 4), the same results to the bit (the same R, the same
    quotient, the same masked subtraction), no branch or address that depends on the values either.  Chosen once, at the
    first product, from cpuid; TREEFLARE_PORTABLE_ADX=0 keeps the C path (to compare the two: both are in the one
-   library, which loader.py caches by its source).  Elsewhere (aarch64) only the C is compiled.
+   library, which loader.py caches by its source).  Elsewhere (aarch64) only the C is compiled.  (Over 400 lines: the
+   assembly path sits beside the C it replaces, in the one file the loader builds, checks and caches as this kernel.)
 
    Compiles clean with -Wall -Wextra (tests/crypto/test_crypto_native.py).  The ctypes declarations in
    treeflare/crypto/native/loader.py serve both kernels: change all three together. */
