@@ -217,7 +217,10 @@ def measure_reference(arm: str, bits: int, n: int, workdir: Path) -> dict:
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return {"unavailable": f"the harness failed ({proc.returncode}: {proc.stderr.strip()[:200]})"}
-    *values, times = proc.stdout.split("\n")[-4:-1] if proc.stdout.count("\n") >= 3 else ([], "")
+    lines = proc.stdout.splitlines()
+    if len(lines) < 3:
+        return {"unavailable": "the harness printed no results"}
+    *values, times = lines[-3:]
     # the harness's own results, checked: a b^N mod m after the products, then its 2^N-th power (a number a wrong
     # call would also produce, only faster, is refused)
     after_products = a * pow(b, n, m) % m
