@@ -52,6 +52,11 @@ LABELS = {"gmpy2": "gmpy2 from Python (the Python path, TREEFLARE_NATIVE=0)",
           "ifma": "treeflare AVX-512 IFMA C kernel (8 lanes of 52-bit digits; TREEFLARE_NATIVE=ifma)",
           "gmp-mpn": "GMP mpn from C (gmpy2's library: mpn_mul_n / mpn_sqr, mpn_tdiv_qr)",
           "openssl": "OpenSSL libcrypto from C (BN_mod_mul_montgomery: mulx/adcx/adox assembly on x86-64)"}
+# the package's kernels: each arm's environment, and how the status its process reports must start
+KERNEL_ARMS = {"portable": ({"TREEFLARE_NATIVE": "portable"}, "on (portable"),
+               "portable-c": ({"TREEFLARE_NATIVE": "portable", "TREEFLARE_PORTABLE_ADX": "0"},
+                              "on (portable 64-bit C;"),
+               "ifma": ({"TREEFLARE_NATIVE": "ifma"}, "on (AVX-512 IFMA)")}
 SQUARINGS = 2000        # squarings per field in the squaring measurements (a compression step of 15 fields)
 
 # One C file for both reference libraries, loaded with dlopen from the paths given (no headers needed: the
@@ -174,8 +179,7 @@ def measure_kernel(arm: str, bits: int, n: int) -> dict:
     m, a, b = _operands(bits, bits)
     nat = native.products(m)
     status = native.status()
-    want = {"ifma": "on (AVX-512 IFMA)", "portable": "on (portable", "portable-c": "on (portable 64-bit C;"}[arm]
-    if nat is None or not status.startswith(want):
+    if nat is None or not status.startswith(KERNEL_ARMS[arm][1]):
         return {"unavailable": f"this CPU or build runs no {arm} kernel ({status})"}
     rng = np.random.default_rng(bits)
     table = nat.load([(a * (i + 1) + b) % m for i in range(256)])
@@ -237,10 +241,7 @@ def measure_reference(arm: str, bits: int, n: int, workdir: Path) -> dict:
 
 def run_arm(arm: str, bits: int, n: int, workdir: Path) -> dict:
     """One measurement in a fresh process (the kernel is chosen once per process, from TREEFLARE_NATIVE)."""
-    env = dict(os.environ, TREEFLARE_NATIVE={"gmpy2": "0", "portable": "portable", "portable-c": "portable",
-                                             "ifma": "ifma"}.get(arm, "0"))
-    if arm == "portable-c":
-        env["TREEFLARE_PORTABLE_ADX"] = "0"
+    env = {**os.environ, **KERNEL_ARMS.get(arm, ({"TREEFLARE_NATIVE": "0"},))[0]}
     proc = subprocess.run([sys.executable, __file__, "--one-arm", arm, "--bits", str(bits), "--ops", str(n),
                            "--one-arm-workdir", str(workdir)], capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -301,7 +302,7 @@ def main(argv=None) -> int:
         bits, wd = bits_list[0], Path(a.one_arm_workdir)
         if a.one_arm == "gmpy2":
             out = measure_python(bits, a.ops)
-        elif a.one_arm in ("portable", "portable-c", "ifma"):
+        elif a.one_arm in KERNEL_ARMS:
             out = measure_kernel(a.one_arm, bits, a.ops)
         else:
             out = measure_reference(a.one_arm, bits, a.ops, wd)
