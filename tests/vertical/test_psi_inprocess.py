@@ -493,7 +493,11 @@ def test_an_empty_pass_ends_the_phase_and_no_party_learns_ids_outside_the_inters
         write_party(tmp_path / "data" / site, train, tok(3))
     run = InProcessPSI(tmp_path / "data", tmp_path / "runs", min_rows=1)
     result = run.run()
-    assert result["status"] == "failed" and result["attempts"] == 1 and not result["failed_attempts"], result
+    # (openmined-psi's Bloom filter gives a false positive at these few ids in about 1 run of 100: NVFlare's count
+    # check catches it and DH-PSI runs again with fresh keys, as SECURITY.md says; any other failed attempt is a bug)
+    retried = result["failed_attempts"]
+    assert all("the intersection sizes from all sites must be equal" in f for f in retried), result
+    assert result["status"] == "failed" and result["attempts"] == 1 + len(retried), result
     assert result["error"].startswith("PSI: the parties share no rows (a pass's intersection was already empty")
     handler = run.comps["site-3"][DH_PSI_ID]
     # site-3 learnt no id of the others' sets: either it never took part in a pass (None) or, as one clean-clone run
