@@ -43,3 +43,36 @@ def test_portable_kernel_learns_the_python_paths_model(monkeypatch, name, kw, cl
     assert said["portable"].startswith("on (portable") and said["0"] == "off (TREEFLARE_NATIVE=0)"
     assert compare_runs(runs["portable"], runs["0"])["identical"]
     assert runs["portable"][0].trees[0]["nodes"][0]["leaf"] is False          # it learned something
+
+
+def test_portable_kernel_on_messy_data(monkeypatch):
+    """Honest data as sites hold it: missing values in every party, a passive column of a rare category (3 rows of
+    300), and imbalanced labels (about 1 in 10 positive): the portable kernel learns the Python path's model and the
+    oracle's."""
+    import numpy as np
+    from dataclasses import replace
+
+    d = synthetic(n=300, n_test=60, passive_features=(3, 2), seed=11)
+    rng = np.random.default_rng(11)
+    for X in [d.X_active, d.X_active_test] + d.X_passive + d.X_passive_test:
+        X[rng.random(X.shape) < 0.05] = np.nan
+    for X in (d.X_passive[1], d.X_passive_test[1]):
+        X[:, 1] = 0.0                                 # a category column: 0 almost everywhere ...
+        X[:3, 1] = 1.0                                # ... and a rare one
+    score = np.nan_to_num(d.X_active[:, 0]) + np.nan_to_num(d.X_passive[0][:, 0])
+    score_test = np.nan_to_num(d.X_active_test[:, 0]) + np.nan_to_num(d.X_passive_test[0][:, 0])
+    cut = np.quantile(score, 0.9)
+    d = replace(d, y=(score > cut).astype(np.int64), y_test=(score_test > cut).astype(np.int64))
+    assert 0.05 < d.y.mean() < 0.15
+    P = VerticalParams(model="gbdt", objective="binary", key_bits=512, allow_insecure_key=True, workers=1, max_depth=3,
+                       bins=8, min_rows_node=4, n_trees=2)
+    orc = run_oracle(d, P)
+    runs = {}
+    for arm in ("portable", "0"):
+        st = _use(monkeypatch, arm)
+        if arm == "portable" and not st.startswith("on (portable"):
+            pytest.skip(f"C kernel not usable here: {st}")
+        runs[arm] = run_vertical(d, P)
+        assert compare_runs(runs[arm], orc)["identical"], (arm, st)
+    assert compare_runs(runs["portable"], runs["0"])["identical"]
+    assert runs["portable"][0].trees[0]["nodes"][0]["leaf"] is False
